@@ -1,0 +1,116 @@
+"""Configuration: TOML files validated by pydantic, with ``FLEETFIT_…`` environment overrides for secrets.
+
+A bad file fails at start with one line that names the key, e.g.
+``config /etc/fleetfit/agent.toml: mqtt.port: Input should be less than or equal to 65535``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from agent.protocol import DEFAULT_PREFIX, Ident
+from collectors.nic import DEFAULT_FABRIC_PATTERNS
+
+ENV_PREFIX = "FLEETFIT_"
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded for the person who wrote the file."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MqttSettings(Section):
+    host: str = "localhost"
+    port: int = Field(default=1883, ge=1, le=65535)
+    protocol: Literal["5", "3.1.1"] = "5"
+    prefix: str = Field(default=DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
+    username: str | None = None
+    password: SecretStr | None = None
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    keepalive: int = Field(default=30, ge=5, le=3600)
+    reconnect_max_delay: float = Field(default=30.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _client_cert_pair(self) -> MqttSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class AgentSettings(Section):
+    node: Ident = Field(default_factory=lambda: socket.gethostname().split(".")[0])
+    site: Ident = "default"
+    publish_interval: float = Field(default=10.0, ge=1.0, le=3600.0)
+    sample_interval: float = Field(default=1.0, ge=0.1, le=60.0)
+    state_dir: Path = Path("/var/lib/fleetfit-agent")
+    outbox_windows: int = Field(default=360, ge=1, description="windows held in memory while the broker is away")
+    fabric_interfaces: list[str] = Field(default_factory=lambda: list(DEFAULT_FABRIC_PATTERNS))
+    shutdown_timeout: float = Field(default=5.0, gt=0, le=120)
+
+    @model_validator(mode="after")
+    def _window_holds_samples(self) -> AgentSettings:
+        if self.publish_interval < self.sample_interval:
+            raise ValueError("publish_interval must be at least sample_interval")
+        return self
+
+
+class AgentConfig(Section):
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """``FLEETFIT_MQTT_PASSWORD=x`` becomes ``{"mqtt": {"password": "x"}}``."""
+    out: dict[str, dict[str, str]] = {}
+    for key, value in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        section, _, name = key[len(ENV_PREFIX) :].lower().partition("_")
+        if section and name:
+            out.setdefault(section, {})[name] = value
+    return out
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
+    merged = dict(base)
+    for section, values in override.items():
+        current = merged.get(section)
+        merged[section] = {**(current if isinstance(current, dict) else {}), **values}
+    return merged
+
+
+def load_config(model: type[ModelT], path: Path | None, environ: Mapping[str, str] | None = None) -> ModelT:
+    """Read ``path`` (or nothing), apply environment overrides for the sections ``model`` has, validate."""
+    raw: dict[str, Any] = {}
+    where = str(path) if path else "defaults"
+    if path is not None:
+        try:
+            raw = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"config {path}: cannot read: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
+    sections = set(model.model_fields)
+    overrides = {k: v for k, v in env_overrides(os.environ if environ is None else environ).items() if k in sections}
+    try:
+        return model.model_validate(_merge(raw, overrides))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise ConfigError(f"config {where}: {key}: {first['msg']}") from None

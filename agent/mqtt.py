@@ -1,0 +1,179 @@
+"""MQTT plumbing shared by the agent and the optimizer: client construction from settings, and the agent's
+publishing link (birth and state on every connect, the last will, queued windows at QoS 1, reconnect with
+jittered exponential backoff)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import deque
+from collections.abc import Callable
+
+import aiomqtt
+
+from agent.backoff import Backoff
+from agent.config import MqttSettings
+from agent.protocol import (
+    NODE_TOPIC_KINDS,
+    Birth,
+    NodeStatus,
+    State,
+    Telemetry,
+    TopicKind,
+    encode,
+    node_topic,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT_S = 10.0
+
+
+def make_client(
+    settings: MqttSettings,
+    identifier: str,
+    will: aiomqtt.Will | None = None,
+    max_queued_incoming: int | None = None,
+) -> aiomqtt.Client:
+    """An aiomqtt client configured from ``settings``; connect it with ``async with``."""
+    tls_context = None
+    if settings.tls:
+        tls_context = ssl.create_default_context(cafile=str(settings.ca_file) if settings.ca_file else None)
+        if settings.cert_file and settings.key_file:
+            tls_context.load_cert_chain(str(settings.cert_file), str(settings.key_file))
+    protocol = aiomqtt.ProtocolVersion.V5 if settings.protocol == "5" else aiomqtt.ProtocolVersion.V311
+    return aiomqtt.Client(
+        settings.host,
+        settings.port,
+        username=settings.username,
+        password=settings.password.get_secret_value() if settings.password else None,
+        identifier=identifier,
+        protocol=protocol,
+        will=will,
+        keepalive=settings.keepalive,
+        tls_context=tls_context,
+        timeout=PUBLISH_TIMEOUT_S,
+        max_queued_incoming_messages=max_queued_incoming,
+    )
+
+
+class Outbox:
+    """Windows waiting for the broker, oldest first, bounded: at the cap the oldest is dropped and counted."""
+
+    def __init__(self, capacity: int) -> None:
+        self._items: deque[Telemetry] = deque()
+        self.capacity = capacity
+        self.dropped = 0
+        self._ready = asyncio.Event()
+        self.empty = asyncio.Event()
+        self.empty.set()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, window: Telemetry) -> None:
+        if len(self._items) >= self.capacity:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append(window)
+        self._ready.set()
+        self.empty.clear()
+
+    def peek(self) -> Telemetry | None:
+        return self._items[0] if self._items else None
+
+    def pop(self) -> None:
+        self._items.popleft()
+        if not self._items:
+            self._ready.clear()
+            self.empty.set()
+
+    async def wait(self) -> None:
+        await self._ready.wait()
+
+
+class Link:
+    """Keeps one node's MQTT session up and drains its outbox into it.
+
+    Each (re)connect publishes the retained birth and ``online`` state; the broker publishes the retained
+    ``offline`` last will if the connection dies. A window leaves the outbox only once the broker has
+    acknowledged it (QoS 1 PUBACK), so a connection lost mid-publish resends rather than loses it.
+    """
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        site: str,
+        node: str,
+        session: int,
+        birth: Callable[[], Birth],
+        outbox: Outbox,
+        clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._node = node
+        self._session = session
+        self._birth = birth
+        self._clock = clock
+        self.outbox = outbox
+        self._topics = {k: node_topic(settings.prefix, site, node, k) for k in NODE_TOPIC_KINDS}
+        self.connected = asyncio.Event()
+        self.published = 0
+        self.connects = 0
+        self._backoff = Backoff(cap=settings.reconnect_max_delay)
+        self._client: aiomqtt.Client | None = None
+
+    def _state(self, status: NodeStatus) -> bytes:
+        return encode(State(node=self._node, session=self._session, status=status, timestamp=self._clock()))
+
+    async def run(self) -> None:
+        """Connect, publish, reconnect on failure; runs until cancelled."""
+        will = aiomqtt.Will(self._topics[TopicKind.STATE], self._state(NodeStatus.OFFLINE), qos=1, retain=True)
+        while True:
+            try:
+                async with make_client(self._settings, f"fleetfit-agent-{self._node}", will) as client:
+                    self._client = client
+                    await client.publish(self._topics[TopicKind.BIRTH], encode(self._birth()), qos=1, retain=True)
+                    await client.publish(
+                        self._topics[TopicKind.STATE], self._state(NodeStatus.ONLINE), qos=1, retain=True
+                    )
+                    self.connects += 1
+                    self._backoff.reset()
+                    self.connected.set()
+                    log.info("connected to %s:%d as %s", self._settings.host, self._settings.port, self._node)
+                    await self._drain(client)
+            except aiomqtt.MqttError as exc:
+                delay = self._backoff.next_delay()
+                if self.connected.is_set():
+                    log.warning("broker connection lost (%s); %d window(s) queued", exc, len(self.outbox))
+                else:
+                    log.info("broker unreachable (%s); retrying in %.1f s", exc, delay)
+                self.connected.clear()
+                self._client = None
+                await asyncio.sleep(delay)
+
+    async def _drain(self, client: aiomqtt.Client) -> None:
+        while True:
+            window = self.outbox.peek()
+            if window is None:
+                await self.outbox.wait()
+                continue
+            await client.publish(self._topics[TopicKind.TELEMETRY], encode(window), qos=1)
+            if self.outbox.peek() is window:
+                self.outbox.pop()
+            self.published += 1
+
+    async def say_goodbye(self) -> None:
+        """Publish the retained ``offline`` state on a clean shutdown (the will covers unclean ones)."""
+        if self._client is not None and self.connected.is_set():
+            try:
+                await self._client.publish(
+                    self._topics[TopicKind.STATE],
+                    self._state(NodeStatus.OFFLINE),
+                    qos=1,
+                    retain=True,
+                    timeout=2.0,
+                )
+            except aiomqtt.MqttError as exc:
+                log.info("could not publish offline state: %s", exc)

@@ -1,0 +1,433 @@
+"""The fleetfit wire protocol: MQTT topics and the payload models both the agent and the optimizer use.
+
+Every payload is JSON, carries ``schema`` (the protocol version) and validates itself on the way in.
+Nothing else in the code base declares topics or payload shapes.
+
+Topics, under a configurable prefix (default ``fleetfit/v1``):
+
+* ``{prefix}/{site}/{node}/birth``      inventory, retained, QoS 1
+* ``{prefix}/{site}/{node}/state``      ``online`` / ``offline`` (the last will), retained, QoS 1
+* ``{prefix}/{site}/{node}/telemetry``  one window, QoS 1
+* ``{prefix}/{site}/recommendations``   the optimizer's current plan, retained, QoS 1
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
+
+SCHEMA_VERSION = 1
+DEFAULT_PREFIX = "fleetfit/v1"
+MAX_PAYLOAD_BYTES = 256 * 1024
+
+# Node and site ids become topic levels and (for nodes) MQTT usernames, so they are restricted to a
+# character set that needs no escaping anywhere.
+Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+Quantity = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class ProtocolError(ValueError):
+    """A topic or payload that does not follow the protocol; ``reason`` is a short metric label."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------- topics
+
+
+class TopicKind(StrEnum):
+    BIRTH = "birth"
+    STATE = "state"
+    TELEMETRY = "telemetry"
+    RECOMMENDATIONS = "recommendations"
+
+
+NODE_TOPIC_KINDS = (TopicKind.BIRTH, TopicKind.STATE, TopicKind.TELEMETRY)
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    """A parsed fleetfit topic; ``node`` is None for site-level topics."""
+
+    prefix: str
+    site: str
+    node: str | None
+    kind: TopicKind
+
+    def __str__(self) -> str:
+        if self.node is None:
+            return f"{self.prefix}/{self.site}/{self.kind}"
+        return f"{self.prefix}/{self.site}/{self.node}/{self.kind}"
+
+
+def _check_ident(value: str, what: str) -> str:
+    if not value or len(value) > 128 or not (value[0].isalnum() and value.isascii()):
+        raise ProtocolError("bad_topic", f"invalid {what} {value!r}")
+    if any(not (c.isalnum() or c in "._-") for c in value):
+        raise ProtocolError("bad_topic", f"invalid {what} {value!r}")
+    return value
+
+
+def node_topic(prefix: str, site: str, node: str, kind: TopicKind) -> str:
+    """The topic a node publishes ``kind`` on."""
+    if kind not in NODE_TOPIC_KINDS:
+        raise ValueError(f"{kind} is not a node topic")
+    return str(Topic(prefix, _check_ident(site, "site"), _check_ident(node, "node"), kind))
+
+
+def recommendations_topic(prefix: str, site: str) -> str:
+    return str(Topic(prefix, _check_ident(site, "site"), None, TopicKind.RECOMMENDATIONS))
+
+
+def subscription_filters(prefix: str) -> list[str]:
+    """The topic filters the optimizer subscribes to."""
+    return [f"{prefix}/+/+/{kind}" for kind in NODE_TOPIC_KINDS]
+
+
+def parse_topic(prefix: str, topic: str) -> Topic:
+    """Parse ``topic`` under ``prefix``; raise ProtocolError(reason="bad_topic") otherwise."""
+    head = prefix + "/"
+    if not topic.startswith(head):
+        raise ProtocolError("bad_topic", f"topic {topic!r} is not under {prefix!r}")
+    parts = topic[len(head) :].split("/")
+    if len(parts) == 2 and parts[1] == TopicKind.RECOMMENDATIONS:
+        return Topic(prefix, _check_ident(parts[0], "site"), None, TopicKind.RECOMMENDATIONS)
+    if len(parts) != 3:
+        raise ProtocolError("bad_topic", f"topic {topic!r} has {len(parts)} levels under the prefix")
+    site, node, kind = parts
+    try:
+        parsed_kind = TopicKind(kind)
+    except ValueError:
+        raise ProtocolError("bad_topic", f"unknown message kind {kind!r}") from None
+    if parsed_kind not in NODE_TOPIC_KINDS:
+        raise ProtocolError("bad_topic", f"{kind!r} is not a node topic")
+    return Topic(prefix, _check_ident(site, "site"), _check_ident(node, "node"), parsed_kind)
+
+
+# ------------------------------------------------------------------------------------------- inventory
+
+
+class NicKind(StrEnum):
+    INFINIBAND = "infiniband"
+    ROCE = "roce"
+    ETHERNET = "ethernet"
+    LOOPBACK = "loopback"
+    VIRTUAL = "virtual"
+
+
+class NicRole(StrEnum):
+    EAST_WEST = "east_west"  # the training fabric: all-reduce traffic between GPU nodes
+    NORTH_SOUTH = "north_south"  # the front end: clients, storage, the internet
+    OTHER = "other"
+
+
+class GpuInfo(_Model):
+    index: int = Field(ge=0)
+    uuid: str = Field(max_length=96)
+    model: str = Field(min_length=1, max_length=96)
+    memory_mib: int = Field(ge=0)
+    nvlink_links: int = Field(default=0, ge=0)
+    pcie_gen: int | None = Field(default=None, ge=1)
+    pcie_width: int | None = Field(default=None, ge=1)
+    mig_mode: bool = False
+    power_limit_w: Quantity | None = None
+
+
+class NicInfo(_Model):
+    name: str = Field(min_length=1, max_length=64)
+    kind: NicKind
+    role: NicRole
+    speed_mbps: int | None = Field(default=None, ge=0)
+
+
+class DiskInfo(_Model):
+    name: str = Field(min_length=1, max_length=64)
+    size_bytes: int | None = Field(default=None, ge=0)
+
+
+class Birth(_Model):
+    """Retained inventory a node publishes each time it (re)connects."""
+
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    node: Ident
+    site: Ident
+    session: int = Field(ge=0, description="increments on every agent start")
+    agent_version: str = Field(max_length=32)
+    hostname: str = Field(max_length=255)
+    timestamp: Quantity
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
+    gpu_unavailable: str | None = Field(default=None, max_length=300)
+    nics: list[NicInfo] = Field(default_factory=list, max_length=64)
+    disks: list[DiskInfo] = Field(default_factory=list, max_length=64)
+    driver_version: str | None = Field(default=None, max_length=32)
+    cuda_version: str | None = Field(default=None, max_length=32)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class NodeStatus(StrEnum):
+    ONLINE = "online"
+    OFFLINE = "offline"
+
+
+class State(_Model):
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    node: Ident
+    session: int = Field(ge=0)
+    status: NodeStatus
+    timestamp: Quantity
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# ------------------------------------------------------------------------------------------- telemetry
+
+
+def _round(value: float) -> float:
+    """Round for the wire: 4 significant digits keep windows small and lose nothing a classifier needs."""
+    if value == 0 or not math.isfinite(value):
+        return 0.0
+    digits = 3 - math.floor(math.log10(abs(value)))
+    return round(value, max(digits, 0)) if digits > 0 else float(round(value, digits))
+
+
+class Stats(_Model):
+    """Summary of one signal over a window. On the wire: ``[mean, p95, max, std]``."""
+
+    mean: Quantity
+    p95: Quantity
+    max: Quantity
+    std: Quantity = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, data: Any) -> Any:
+        if isinstance(data, list | tuple):
+            if len(data) != 4:
+                raise ValueError("stats are [mean, p95, max, std]")
+            return dict(zip(("mean", "p95", "max", "std"), data, strict=True))
+        return data
+
+    @model_serializer(mode="plain")
+    def _to_list(self) -> list[float]:
+        return [self.mean, self.p95, self.max, self.std]
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stats:
+        """Summarise per-second values (at least one)."""
+        if not values:
+            raise ValueError("no values to summarise")
+        ordered = sorted(values)
+        rank = max(0, math.ceil(0.95 * len(ordered)) - 1)
+        std = statistics.pstdev(ordered) if len(ordered) > 1 else 0.0
+        return cls(
+            mean=_round(statistics.fmean(ordered)),
+            p95=_round(ordered[rank]),
+            max=_round(ordered[-1]),
+            std=_round(std),
+        )
+
+
+def series(values: Sequence[float]) -> list[float]:
+    """A per-second series as it travels: rounded like Stats."""
+    return [_round(v) for v in values]
+
+
+class GpuWindow(_Model):
+    """One GPU over one window. Utilisation in %, memory in MiB, power in W, byte rates in bytes/s."""
+
+    index: int = Field(ge=0)
+    util: Stats | None = None
+    mem_util: Stats | None = None
+    mem_used_mib: Stats | None = None
+    power_w: Stats | None = None
+    temp_c: Stats | None = None
+    sm_clock_mhz: Stats | None = None
+    pcie_tx_bps: Stats | None = None
+    pcie_rx_bps: Stats | None = None
+    nvlink_tx_bps: Stats | None = None
+    nvlink_rx_bps: Stats | None = None
+    util_series: list[Quantity] = Field(default_factory=list, max_length=3600)
+    workload: str | None = Field(default=None, max_length=200)
+
+
+class NicWindow(_Model):
+    name: str = Field(min_length=1, max_length=64)
+    rx_bps: Stats | None = None
+    tx_bps: Stats | None = None
+    errors: int = Field(default=0, ge=0)
+    drops: int = Field(default=0, ge=0)
+
+
+class DiskWindow(_Model):
+    name: str = Field(min_length=1, max_length=64)
+    read_bps: Stats | None = None
+    write_bps: Stats | None = None
+    read_iops: Stats | None = None
+    write_iops: Stats | None = None
+
+
+class HostWindow(_Model):
+    cpu_util: Stats | None = None
+    mem_used_pct: Stats | None = None
+
+
+class WorkloadKind(StrEnum):
+    KUBERNETES_POD = "k8s_pod"
+    SLURM_JOB = "slurm_job"
+    SYSTEMD_UNIT = "systemd_unit"
+    CONTAINER = "container"
+    PROCESS_GROUP = "process_group"
+
+
+class WorkloadRef(_Model):
+    """A workload the agent saw on this node's GPUs: what a capacity team would move."""
+
+    id: str = Field(min_length=1, max_length=200)
+    kind: WorkloadKind
+    name: str = Field(max_length=200)
+    gpus: list[int] = Field(max_length=64)
+    hint: str | None = Field(default=None, max_length=64, description="executable name, never a command line")
+
+
+class Telemetry(_Model):
+    """One window of a node's telemetry."""
+
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    node: Ident
+    site: Ident
+    session: int = Field(ge=0)
+    seq: int = Field(ge=0, description="increments per window within a session")
+    start: Quantity
+    end: Quantity
+    samples: int = Field(ge=0, description="1 Hz samples that went into the window")
+    gpus: list[GpuWindow] = Field(default_factory=list, max_length=64)
+    gpu_unavailable: str | None = Field(default=None, max_length=300)
+    nics: list[NicWindow] = Field(default_factory=list, max_length=64)
+    disks: list[DiskWindow] = Field(default_factory=list, max_length=64)
+    host: HostWindow = Field(default_factory=HostWindow)
+    workloads: list[WorkloadRef] = Field(default_factory=list, max_length=64)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _window_order(self) -> Telemetry:
+        if self.end < self.start:
+            raise ValueError("window end precedes its start")
+        return self
+
+
+# ------------------------------------------------------------------------------------- recommendations
+
+
+class WorkloadClass(StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    BATCH_INFERENCE = "batch_inference"
+    INTERACTIVE = "interactive"
+    IDLE = "idle"
+    UNKNOWN = "unknown"
+
+
+class WorkloadView(_Model):
+    """How the optimizer sees one workload."""
+
+    id: str = Field(max_length=200)
+    name: str = Field(max_length=200)
+    workload_class: WorkloadClass
+    confidence: float = Field(ge=0, le=1)
+    nodes: list[str]
+    hardware: str
+    gpus: int = Field(ge=0)
+    mean_util: float = Field(ge=0)
+    evidence: list[str] = Field(default_factory=list)
+
+
+class Recommendation(_Model):
+    id: str = Field(max_length=64, description="stable across solves for the same move")
+    workload: str = Field(max_length=200)
+    workload_name: str = Field(max_length=200)
+    workload_class: WorkloadClass
+    confidence: float = Field(ge=0, le=1)
+    gpus: int = Field(ge=1)
+    from_node: str
+    from_hardware: str
+    to_node: str
+    to_hardware: str
+    monthly_savings_usd: float
+    reason: str
+    evidence: list[str] = Field(default_factory=list)
+
+
+class SolverReport(_Model):
+    status: str
+    objective: float
+    best_bound: float
+    gap: float = Field(ge=0)
+    solve_seconds: float = Field(ge=0)
+
+
+class Plan(_Model):
+    """The optimizer's current plan for one site, published retained."""
+
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    site: Ident
+    generated_at: Quantity
+    solver: SolverReport
+    workloads: list[WorkloadView] = Field(default_factory=list)
+    recommendations: list[Recommendation] = Field(default_factory=list)
+    monthly_savings_usd: float = 0.0
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# ------------------------------------------------------------------------------------------- encoding
+
+Message = Birth | State | Telemetry | Plan
+
+_MODELS: dict[TopicKind, type[Birth] | type[State] | type[Telemetry] | type[Plan]] = {
+    TopicKind.BIRTH: Birth,
+    TopicKind.STATE: State,
+    TopicKind.TELEMETRY: Telemetry,
+    TopicKind.RECOMMENDATIONS: Plan,
+}
+
+
+def encode(message: Message) -> bytes:
+    """Serialise a message for the wire (compact JSON, schema field included)."""
+    return message.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+def decode(kind: TopicKind, payload: bytes | bytearray) -> Message:
+    """Validate ``payload`` as the model for ``kind``; raise ProtocolError with a reason label otherwise."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise ProtocolError("oversize", f"{len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    try:
+        raw = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError("bad_json", str(exc)) from None
+    if not isinstance(raw, dict):
+        raise ProtocolError("schema", "payload is not a JSON object")
+    version = raw.get("schema")
+    if version != SCHEMA_VERSION:
+        raise ProtocolError("unknown_schema", f"schema version {version!r}, this build speaks {SCHEMA_VERSION}")
+    try:
+        return _MODELS[kind].model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "payload"
+        raise ProtocolError("schema", f"{where}: {first['msg']} ({exc.error_count()} error(s))") from None

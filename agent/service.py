@@ -1,0 +1,206 @@
+"""The per-node agent: samples its collectors on a monotonic 1 Hz schedule, closes a window every
+``publish_interval`` and hands it to the MQTT link; on shutdown the open window is published, not lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import signal
+import socket
+from collections.abc import Callable, Sequence
+
+from agent import __version__
+from agent.clock import Clock
+from agent.config import AgentConfig
+from agent.mqtt import Link, Outbox
+from agent.protocol import Birth, Telemetry
+from agent.window import WindowBuilder
+from collectors.base import Collector, Inventory, Sample
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        collectors: Sequence[Collector],
+        session: int,
+        clock: Clock | None = None,
+        hostname: str | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = config.agent
+        self.collectors = list(collectors)
+        self.session = session
+        self.clock = clock or Clock()
+        self.hostname = hostname or socket.gethostname()
+        self.builder = WindowBuilder(self.settings.node, self.settings.site, session)
+        self.outbox = Outbox(self.settings.outbox_windows)
+        self.link = Link(
+            config.mqtt,
+            self.settings.site,
+            self.settings.node,
+            session,
+            self.birth,
+            self.outbox,
+            self.clock.wall,
+        )
+        self.should_exit = asyncio.Event()
+        self.on_window: Callable[[Telemetry], None] | None = None
+        self.seq = 0
+        self.windows_closed = 0
+        self.ticks_missed = 0
+        self.collector_errors = 0
+        self._inventory: Inventory | None = None
+        self._failing: set[str] = set()
+        self._window_start = self.clock.wall()
+
+    # ------------------------------------------------------------------ collection
+
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            merged = Inventory()
+            for c in self.collectors:
+                try:
+                    merged = merged.merge(c.inventory())
+                except Exception:
+                    log.exception("collector %s failed to report its inventory", c.name)
+            self._inventory = merged
+        return self._inventory
+
+    def birth(self) -> Birth:
+        inv = self.inventory()
+        return Birth(
+            node=self.settings.node,
+            site=self.settings.site,
+            session=self.session,
+            agent_version=__version__,
+            hostname=self.hostname,
+            timestamp=self.clock.wall(),
+            gpus=inv.gpus,
+            gpu_unavailable=inv.gpu_unavailable,
+            nics=inv.nics,
+            disks=inv.disks,
+            driver_version=inv.driver_version,
+            cuda_version=inv.cuda_version,
+        )
+
+    def tick(self) -> None:
+        """Sample every collector once; a failing collector is logged once and skipped, never fatal."""
+        samples: list[Sample] = []
+        for c in self.collectors:
+            try:
+                samples.extend(c.sample())
+            except Exception as exc:
+                self.collector_errors += 1
+                if c.name not in self._failing:
+                    self._failing.add(c.name)
+                    log.warning("collector %s failed: %r; skipping it until it recovers", c.name, exc)
+                continue
+            if c.name in self._failing:
+                self._failing.discard(c.name)
+                log.info("collector %s recovered", c.name)
+        self.builder.add(samples, self.clock.monotonic())
+
+    def close_window(self) -> Telemetry | None:
+        """Close the open window; None when it holds no sample."""
+        end = self.clock.wall()
+        start, self._window_start = self._window_start, end
+        if self.builder.samples == 0:
+            return None
+        workloads = []
+        for c in self.collectors:
+            try:
+                workloads.extend(c.workloads())
+            except Exception as exc:
+                log.warning("collector %s failed to attribute workloads: %r", c.name, exc)
+        window = self.builder.close(self.seq, start, end, workloads, self.inventory().gpu_unavailable)
+        self.seq += 1
+        self.windows_closed += 1
+        if self.on_window is not None:
+            self.on_window(window)
+        return window
+
+    async def sample_loop(self) -> None:
+        """Tick on a monotonic schedule (no drift); ticks missed under load are skipped and counted."""
+        interval = self.settings.sample_interval
+        window = self.settings.publish_interval
+        t0 = self.clock.monotonic()
+        k = 0
+        window_end = t0 + window
+        self._window_start = self.clock.wall()
+        while not self.should_exit.is_set():
+            self.tick()
+            now = self.clock.monotonic()
+            if now >= window_end - interval / 2:
+                closed = self.close_window()
+                if closed is not None:
+                    self.outbox.put(closed)
+                while window_end <= now + interval / 2:
+                    window_end += window
+            k += 1
+            due = t0 + k * interval
+            if now > due + interval:
+                skipped = math.floor((now - due) / interval)
+                self.ticks_missed += skipped
+                k += skipped
+                due = t0 + k * interval
+            await self.clock.sleep_until(due)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Run until ``should_exit`` is set, then flush the open window and leave cleanly."""
+        link_task = asyncio.create_task(self.link.run(), name=f"link-{self.settings.node}")
+        sampler = asyncio.create_task(self.sample_loop(), name=f"sampler-{self.settings.node}")
+        try:
+            await self.should_exit.wait()
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+            last = self.close_window()
+            if last is not None:
+                self.outbox.put(last)
+            await self._drain(self.settings.shutdown_timeout)
+            await self.link.say_goodbye()
+            link_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await link_task
+            for c in self.collectors:
+                c.close()
+
+    async def _drain(self, limit: float) -> None:
+        """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""
+        if len(self.outbox) and self.link.connected.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.outbox.empty.wait(), timeout=limit)
+        if len(self.outbox):
+            log.warning("shutting down with %d unpublished window(s)", len(self.outbox))
+
+
+async def serve(agent: Agent) -> None:
+    """Run ``agent`` under SIGTERM/SIGINT: the first signal shuts down gracefully, a second one forces exit."""
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    task = asyncio.current_task()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if agent.should_exit.is_set():
+            log.warning("second %s: exiting now", sig.name)
+            if task is not None:
+                task.cancel()
+            return
+        log.info("%s received: publishing the open window and stopping", sig.name)
+        agent.should_exit.set()
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await agent.run()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,1 @@
+"""Telemetry sources, one module each, behind the small interface in :mod:`collectors.base`."""

@@ -1,0 +1,77 @@
+"""Which workload owns a GPU process: pid → cgroup → Kubernetes pod, Slurm job, systemd unit, container,
+or failing those the process group. Only the executable name is read as a hint, never the command line
+(command lines carry tokens and passwords)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.protocol import WorkloadKind
+
+_POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_SLURM = re.compile(r"/job_(\d+)(?:/|$)")
+_UNIT = re.compile(r"/([^/]+\.service)(?:/|$)")
+_CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|libpod)[-/]([0-9a-f]{12,64})")
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    id: str
+    kind: WorkloadKind
+    name: str
+    hint: str | None
+
+
+def owner_from_cgroup(cgroup_path: str) -> tuple[str, WorkloadKind, str] | None:
+    """Map a cgroup path to (workload id, kind, display name), or None when it names no workload."""
+    if m := _POD.search(cgroup_path):
+        uid = m.group(1).replace("_", "-")
+        return f"k8s/{uid}", WorkloadKind.KUBERNETES_POD, f"pod {uid}"
+    if m := _SLURM.search(cgroup_path):
+        return f"slurm/{m.group(1)}", WorkloadKind.SLURM_JOB, f"slurm job {m.group(1)}"
+    if m := _CONTAINER.search(cgroup_path):
+        cid = m.group(1)[:12]
+        return f"container/{cid}", WorkloadKind.CONTAINER, f"container {cid}"
+    if m := _UNIT.search(cgroup_path):
+        return f"systemd/{m.group(1)}", WorkloadKind.SYSTEMD_UNIT, m.group(1)
+    return None
+
+
+class Attributor:
+    """Resolves pids through an injectable procfs root so tests run on fixture trees."""
+
+    def __init__(self, procfs_root: Path = Path("/proc"), node: str = "") -> None:
+        self._proc = procfs_root
+        self._node = node
+
+    def _read(self, pid: int, name: str) -> str | None:
+        try:
+            return (self._proc / str(pid) / name).read_text(errors="replace")
+        except OSError:
+            return None
+
+    def owner(self, pid: int) -> Owner:
+        comm = self._read(pid, "comm")
+        hint = comm.strip()[:64] if comm else None
+        for line in (self._read(pid, "cgroup") or "").splitlines():
+            path = line.split(":", 2)[-1]
+            found = owner_from_cgroup(path)
+            if found:
+                return Owner(found[0], found[1], found[2], hint)
+        pgid = self._pgid(pid)
+        return Owner(f"pgid/{self._node}/{pgid}", WorkloadKind.PROCESS_GROUP, f"process group {pgid}", hint)
+
+    def _pgid(self, pid: int) -> int:
+        stat = self._read(pid, "stat")
+        if stat:
+            # The command name in field 2 may hold spaces and parentheses: split after the last ')'.
+            fields = stat.rsplit(")", 1)[-1].split()
+            if len(fields) > 2 and fields[2].isdigit():
+                return int(fields[2])
+        try:
+            return os.getpgid(pid)
+        except OSError:
+            return pid

@@ -1,0 +1,77 @@
+"""The one small interface every telemetry source implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from agent.protocol import DiskInfo, GpuInfo, NicInfo, WorkloadRef
+
+
+class Entity(StrEnum):
+    """What a sample describes; each maps onto one section of the telemetry window."""
+
+    GPU = "gpu"
+    NIC = "nic"
+    DISK = "disk"
+    HOST = "host"
+
+
+@dataclass(slots=True)
+class Sample:
+    """One second of one entity.
+
+    ``gauges`` are instantaneous values reported as they are. ``counters`` are cumulative counts, keyed by the
+    window field their per-second rate becomes (``rx_bps`` holds total bytes received); the agent turns them
+    into rates in one place (:mod:`agent.rates`), handling wrap and reset.
+    """
+
+    entity: Entity
+    key: str
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Inventory:
+    """A collector's share of the birth message."""
+
+    gpus: list[GpuInfo] = field(default_factory=list)
+    nics: list[NicInfo] = field(default_factory=list)
+    disks: list[DiskInfo] = field(default_factory=list)
+    gpu_unavailable: str | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+
+    def merge(self, other: Inventory) -> Inventory:
+        return Inventory(
+            gpus=self.gpus + other.gpus,
+            nics=self.nics + other.nics,
+            disks=self.disks + other.disks,
+            gpu_unavailable=self.gpu_unavailable or other.gpu_unavailable,
+            driver_version=self.driver_version or other.driver_version,
+            cuda_version=self.cuda_version or other.cuda_version,
+        )
+
+
+class Collector(Protocol):
+    """A telemetry source. ``sample`` runs once a second and must not block for long."""
+
+    name: str
+
+    def inventory(self) -> Inventory:
+        """What this source contributes to the node's birth message."""
+        ...
+
+    def sample(self) -> list[Sample]:
+        """Read every entity once."""
+        ...
+
+    def workloads(self) -> list[WorkloadRef]:
+        """Workloads seen on this source's devices (GPU sources); called once per window."""
+        ...
+
+    def close(self) -> None:
+        """Release handles; called once at shutdown."""
+        ...

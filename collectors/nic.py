@@ -1,0 +1,108 @@
+"""Network interfaces from psutil, classified through sysfs.
+
+Signals (per interface): ``rx_bps`` / ``tx_bps`` (counters, bytes), ``errors`` and ``drops`` (counters).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from agent.protocol import NicInfo, NicKind, NicRole, WorkloadRef
+from collectors.base import Entity, Inventory, Sample
+
+ARPHRD_INFINIBAND = 32
+ARPHRD_LOOPBACK = 772
+DEFAULT_FABRIC_PATTERNS = ("ib*", "rdma*", "roce*")
+
+
+def classify_interface(name: str, sysfs_root: Path) -> NicKind:
+    """Tell InfiniBand, RoCE, Ethernet, loopback and virtual interfaces apart from sysfs."""
+    base = sysfs_root / "class" / "net" / name
+    try:
+        arp_type = int((base / "type").read_text().strip())
+    except (OSError, ValueError):
+        arp_type = -1
+    if arp_type == ARPHRD_LOOPBACK or name == "lo":
+        return NicKind.LOOPBACK
+    if arp_type == ARPHRD_INFINIBAND:
+        return NicKind.INFINIBAND
+    if not (base / "device").exists():
+        return NicKind.VIRTUAL  # bridges, veth, bonds, tunnels: no hardware behind them
+    if (base / "device" / "infiniband").is_dir():
+        return NicKind.ROCE
+    return NicKind.ETHERNET
+
+
+def role_of(name: str, kind: NicKind, fabric_patterns: Sequence[str]) -> NicRole:
+    """East-west for RDMA fabrics and names matching the fabric patterns, north-south for other NICs."""
+    if kind in (NicKind.LOOPBACK, NicKind.VIRTUAL):
+        return NicRole.OTHER
+    if kind in (NicKind.INFINIBAND, NicKind.ROCE):
+        return NicRole.EAST_WEST
+    if any(fnmatch.fnmatchcase(name, pattern) for pattern in fabric_patterns):
+        return NicRole.EAST_WEST
+    return NicRole.NORTH_SOUTH
+
+
+class NicCollector:
+    name = "nic"
+
+    def __init__(
+        self,
+        sysfs_root: Path = Path("/sys"),
+        fabric_patterns: Sequence[str] = DEFAULT_FABRIC_PATTERNS,
+        include_virtual: bool = False,
+    ) -> None:
+        self._sysfs = sysfs_root
+        self._fabric = tuple(fabric_patterns)
+        self._include_virtual = include_virtual
+        self._kinds: dict[str, NicKind] = {}
+
+    def _kind(self, name: str) -> NicKind:
+        if name not in self._kinds:
+            self._kinds[name] = classify_interface(name, self._sysfs)
+        return self._kinds[name]
+
+    def _wanted(self, name: str) -> bool:
+        kind = self._kind(name)
+        return kind is not NicKind.LOOPBACK and (self._include_virtual or kind is not NicKind.VIRTUAL)
+
+    def inventory(self) -> Inventory:
+        stats = psutil.net_if_stats()
+        nics = []
+        for name in sorted(psutil.net_io_counters(pernic=True)):
+            if not self._wanted(name):
+                continue
+            kind = self._kind(name)
+            speed = stats[name].speed if name in stats and stats[name].speed > 0 else None
+            nics.append(NicInfo(name=name, kind=kind, role=role_of(name, kind, self._fabric), speed_mbps=speed))
+        return Inventory(nics=nics)
+
+    def sample(self) -> list[Sample]:
+        out = []
+        for name, c in psutil.net_io_counters(pernic=True).items():
+            if not self._wanted(name):
+                continue
+            out.append(
+                Sample(
+                    Entity.NIC,
+                    name,
+                    counters={
+                        "rx_bps": c.bytes_recv,
+                        "tx_bps": c.bytes_sent,
+                        "errors": c.errin + c.errout,
+                        "drops": c.dropin + c.dropout,
+                    },
+                )
+            )
+        return out
+
+    def workloads(self) -> list[WorkloadRef]:
+        return []
+
+    def close(self) -> None:
+        return None

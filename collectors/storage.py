@@ -1,0 +1,64 @@
+"""Block devices from psutil: whole disks only, partitions and loop/ram devices left out.
+
+Signals (per disk): ``read_bps`` / ``write_bps`` (counters, bytes), ``read_iops`` / ``write_iops`` (counters).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+
+from agent.protocol import DiskInfo, WorkloadRef
+from collectors.base import Entity, Inventory, Sample
+
+_SKIP_PREFIXES = ("loop", "ram", "zram", "sr", "fd")
+SECTOR_BYTES = 512  # /sys/block/*/size counts 512-byte sectors whatever the device's block size
+
+
+class StorageCollector:
+    name = "storage"
+
+    def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
+        self._sysfs = sysfs_root
+
+    def _is_disk(self, name: str) -> bool:
+        return not name.startswith(_SKIP_PREFIXES) and (self._sysfs / "block" / name).is_dir()
+
+    def _size(self, name: str) -> int | None:
+        try:
+            return int((self._sysfs / "block" / name / "size").read_text()) * SECTOR_BYTES
+        except (OSError, ValueError):
+            return None
+
+    def _counters(self) -> dict[str, object]:
+        return dict(psutil.disk_io_counters(perdisk=True, nowrap=False) or {})
+
+    def inventory(self) -> Inventory:
+        disks = [DiskInfo(name=n, size_bytes=self._size(n)) for n in sorted(self._counters()) if self._is_disk(n)]
+        return Inventory(disks=disks)
+
+    def sample(self) -> list[Sample]:
+        out = []
+        for name, c in (psutil.disk_io_counters(perdisk=True, nowrap=False) or {}).items():
+            if not self._is_disk(name):
+                continue
+            out.append(
+                Sample(
+                    Entity.DISK,
+                    name,
+                    counters={
+                        "read_bps": c.read_bytes,
+                        "write_bps": c.write_bytes,
+                        "read_iops": c.read_count,
+                        "write_iops": c.write_count,
+                    },
+                )
+            )
+        return out
+
+    def workloads(self) -> list[WorkloadRef]:
+        return []
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,1 @@
+"""The fleetfit optimizer: ingests telemetry, classifies workloads and plans rebalancing moves."""

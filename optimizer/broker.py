@@ -1,0 +1,44 @@
+"""An embedded MQTT broker (amqtt, MQTT 3.1.1) for the demo, so it needs nothing installed.
+Production and tests use Mosquitto."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from types import TracebackType
+
+from amqtt.broker import Broker
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedBroker:
+    """``async with EmbeddedBroker() as broker:`` listens on ``broker.port`` on loopback."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._broker: Broker | None = None
+
+    async def __aenter__(self) -> EmbeddedBroker:
+        for name in ("amqtt", "transitions"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        config = {
+            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}", "max_connections": 10_000}},
+            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
+        }
+        self._broker = Broker(config)
+        await self._broker.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._broker is not None:
+            await self._broker.shutdown()
+            self._broker = None

@@ -1,0 +1,244 @@
+"""The ``fleetfit`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from agent.protocol import Plan
+
+log = logging.getLogger("fleetfit")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("amqtt", "transitions"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+
+def _fail(message: str) -> int:
+    print(f"fleetfit: {message}", file=sys.stderr)
+    return 2
+
+
+# ------------------------------------------------------------------------------------------ agent
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from agent.config import AgentConfig, ConfigError, load_config
+    from agent.service import Agent, serve
+    from agent.session import next_session
+    from agent.sources import node_collectors
+
+    try:
+        config = load_config(AgentConfig, args.config)
+    except ConfigError as exc:
+        return _fail(str(exc))
+    collectors = node_collectors(config.agent)
+    if args.once:
+        agent = Agent(config, collectors, session=0)
+        window = asyncio.run(_one_window(agent, args.window))
+        print(window)
+        return 0
+    agent = Agent(config, collectors, session=next_session(config.agent.state_dir))
+    asyncio.run(serve(agent))
+    return 0
+
+
+async def _one_window(agent: object, seconds: float) -> str:
+    from agent.protocol import encode
+    from agent.service import Agent
+
+    assert isinstance(agent, Agent)
+    interval = agent.settings.sample_interval
+    ticks = max(2, round(seconds / interval) + 1)  # rates need two readings
+    for i in range(ticks):
+        agent.tick()
+        if i + 1 < ticks:
+            await asyncio.sleep(interval)
+    window = agent.close_window()
+    for c in agent.collectors:
+        c.close()
+    assert window is not None
+    return json.dumps(json.loads(encode(window)), indent=2)
+
+
+# -------------------------------------------------------------------------------------- optimizer
+
+
+def _plan_printer(fmt: str) -> Callable[[Plan], None]:
+    from optimizer.render import render_table
+
+    last: dict[str, object] = {}
+
+    def show(plan: Plan) -> None:
+        signature = (
+            tuple((w.id, w.workload_class) for w in plan.workloads),
+            tuple((r.id, r.to_node) for r in plan.recommendations),
+        )
+        if last.get(plan.site) == signature:
+            return
+        last[plan.site] = signature
+        if fmt == "table":
+            print(render_table(plan), end="\n\n", flush=True)
+
+    return show
+
+
+def _cmd_optimizer(args: argparse.Namespace) -> int:
+    from agent.config import ConfigError, load_config
+    from optimizer.catalog import CatalogError, load_catalog
+    from optimizer.config import OptimizerConfig
+    from optimizer.service import Optimizer, serve
+
+    try:
+        config = load_config(OptimizerConfig, args.config)
+        catalog = load_catalog(config.optimizer.catalog)
+        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"))
+    except (ConfigError, CatalogError) as exc:
+        return _fail(str(exc))
+    asyncio.run(serve(optimizer))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from optimizer.demo import DemoOptions, run_demo
+    from optimizer.render import render_json, render_table
+
+    if args.nodes < 8:
+        return _fail("--nodes: the demo fleet needs at least 8 nodes")
+    options = DemoOptions(nodes=args.nodes, duration=args.duration, seed=args.seed, time_scale=args.time_scale)
+    printer = _plan_printer(args.format)
+    plan = asyncio.run(run_demo(options, on_plan=printer))
+    if plan is None:
+        return _fail("no plan was produced: no telemetry reached the optimizer")
+    if args.format == "json":
+        print(render_json(plan))
+    else:
+        print("final plan:")
+        print(render_table(plan))
+    return 0
+
+
+def _broker_settings(url: str, protocol: str) -> object:
+    from agent.config import MqttSettings
+
+    parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+        raise ValueError(f"--broker {url!r}: expected mqtt://host[:port] or mqtts://host[:port]")
+    tls = parts.scheme == "mqtts"
+    return MqttSettings(
+        host=parts.hostname,
+        port=parts.port or (8883 if tls else 1883),
+        tls=tls,
+        username=parts.username,
+        password=parts.password,
+        protocol=protocol,
+    )
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from agent.clock import Clock
+    from agent.config import MqttSettings
+    from agent.simulate import SimulatedFleet, open_record
+    from collectors.scenarios import build_scenario
+
+    try:
+        mqtt = _broker_settings(args.broker, args.mqtt_protocol)
+        nodes = build_scenario(args.scenario, args.nodes, args.seed)
+    except ValueError as exc:
+        return _fail(str(exc))
+    assert isinstance(mqtt, MqttSettings)
+    record = open_record(args.record)
+
+    async def main() -> None:
+        import signal
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        fleet = SimulatedFleet(
+            nodes,
+            mqtt,
+            site=args.site,
+            clock=Clock(args.time_scale),
+            publish_interval=args.publish_interval,
+            seed=args.seed,
+            record=record,
+        )
+        if args.duration:
+            loop.call_later(args.duration, stop.set)
+        await fleet.run(stop)
+
+    try:
+        asyncio.run(main())
+    finally:
+        if record is not None:
+            record.close()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetfit", description="Find AI workloads on the wrong GPU hardware.")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("agent", help="per-node telemetry daemon")
+    p.add_argument("--config", type=Path)
+    p.add_argument("--once", action="store_true", help="print one window as JSON and exit")
+    p.add_argument("--window", type=float, default=2.0, help="seconds the --once window spans (default 2)")
+    p.set_defaults(func=_cmd_agent)
+
+    p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan")
+    p.add_argument("--config", type=Path)
+    p.set_defaults(func=_cmd_optimizer)
+
+    p = sub.add_parser("demo", help="embedded broker + simulated fleet + optimizer")
+    p.add_argument("--nodes", type=int, default=10)
+    p.add_argument("--duration", type=float, default=45.0, help="seconds of real time (default 45)")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per real second")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("simulate", help="run simulated agents against a broker")
+    p.add_argument("--broker", required=True, help="mqtt://[user:pass@]host[:port]")
+    p.add_argument("--mqtt-protocol", choices=["5", "3.1.1"], default="5")
+    p.add_argument("--nodes", type=int, default=10)
+    p.add_argument("--scenario", default="mixed")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--site", default="sim")
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--publish-interval", type=float, default=10.0)
+    p.add_argument("--duration", type=float, default=0.0, help="seconds of real time; 0 runs until stopped")
+    p.add_argument("--record", type=Path, help="append every window with its ground-truth labels as JSONL")
+    p.set_defaults(func=_cmd_simulate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 0
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

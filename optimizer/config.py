@@ -1,0 +1,28 @@
+"""Optimizer configuration (TOML sections ``[optimizer]``, ``[mqtt]``, ``[plan]``, ``[prices]``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from agent.config import MqttSettings, Section
+from optimizer.recommend import PlanSettings
+
+
+class OptimizerSettings(Section):
+    client_id: str = Field(default="fleetfit-optimizer", min_length=1, max_length=64)
+    state_dir: Path = Path("/var/lib/fleetfit-optimizer")
+    solve_interval: float = Field(default=60.0, ge=0.5, le=86_400)
+    horizon_windows: int = Field(default=60, ge=3, le=100_000)
+    catalog: Path | None = None
+    max_queued_messages: int = Field(
+        default=200_000, ge=1000, description="client-side queue; size the broker's max_queued_messages too"
+    )
+
+
+class OptimizerConfig(Section):
+    optimizer: OptimizerSettings = Field(default_factory=OptimizerSettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    plan: PlanSettings = Field(default_factory=PlanSettings)
+    prices: dict[str, float] = Field(default_factory=dict, description="price per GPU-hour by catalog key")

@@ -1,0 +1,64 @@
+"""What a workload costs on a given GPU model, and whether it fits there.
+
+Two kinds of workload cost differently:
+
+* throughput-bound (training, batch inference) have a fixed amount of work; faster hardware finishes it
+  sooner, so their cost is the price per unit of useful work: GPUs × price per GPU-hour ÷ relative throughput,
+  scaled to the work they do today.
+* demand-bound (online inference, interactive, idle, unknown) serve whatever load arrives; they cost the
+  hardware they hold, and may move only where the projected load still fits with headroom.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.protocol import WorkloadClass
+from optimizer.catalog import Catalog, GpuType
+
+THROUGHPUT_BOUND = frozenset({WorkloadClass.TRAINING, WorkloadClass.BATCH_INFERENCE})
+MEMORY_HEADROOM = 0.9  # of the target GPU's memory a workload may fill
+MAX_PROJECTED_MEAN_UTIL = 60.0
+MAX_PROJECTED_P95_UTIL = 95.0
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What the planner knows of a workload's needs."""
+
+    workload_class: WorkloadClass
+    gpus: int
+    mem_mib_per_gpu: float
+    mean_util: float
+    p95_util: float
+
+
+def throughput(catalog: Catalog, gpu: GpuType, demand: Demand) -> float:
+    """Relative throughput of one GPU of ``gpu`` for this workload (H100 = 1)."""
+    value = gpu.throughput[demand.workload_class]
+    if demand.workload_class is WorkloadClass.TRAINING and demand.gpus > 1 and not gpu.nvlink:
+        value *= catalog.defaults.pcie_training_scaling
+    return value
+
+
+def monthly_cost(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> float:
+    """US$ per month to run the workload's current work on ``target``."""
+    hourly = demand.gpus * target.price_per_gpu_hour
+    if demand.workload_class in THROUGHPUT_BOUND:
+        hourly *= throughput(catalog, current, demand) / throughput(catalog, target, demand)
+    return hourly * catalog.defaults.hours_per_month
+
+
+def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> str | None:
+    """Why the workload cannot run on ``target`` (None when it can)."""
+    target_mib = target.memory_gib * 1024
+    if demand.mem_mib_per_gpu > MEMORY_HEADROOM * target_mib:
+        return f"needs {demand.mem_mib_per_gpu / 1024:.0f} GiB per GPU, {target.name} has {target.memory_gib:.0f}"
+    if demand.workload_class in THROUGHPUT_BOUND or demand.workload_class is WorkloadClass.IDLE:
+        return None
+    ratio = throughput(catalog, current, demand) / throughput(catalog, target, demand)
+    if demand.mean_util * ratio > MAX_PROJECTED_MEAN_UTIL or demand.p95_util * ratio > MAX_PROJECTED_P95_UTIL:
+        return (
+            f"load would reach {demand.mean_util * ratio:.0f} % (p95 {demand.p95_util * ratio:.0f} %) on {target.name}"
+        )
+    return None

@@ -1,0 +1,189 @@
+"""Workload features from telemetry windows: the signals the classifier and the planner reason about.
+
+A workload is what the agents attributed GPUs to; the same workload id seen on several nodes is one workload
+(multi-node training). Node-level traffic (NICs, disks) is shared among a node's workloads by GPU count.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from agent.protocol import NicRole, Telemetry
+from optimizer.fleet import Fleet, NodeRecord
+
+CHECKPOINT_BURST_BPS = 500e6  # a write second above this is a checkpoint-sized burst
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    gpu_model: str
+    gpu_memory_mib: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class WorkloadFeatures:
+    id: str
+    name: str
+    hint: str | None
+    placements: list[Placement]
+    windows: int = 0
+    mean_util: float = 0.0
+    p95_util: float = 0.0  # typical per-window p95
+    burstiness: float = 0.0  # coefficient of variation of per-second utilisation within windows
+    gpu_spread: float = 0.0  # mean spread across the workload's GPUs, relative to their level
+    zero_seconds: float = 0.0  # share of seconds at (near) 0 % utilisation
+    mem_used_mib: float = 0.0  # peak per-GPU memory in use
+    mem_fraction: float = 0.0  # of the GPU's memory
+    mem_stability: float = 0.0  # cv of memory in use across windows
+    gpu_link_bps: float = 0.0  # NVLink + PCIe bytes/s per GPU (gradient synchronisation)
+    east_west_bps: float = 0.0  # fabric NIC bytes/s per GPU of the workload
+    north_south_bps: float = 0.0  # front-end NIC bytes/s per GPU of the workload
+    checkpoint_windows: float = 0.0  # share of windows with a checkpoint-sized write burst
+    write_bursts: int = 0
+    evidence: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(p.gpus) for p in self.placements)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [p.node for p in self.placements]
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.placements) > 1
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return statistics.fmean(items) if items else 0.0
+
+
+def _cv(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 1e-9 else 0.0
+
+
+@dataclass(slots=True)
+class _Acc:
+    name: str = ""
+    hint: str | None = None
+    placements: dict[str, Placement] = field(default_factory=dict)
+    util_means: list[float] = field(default_factory=list)
+    util_p95: list[float] = field(default_factory=list)
+    cvs: list[float] = field(default_factory=list)
+    spreads: list[float] = field(default_factory=list)
+    zeros: list[float] = field(default_factory=list)
+    mem: list[float] = field(default_factory=list)
+    links: list[float] = field(default_factory=list)
+    east: list[float] = field(default_factory=list)
+    north: list[float] = field(default_factory=list)
+    ckpt: list[float] = field(default_factory=list)
+    windows: int = 0
+
+
+def _node_traffic(record: NodeRecord, window: Telemetry) -> tuple[float, float, float]:
+    """(east-west, north-south, peak write) bytes/s of a node in one window."""
+    roles = {n.name: n.role for n in record.birth.nics} if record.birth else {}
+    east = north = 0.0
+    for nic in window.nics:
+        rate = (nic.tx_bps.mean if nic.tx_bps else 0.0) + (nic.rx_bps.mean if nic.rx_bps else 0.0)
+        role = roles.get(nic.name, NicRole.OTHER)
+        if role is NicRole.EAST_WEST:
+            east += rate
+        elif role is NicRole.NORTH_SOUTH:
+            north += rate
+    peak_write = sum(d.write_bps.max for d in window.disks if d.write_bps)
+    return east, north, peak_write
+
+
+def _fold_window(acc: _Acc, record: NodeRecord, window: Telemetry, gpu_ids: set[int], share: float) -> None:
+    gpus = [g for g in window.gpus if g.index in gpu_ids and g.util is not None]
+    if not gpus:
+        return
+    acc.windows += 1
+    acc.util_means.append(_mean(g.util.mean for g in gpus if g.util))
+    acc.util_p95.append(max(g.util.p95 for g in gpus if g.util))
+    acc.cvs.extend(_cv(g.util_series) for g in gpus if len(g.util_series) > 1)
+    series = [g.util_series for g in gpus if g.util_series]
+    if len(series) > 1:
+        length = min(len(s) for s in series)
+        for i in range(length):
+            column = [s[i] for s in series]
+            level = statistics.fmean(column)
+            acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
+    for g in gpus:
+        acc.zeros.extend(1.0 if v < 2 else 0.0 for v in g.util_series)
+        if g.mem_used_mib:
+            acc.mem.append(g.mem_used_mib.max)
+        link = 0.0
+        for stats in (g.nvlink_tx_bps, g.nvlink_rx_bps, g.pcie_tx_bps, g.pcie_rx_bps):
+            link += stats.mean if stats else 0.0
+        acc.links.append(link)
+    east, north, peak_write = _node_traffic(record, window)
+    acc.east.append(east * share)
+    acc.north.append(north * share)
+    acc.ckpt.append(1.0 if peak_write >= CHECKPOINT_BURST_BPS else 0.0)
+
+
+def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
+    """Features of every workload seen in ``site`` over the last ``horizon`` windows of each node."""
+    accs: dict[str, _Acc] = defaultdict(_Acc)
+    for (rec_site, _), record in sorted(fleet.nodes.items()):
+        if rec_site != site or record.birth is None:
+            continue
+        gpu_info = {g.index: g for g in record.birth.gpus}
+        windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
+        for window in windows:
+            attributed = sum(len(w.gpus) for w in window.workloads)
+            for ref in window.workloads:
+                acc = accs[ref.id]
+                acc.name, acc.hint = ref.name, ref.hint
+                first = gpu_info.get(ref.gpus[0]) if ref.gpus else None
+                acc.placements[record.node] = Placement(
+                    node=record.node,
+                    gpu_model=first.model if first else "unknown",
+                    gpu_memory_mib=first.memory_mib if first else 0,
+                    gpus=tuple(ref.gpus),
+                )
+                share = len(ref.gpus) / attributed if attributed else 0.0
+                _fold_window(acc, record, window, set(ref.gpus), share)
+    out = []
+    for wid, acc in sorted(accs.items()):
+        if acc.windows == 0:
+            continue
+        placements = list(acc.placements.values())
+        memory = max((p.gpu_memory_mib for p in placements), default=0)
+        mem_peak = max(acc.mem, default=0.0)
+        gpus = max(sum(len(p.gpus) for p in placements), 1)
+        out.append(
+            WorkloadFeatures(
+                id=wid,
+                name=acc.name,
+                hint=acc.hint,
+                placements=placements,
+                windows=acc.windows,
+                mean_util=_mean(acc.util_means),
+                p95_util=_mean(acc.util_p95),
+                burstiness=_mean(acc.cvs),
+                gpu_spread=_mean(acc.spreads),
+                zero_seconds=_mean(acc.zeros),
+                mem_used_mib=mem_peak,
+                mem_fraction=mem_peak / memory if memory else 0.0,
+                mem_stability=_cv(acc.mem),
+                gpu_link_bps=_mean(acc.links),
+                east_west_bps=_mean(acc.east) * len(placements) / gpus,
+                north_south_bps=_mean(acc.north) * len(placements) / gpus,
+                checkpoint_windows=_mean(acc.ckpt),
+                write_bursts=int(sum(acc.ckpt)),
+            )
+        )
+    return out

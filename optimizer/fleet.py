@@ -1,0 +1,123 @@
+"""The optimizer's view of the fleet, fed one MQTT message at a time.
+
+Every message is validated; a bad one is rejected with a reason label and counted, and never disturbs what
+the good ones built. Per node the optimizer keeps its inventory (from the retained birth), its online state
+and a bounded history of telemetry windows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from agent.protocol import (
+    Birth,
+    NodeStatus,
+    ProtocolError,
+    State,
+    Telemetry,
+    TopicKind,
+    decode,
+    parse_topic,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    site: str
+    node: str
+    horizon: int
+    birth: Birth | None = None
+    status: NodeStatus = NodeStatus.OFFLINE
+    session: int = -1
+    last_seq: int = -1
+    windows: deque[Telemetry] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        self.windows = deque(maxlen=self.horizon)
+
+
+class Fleet:
+    """Validated state of every node seen under one MQTT prefix."""
+
+    def __init__(self, prefix: str, horizon_windows: int = 60) -> None:
+        self.prefix = prefix
+        self.horizon = horizon_windows
+        self.nodes: dict[tuple[str, str], NodeRecord] = {}
+        self.accepted: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+
+    def _record(self, site: str, node: str) -> NodeRecord:
+        key = (site, node)
+        if key not in self.nodes:
+            self.nodes[key] = NodeRecord(site, node, self.horizon)
+        return self.nodes[key]
+
+    def snapshot(self) -> Fleet:
+        """A copy that planning can read in another thread while ingest goes on (windows are immutable)."""
+        copy = Fleet(self.prefix, self.horizon)
+        for key, r in list(self.nodes.items()):
+            record = NodeRecord(r.site, r.node, r.horizon, r.birth, r.status, r.session, r.last_seq)
+            record.windows.extend(list(r.windows))
+            copy.nodes[key] = record
+        return copy
+
+    def sites(self) -> list[str]:
+        return sorted({site for site, _ in self.nodes})
+
+    def ingest(self, topic: str, payload: bytes | bytearray) -> bool:
+        """Apply one message; return False (and count the reason) when it is rejected."""
+        try:
+            self._apply(topic, payload)
+        except ProtocolError as exc:
+            self.rejected[exc.reason] += 1
+            log.warning("rejected message on %r: %s", topic[:200], exc)
+            return False
+        return True
+
+    def _apply(self, topic: str, payload: bytes | bytearray) -> None:
+        where = parse_topic(self.prefix, topic)
+        if where.node is None:
+            raise ProtocolError("bad_topic", "not a node topic")
+        if where.kind is TopicKind.STATE and not payload:
+            return  # a cleared retained message
+        message = decode(where.kind, payload)
+        if not isinstance(message, Birth | State | Telemetry):
+            raise ProtocolError("bad_topic", "not a node message")
+        if message.node != where.node:
+            raise ProtocolError("node_mismatch", f"payload says node {message.node!r}, topic says {where.node!r}")
+        if isinstance(message, Birth | Telemetry) and message.site != where.site:
+            raise ProtocolError("site_mismatch", f"payload says site {message.site!r}, topic says {where.site!r}")
+        record = self._record(where.site, where.node)
+        if isinstance(message, Birth):
+            if message.session < record.session:
+                raise ProtocolError("stale_session", f"birth of session {message.session} < {record.session}")
+            self._new_session(record, message.session)
+            record.birth = message
+            record.status = NodeStatus.ONLINE
+        elif isinstance(message, State):
+            if message.session < record.session:
+                raise ProtocolError("stale_session", f"state of session {message.session} < {record.session}")
+            self._new_session(record, message.session)
+            record.status = message.status
+        else:
+            self._telemetry(record, message)
+        self.accepted[where.kind.value] += 1
+
+    @staticmethod
+    def _new_session(record: NodeRecord, session: int) -> None:
+        if session > record.session:
+            record.session = session
+            record.last_seq = -1
+
+    def _telemetry(self, record: NodeRecord, window: Telemetry) -> None:
+        if window.session < record.session:
+            raise ProtocolError("stale_session", f"window of session {window.session} < {record.session}")
+        self._new_session(record, window.session)
+        if window.seq <= record.last_seq:
+            raise ProtocolError("duplicate", f"window seq {window.seq} already seen (last {record.last_seq})")
+        record.last_seq = window.seq
+        record.windows.append(window)

@@ -1,0 +1,146 @@
+"""The rebalancing model, solved with OR-Tools CP-SAT.
+
+One boolean per (movable workload, node it may run on), its current node included. Constraints: each
+workload runs on exactly one node; no node holds more GPUs than it has (workloads that stay put reserve
+theirs); at most ``max_moves`` workloads move. Objective: monthly cost of the placement plus the one-off cost
+of each move, in integer cents. The current placement is the solver's hint, so "change nothing" is always a
+feasible starting point.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from agent.protocol import SolverReport
+from optimizer.catalog import Catalog
+from optimizer.costs import Demand, fit_problem, monthly_cost
+
+CENTS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSlot:
+    name: str
+    hardware: str  # catalog key
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Movable:
+    id: str
+    node: str
+    demand: Demand
+    move_cost_usd: float  # one-off: restart, cold start, lost work since the last checkpoint
+
+
+@dataclass(slots=True)
+class Problem:
+    nodes: list[NodeSlot]
+    fixed_usage: dict[str, int]  # GPUs held on each node by workloads that stay where they are
+    movable: list[Movable]
+    max_moves: int = 20
+    min_monthly_savings: float = 100.0
+    min_savings_fraction: float = 0.10
+    time_limit_s: float = 10.0
+    workers: int = 2
+
+
+@dataclass(slots=True)
+class Solution:
+    placement: dict[str, str]  # workload id → node
+    report: SolverReport
+    monthly_cost: dict[str, tuple[float, float]] = field(default_factory=dict)  # (now, planned)
+    blocked: dict[str, str] = field(default_factory=dict)  # workload id → why no better home was allowed
+
+
+def _candidates(catalog: Catalog, problem: Problem, w: Movable) -> tuple[dict[str, float], str | None]:
+    """Nodes ``w`` may run on with their monthly cost; also why nothing better qualified, if so."""
+    nodes = {n.name: n for n in problem.nodes}
+    here = nodes[w.node]
+    current = catalog.by_key(here.hardware)
+    cost_now = monthly_cost(catalog, w.demand, current, current)
+    options = {w.node: cost_now}
+    why_not: str | None = None
+    by_hardware: dict[str, float | None] = {}
+    for n in problem.nodes:
+        if n.name == w.node or n.hardware == here.hardware or n.gpus < w.demand.gpus:
+            continue
+        if n.hardware not in by_hardware:
+            target = catalog.by_key(n.hardware)
+            problem_text = fit_problem(catalog, w.demand, current, target)
+            cost = monthly_cost(catalog, w.demand, current, target)
+            saving = cost_now - cost
+            worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
+            by_hardware[n.hardware] = cost if problem_text is None and worth else None
+            if problem_text and worth:
+                why_not = problem_text
+        cost_there = by_hardware[n.hardware]
+        if cost_there is not None:
+            options[n.name] = cost_there
+    return options, why_not
+
+
+def solve(catalog: Catalog, problem: Problem) -> Solution:
+    """Find the cheapest placement reachable within the move budget."""
+    started = time.perf_counter()
+    model = cp_model.CpModel()
+    choice: dict[tuple[str, str], cp_model.IntVar] = {}
+    moves = []
+    objective = []
+    costs: dict[str, dict[str, float]] = {}
+    blocked: dict[str, str] = {}
+    usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in problem.nodes}
+    for w in problem.movable:
+        options, why_not = _candidates(catalog, problem, w)
+        costs[w.id] = options
+        if len(options) == 1 and why_not:
+            blocked[w.id] = why_not
+        row = []
+        for node, cost in options.items():
+            var = model.new_bool_var(f"x[{w.id}@{node}]")
+            choice[w.id, node] = var
+            row.append(var)
+            usage[node].append((w.demand.gpus, var))
+            one_off = 0.0 if node == w.node else w.move_cost_usd
+            objective.append(round((cost + one_off) * CENTS) * var)
+            model.add_hint(var, node == w.node)
+            if node != w.node:
+                moves.append(var)
+        model.add_exactly_one(row)
+    for n in problem.nodes:
+        terms = usage[n.name]
+        if terms:
+            model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
+    if moves:
+        model.add(sum(moves) <= problem.max_moves)
+    model.minimize(sum(objective))
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = problem.time_limit_s
+    solver.parameters.num_workers = problem.workers
+    solver.parameters.random_seed = 1
+    status = solver.solve(model)
+    elapsed = time.perf_counter() - started
+    name = solver.status_name(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        # Infeasible only if the current placement itself overflows a node (stale telemetry): keep it.
+        placement = {w.id: w.node for w in problem.movable}
+        report = SolverReport(status=name, objective=0.0, best_bound=0.0, gap=0.0, solve_seconds=elapsed)
+        return Solution(placement, report, blocked=blocked)
+    placement = {}
+    for w in problem.movable:
+        placement[w.id] = next(n for n in costs[w.id] if solver.value(choice[w.id, n]))
+    value = solver.objective_value / CENTS
+    bound = solver.best_objective_bound / CENTS
+    report = SolverReport(
+        status=name,
+        objective=round(value, 2),
+        best_bound=round(bound, 2),
+        gap=round(abs(value - bound) / max(abs(value), 1e-9), 6) if value else 0.0,
+        solve_seconds=round(elapsed, 4),
+    )
+    monthly = {w.id: (costs[w.id][w.node], costs[w.id][placement[w.id]]) for w in problem.movable}
+    return Solution(placement, report, monthly, blocked)

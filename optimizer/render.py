@@ -1,0 +1,59 @@
+"""Plans for people (an aligned text table) and for programs (the protocol's JSON)."""
+
+from __future__ import annotations
+
+import json
+
+from agent.protocol import Plan
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line.rstrip()]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return out
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def render_table(plan: Plan) -> str:
+    lines = [f"site {plan.site}: {len(plan.workloads)} workload(s), {len(plan.recommendations)} recommended move(s)"]
+    rows = [
+        [
+            _short(w.name, 28),
+            w.workload_class.value,
+            f"{w.confidence:.2f}",
+            _short(",".join(w.nodes), 24),
+            _short(w.hardware, 22),
+            str(w.gpus),
+            f"{w.mean_util:.0f}%",
+        ]
+        for w in sorted(plan.workloads, key=lambda v: (v.nodes, v.name))
+    ]
+    lines += _table(["WORKLOAD", "CLASS", "CONF", "NODES", "HARDWARE", "GPUS", "UTIL"], rows)
+    if plan.recommendations:
+        lines.append("")
+        lines.append(f"recommended moves, saving ${plan.monthly_savings_usd:,.0f}/month:")
+        for r in plan.recommendations:
+            lines.append(
+                f"  {r.workload_name} ({r.workload_class.value}, {r.gpus} GPU): "
+                f"{r.from_node} [{r.from_hardware}] -> {r.to_node} [{r.to_hardware}]  "
+                f"${r.monthly_savings_usd:,.0f}/month"
+            )
+            lines.append(f"      why: {r.reason}")
+    else:
+        lines.append("")
+        lines.append("no moves recommended")
+    s = plan.solver
+    lines.append(
+        f"solver: {s.status}, objective ${s.objective:,.0f}, bound ${s.best_bound:,.0f}, "
+        f"gap {s.gap:.2%}, {s.solve_seconds:.2f} s"
+    )
+    return "\n".join(lines)
+
+
+def render_json(plan: Plan) -> str:
+    return json.dumps(plan.model_dump(mode="json", by_alias=True), indent=2)

@@ -1,0 +1,127 @@
+"""The optimizer daemon: ingest telemetry from MQTT, plan every ``solve_interval``, publish each site's plan
+retained on ``{prefix}/{site}/recommendations`` and hand it to the caller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+
+import aiomqtt
+
+from agent.backoff import Backoff
+from agent.mqtt import make_client
+from agent.protocol import Plan, encode, recommendations_topic, subscription_filters
+from optimizer.catalog import Catalog
+from optimizer.config import OptimizerConfig
+from optimizer.fleet import Fleet
+from optimizer.recommend import build_plan
+
+log = logging.getLogger(__name__)
+
+
+class Optimizer:
+    def __init__(
+        self,
+        config: OptimizerConfig,
+        catalog: Catalog,
+        on_plan: Callable[[Plan], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.catalog = catalog.with_prices(config.prices)
+        self.fleet = Fleet(config.mqtt.prefix, config.optimizer.horizon_windows)
+        self.plans: dict[str, Plan] = {}
+        self.on_plan = on_plan
+        self.should_exit = asyncio.Event()
+        self.connected = asyncio.Event()
+        self._client: aiomqtt.Client | None = None
+        self._backoff = Backoff(cap=config.mqtt.reconnect_max_delay)
+
+    async def _ingest(self) -> None:
+        settings = self.config.mqtt
+        while True:
+            try:
+                async with make_client(
+                    settings,
+                    self.config.optimizer.client_id,
+                    max_queued_incoming=self.config.optimizer.max_queued_messages,
+                ) as client:
+                    for topic_filter in subscription_filters(settings.prefix):
+                        await client.subscribe(topic_filter, qos=1)
+                    self._client = client
+                    self._backoff.reset()
+                    self.connected.set()
+                    log.info("subscribed to %s/# on %s:%d", settings.prefix, settings.host, settings.port)
+                    async for message in client.messages:
+                        payload = message.payload
+                        if not isinstance(payload, bytes | bytearray):
+                            payload = str(payload).encode() if payload is not None else b""
+                        self.fleet.ingest(str(message.topic), payload)
+            except aiomqtt.MqttError as exc:
+                self.connected.clear()
+                self._client = None
+                delay = self._backoff.next_delay()
+                log.warning("broker connection lost (%s); reconnecting in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def plan_once(self) -> list[Plan]:
+        """Plan every site seen so far; publish and report each plan."""
+        snapshot = self.fleet.snapshot()
+        plans = []
+        for site in snapshot.sites():
+            plan = await asyncio.to_thread(build_plan, snapshot, site, self.catalog, self.config.plan)
+            self.plans[site] = plan
+            plans.append(plan)
+            await self._publish(plan)
+            if self.on_plan is not None:
+                self.on_plan(plan)
+        return plans
+
+    async def _publish(self, plan: Plan) -> None:
+        client = self._client
+        if client is None:
+            return
+        try:
+            await client.publish(
+                recommendations_topic(self.config.mqtt.prefix, plan.site), encode(plan), qos=1, retain=True
+            )
+        except aiomqtt.MqttError as exc:
+            log.warning("could not publish the plan for %s: %s", plan.site, exc)
+
+    async def _planning(self) -> None:
+        interval = self.config.optimizer.solve_interval
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.plan_once()
+            except Exception:
+                log.exception("planning failed; keeping the previous plan")
+
+    async def run(self) -> None:
+        """Run until ``should_exit`` is set."""
+        tasks = [
+            asyncio.create_task(self._ingest(), name="optimizer-ingest"),
+            asyncio.create_task(self._planning(), name="optimizer-planning"),
+        ]
+        try:
+            await self.should_exit.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+
+async def serve(optimizer: Optimizer) -> None:
+    """Run ``optimizer`` under SIGTERM/SIGINT."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, optimizer.should_exit.set)
+    try:
+        await optimizer.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
