@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig, AgentSettings, MqttSettings
-from agent.protocol import Telemetry
+from agent.protocol import Birth, Telemetry
 from agent.service import Agent
+from agent.window import WindowBuilder
 from collectors.scenarios import ScenarioNode, simulated_node
 
 log = logging.getLogger(__name__)
@@ -86,3 +88,44 @@ class SimulatedFleet:
 
 def open_record(path: Path | None) -> IO[str] | None:
     return path.open("a", encoding="utf-8") if path else None
+
+
+class ManualClock:
+    """A clock tests and offline runs advance by hand."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def offline_windows(
+    node: ScenarioNode, windows: int, publish_interval: float = 10.0, site: str = "sim", seed: int = 0
+) -> tuple[Birth, list[Telemetry]]:
+    """Simulate ``node`` without a broker or real time: its birth and ``windows`` consecutive windows, built by
+    the same window code the agent uses."""
+    clock = ManualClock()
+    sim = simulated_node(node, clock, seed)
+    inventory = sim.inventory()
+    birth = Birth(
+        node=node.name,
+        site=site,
+        session=1,
+        agent_version=__version__,
+        hostname=node.name,
+        timestamp=clock.now,
+        gpus=inventory.gpus,
+        nics=inventory.nics,
+        disks=inventory.disks,
+    )
+    builder = WindowBuilder(node.name, site, session=1)
+    out = []
+    ticks = max(1, round(publish_interval))
+    for seq in range(windows):
+        start = clock.now
+        for _ in range(ticks):
+            clock.now += publish_interval / ticks
+            builder.add(sim.sample(), clock.now)
+        out.append(builder.close(seq, start, clock.now, sim.workloads()))
+    return birth, out

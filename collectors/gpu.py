@@ -28,6 +28,7 @@ FI_NVLINK_DATA_RX_KIB = 139
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVLINK_MAX_LINKS = 18
+NVML_ERROR_GPU_IS_LOST = 15
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
 
 
@@ -132,21 +133,34 @@ class NvmlGpuCollector:
                 out["nvlink_rx_bps"] = out.get("nvlink_rx_bps", 0) + raw * 1024
         return out
 
+    def _memory(self, index: int, handle: Any) -> tuple[Any, bool]:
+        """(memory info or None, lost): a GPU that fell off the bus is logged once and reported, not fatal."""
+        try:
+            mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+        except self._nvml.NVMLError as exc:
+            if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
+                if index not in self._lost:
+                    log.warning("GPU %d is lost (fallen off the bus); reporting it without samples", index)
+                    self._lost.add(index)
+                return None, True
+            mem = None
+        if index in self._lost:
+            log.info("GPU %d answers again", index)
+            self._lost.discard(index)
+        return mem, False
+
     def sample(self) -> list[Sample]:
         out = []
         for i, h in enumerate(self._handles):
-            util = self._try("nvmlDeviceGetUtilizationRates", h)
-            if util is None and i not in self._lost:
-                # A GPU that stops answering (fallen off the bus) is reported once and skipped, not fatal.
-                log.warning("GPU %d stopped answering NVML; reporting it without samples", i)
-                self._lost.add(i)
-            elif util is not None:
-                self._lost.discard(i)
+            mem, lost = self._memory(i, h)
+            if lost:
+                out.append(Sample(Entity.GPU, str(i)))
+                continue
             gauges: dict[str, float] = {}
-            if util is not None:
+            if (util := self._try("nvmlDeviceGetUtilizationRates", h)) is not None:
                 gauges["util"] = float(util.gpu)
                 gauges["mem_util"] = float(util.memory)
-            if (mem := self._try("nvmlDeviceGetMemoryInfo", h)) is not None:
+            if mem is not None:
                 gauges["mem_used_mib"] = mem.used / 2**20
             if (power := self._try("nvmlDeviceGetPowerUsage", h)) is not None:
                 gauges["power_w"] = power / 1000

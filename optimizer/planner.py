@@ -122,6 +122,9 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     solver.parameters.max_time_in_seconds = problem.time_limit_s
     solver.parameters.num_workers = problem.workers
     solver.parameters.random_seed = 1
+    # CP-SAT would otherwise install its own SIGINT handler and leave SIG_DFL behind, so a later Ctrl-C
+    # kills the daemon instead of shutting it down.
+    solver.parameters.catch_sigint_signal = False
     status = solver.solve(model)
     elapsed = time.perf_counter() - started
     name = solver.status_name(status)

@@ -1,0 +1,44 @@
+# fleetfit: `make demo` runs the demo, `make test` runs lint, type checks and the whole test suite.
+# Each target bootstraps what it needs: a virtual environment in .venv, the package, and for the tests
+# Debian's mosquitto (installed with apt-get when it is missing).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
+
+.PHONY: demo test lint typecheck pytest bench deps-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || { $(APT) update && $(APT) install -y python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.runtime: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.runtime
+
+demo: $(VENV)/.runtime
+	$(BIN)/fleetfit demo
+
+deps-test: $(VENV)/.test
+	@command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || \
+		{ $(APT) update && DEBIAN_FRONTEND=noninteractive $(APT) install -y --no-install-recommends mosquitto; }
+
+lint: $(VENV)/.test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.test
+	$(BIN)/mypy
+
+pytest: deps-test
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,107 @@
+"""Classification of simulated workloads and the CP-SAT plan built from them, without a broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.protocol import TopicKind, WorkloadClass, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from collectors.simulated import Pattern
+from optimizer.catalog import load_catalog
+from optimizer.classify import classify
+from optimizer.costs import Demand
+from optimizer.features import workload_features
+from optimizer.fleet import Fleet
+from optimizer.planner import Movable, NodeSlot, Problem, solve
+from optimizer.recommend import PlanSettings, build_plan
+
+PREFIX = "fleetfit/v1"
+EXPECTED = {
+    Pattern.TRAINING: WorkloadClass.TRAINING,
+    Pattern.INFERENCE: WorkloadClass.INFERENCE,
+    Pattern.BATCH_INFERENCE: WorkloadClass.BATCH_INFERENCE,
+    Pattern.IDLE: WorkloadClass.IDLE,
+}
+
+
+def _fleet(scenario: str, nodes: int, windows: int = 18, seed: int = 1) -> tuple[Fleet, dict[str, Pattern]]:
+    fleet = Fleet(PREFIX, horizon_windows=60)
+    truth = {}
+    for node in build_scenario(scenario, nodes, seed):
+        birth, telemetry = offline_windows(node, windows, site="s1", seed=seed)
+        assert fleet.ingest(node_topic(PREFIX, "s1", node.name, TopicKind.BIRTH), encode(birth))
+        for w in telemetry:
+            assert fleet.ingest(node_topic(PREFIX, "s1", node.name, TopicKind.TELEMETRY), encode(w))
+        truth.update({w.id: w.pattern for w in node.workloads})
+    return fleet, truth
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_demo_workloads_are_classified_correctly(seed: int) -> None:
+    fleet, truth = _fleet("demo", 12, seed=seed)
+    features = workload_features(fleet, "s1")
+    assert {f.id for f in features} == set(truth)
+    for f in features:
+        result = classify(f)
+        assert result.workload_class is EXPECTED[truth[f.id]], (f.name, result)
+        assert result.confidence >= 0.6
+        assert result.evidence
+
+
+def test_too_little_data_is_unknown() -> None:
+    fleet, _ = _fleet("demo", 8, windows=2)
+    for f in workload_features(fleet, "s1"):
+        result = classify(f)
+        assert result.workload_class is WorkloadClass.UNKNOWN and result.confidence == 0.0
+
+
+def test_plan_moves_exactly_the_planted_misplacements() -> None:
+    fleet, _ = _fleet("demo", 10)
+    planted = {w.id for n in build_scenario("demo", 10, 1) for w in n.workloads if w.id in n.misplaced}
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())
+    assert {r.workload for r in plan.recommendations} == planted
+    assert plan.solver.status == "OPTIMAL"
+    assert all(r.monthly_savings_usd > 0 for r in plan.recommendations)
+    by_name = {r.workload_name: r for r in plan.recommendations}
+    assert "H100" in by_name["chat-serving"].from_hardware and "L40S" in by_name["chat-serving"].to_hardware
+    assert "L4 " in by_name["vision-finetune-ddp"].from_hardware
+    assert "NVLink" in by_name["vision-finetune-ddp"].reason
+    # the same telemetry plans the same moves with the same ids
+    again = build_plan(fleet, "s1", load_catalog(), PlanSettings())
+    assert [r.id for r in again.recommendations] == [r.id for r in plan.recommendations]
+
+
+def test_pinned_workloads_and_move_budget_are_honoured() -> None:
+    fleet, _ = _fleet("demo", 10)
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings(max_moves=1, pinned=["*"]))
+    assert plan.recommendations == []
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings(max_moves=1))
+    assert len(plan.recommendations) == 1
+    assert plan.recommendations[0].workload_name == "chat-serving"  # the biggest saving wins the one move
+
+
+def _inference(wid: str, node: str, gpus: int, util: float, mem_mib: float = 20_000) -> Movable:
+    return Movable(wid, node, Demand(WorkloadClass.INFERENCE, gpus, mem_mib, util, util * 1.6), move_cost_usd=20)
+
+
+def test_planner_respects_capacity() -> None:
+    catalog = load_catalog()
+    nodes = [NodeSlot("h1", "h100", 8), NodeSlot("l1", "l40s", 8)]
+    two = [_inference("a", "h1", 4, 20), _inference("b", "h1", 4, 20)]
+    solution = solve(catalog, Problem(nodes, {"l1": 4}, two))
+    assert sorted(solution.placement.values()).count("l1") == 1  # only four L40S GPUs are free
+    solution = solve(catalog, Problem(nodes, {}, two))
+    assert set(solution.placement.values()) == {"l1"}
+    assert solution.report.status == "OPTIMAL" and solution.report.gap == 0
+
+
+def test_planner_respects_memory_and_load_fit() -> None:
+    catalog = load_catalog()
+    nodes = [NodeSlot("h1", "h100", 8), NodeSlot("l4", "l4", 8)]
+    big_model = _inference("a", "h1", 8, 10, mem_mib=40_000)  # 40 GiB per GPU does not fit a 24 GB L4
+    busy = _inference("b", "h1", 8, 45)  # 45 % of an H100 is more than an L4 can serve
+    for w in (big_model, busy):
+        solution = solve(catalog, Problem(nodes, {}, [w]))
+        assert solution.placement[w.id] == "h1"
+        assert w.id in solution.blocked

@@ -1,0 +1,102 @@
+"""The user-facing commands, run as a user would run them."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent.protocol import Plan, Telemetry, TopicKind, decode
+from collectors.scenarios import build_scenario
+
+FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
+
+
+def test_agent_once_prints_a_window_the_protocol_accepts() -> None:
+    result = subprocess.run([FLEETFIT, "agent", "--once"], capture_output=True, timeout=60, check=True)
+    window = decode(TopicKind.TELEMETRY, result.stdout)
+    assert isinstance(window, Telemetry)
+    assert window.nics, "this machine's NICs are reported"
+    assert window.disks, "this machine's disks are reported"
+    assert all(n.rx_bps is not None for n in window.nics)
+    assert window.host.cpu_util is not None
+    # No GPU here: the section is empty and says why, and the agent did not fail.
+    assert window.gpus == []
+    assert window.gpu_unavailable and "NVML" in window.gpu_unavailable
+    assert b"GPU collector disabled" in result.stderr
+
+
+def test_demo_json_plan_names_the_planted_misplacements() -> None:
+    planted = {w.name for n in build_scenario("demo", 8, seed=1) for w in n.workloads if w.id in n.misplaced}
+    assert planted == {"chat-serving", "vision-finetune-ddp", "forgotten-notebook-alloc"}
+    started = time.monotonic()
+    result = subprocess.run(
+        [FLEETFIT, "demo", "--nodes", "8", "--duration", "20", "--format", "json"],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert time.monotonic() - started < 60
+    plan = Plan.model_validate_json(result.stdout)  # stdout holds the plan and nothing else
+    assert {r.workload_name for r in plan.recommendations} == planted
+    classes = {w.name: w.workload_class.value for w in plan.workloads}
+    assert classes["chat-serving"] == "inference" and classes["vision-finetune-ddp"] == "training"
+    assert classes["forgotten-notebook-alloc"] == "idle"
+    assert all(r.monthly_savings_usd > 0 and r.reason for r in plan.recommendations)
+    assert b"embedded broker" in result.stderr
+
+
+def test_demo_stops_cleanly_on_ctrl_c() -> None:
+    proc = subprocess.Popen([FLEETFIT, "demo", "--duration", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(12)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    assert b"final plan:" in stdout
+    assert b"Traceback" not in stderr
+
+
+def test_unknown_command_and_bad_arguments_fail_clearly() -> None:
+    result = subprocess.run([FLEETFIT, "demo", "--nodes", "3"], capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2 and b"at least 8 nodes" in result.stderr
+    result = subprocess.run(
+        [FLEETFIT, "simulate", "--broker", "http://x", "--nodes", "2"], capture_output=True, timeout=60, check=False
+    )
+    assert result.returncode == 2 and b"mqtt://" in result.stderr
+
+
+def test_simulate_records_labelled_windows(tmp_path: Path, mosquitto: object, prefix: str) -> None:
+    from conftest import MosquittoServer
+
+    assert isinstance(mosquitto, MosquittoServer)
+    record = tmp_path / "fleet.jsonl"
+    subprocess.run(
+        [
+            FLEETFIT,
+            "simulate",
+            "--broker",
+            f"mqtt://127.0.0.1:{mosquitto.port}",
+            "--nodes",
+            "8",
+            "--scenario",
+            "demo",
+            "--time-scale",
+            "20",
+            "--duration",
+            "3",
+            "--record",
+            str(record),
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(lines) >= 8
+    for line in lines:
+        Telemetry.model_validate(line["window"])
+        assert "labels" not in line["window"] and "pattern" not in json.dumps(line["window"])
+    assert {"training", "inference", "idle"} <= {v for line in lines for v in line["labels"].values()}

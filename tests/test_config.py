@@ -1,0 +1,70 @@
+"""Configuration: one clear line naming the key, environment overrides for secrets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.config import AgentConfig, ConfigError, load_config
+from optimizer.config import OptimizerConfig
+
+
+def test_defaults_load_without_a_file() -> None:
+    config = load_config(AgentConfig, None, environ={})
+    assert config.agent.publish_interval == 10.0
+    assert config.mqtt.protocol == "5"
+
+
+def test_bad_value_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text("[mqtt]\nport = 70000\n")
+    with pytest.raises(ConfigError, match=r"agent.toml: mqtt.port: .*65535"):
+        load_config(AgentConfig, path, environ={})
+
+
+def test_unknown_key_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text("[agent]\npublish_intreval = 5\n")
+    with pytest.raises(ConfigError, match=r"agent.publish_intreval"):
+        load_config(AgentConfig, path, environ={})
+
+
+def test_cross_field_check(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text("[agent]\npublish_interval = 1\nsample_interval = 2\n")
+    with pytest.raises(ConfigError, match="publish_interval must be at least sample_interval"):
+        load_config(AgentConfig, path, environ={})
+
+
+def test_invalid_toml_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "optimizer.toml"
+    path.write_text("[optimizer\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(OptimizerConfig, path, environ={})
+
+
+def test_environment_overrides_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text('[mqtt]\nhost = "broker.example"\nusername = "node-1"\n')
+    config = load_config(AgentConfig, path, environ={"FLEETFIT_MQTT_PASSWORD": "s3cret", "UNRELATED": "x"})
+    assert config.mqtt.host == "broker.example"
+    assert config.mqtt.password is not None and config.mqtt.password.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(config)
+
+
+def test_cli_fails_at_start_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "optimizer.toml"
+    path.write_text("[plan]\nmin_confidence = 3\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "optimizer.cli", "optimizer", "--config", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("fleetfit: config ")
+    assert "plan.min_confidence" in result.stderr

@@ -1,0 +1,213 @@
+"""Agents → real Mosquitto → optimizer: receive, classify, plan, publish the plan retained."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiomqtt
+from conftest import MosquittoServer, free_port, write_mosquitto_config
+
+from agent.clock import Clock
+from agent.mqtt import make_client
+from agent.protocol import NodeStatus, Plan, State, Telemetry, TopicKind, decode, recommendations_topic
+from agent.simulate import SimulatedFleet
+from collectors.scenarios import build_scenario
+from optimizer.catalog import load_catalog
+from optimizer.config import OptimizerConfig, OptimizerSettings
+from optimizer.recommend import PlanSettings
+from optimizer.service import Optimizer
+
+FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
+
+
+async def _wait_for(predicate: object, limit: float, what: str) -> None:
+    assert callable(predicate)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def collecting(settings: object, topic_filter: str) -> AsyncIterator[list[aiomqtt.Message]]:
+    """Subscribe and collect messages in the background."""
+    from agent.config import MqttSettings
+
+    assert isinstance(settings, MqttSettings)
+    received: list[aiomqtt.Message] = []
+    async with make_client(settings, f"collector-{os.getpid()}-{id(received)}") as client:
+        await client.subscribe(topic_filter, qos=1)
+
+        async def pump() -> None:
+            async for m in client.messages:
+                received.append(m)
+
+        task = asyncio.create_task(pump())
+        try:
+            yield received
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def test_simulated_fleet_through_mosquitto_to_a_plan(mosquitto: MosquittoServer, prefix: str) -> None:
+    mqtt = mosquitto.settings(prefix)
+    nodes = build_scenario("demo", 8, seed=3)
+    planted = {w.id for n in nodes for w in n.workloads if w.id in n.misplaced}
+    config = OptimizerConfig(
+        mqtt=mqtt, optimizer=OptimizerSettings(solve_interval=1.0), plan=PlanSettings(time_limit=5)
+    )
+    plans: list[Plan] = []
+    optimizer = Optimizer(config, load_catalog(), on_plan=plans.append)
+    opt_task = asyncio.create_task(optimizer.run())
+    await asyncio.wait_for(optimizer.connected.wait(), 10)
+    stop = asyncio.Event()
+    fleet = SimulatedFleet(nodes, mqtt, site="e2e", clock=Clock(20.0), seed=3)
+    fleet_task = asyncio.create_task(fleet.run(stop))
+    try:
+        await _wait_for(
+            lambda: bool(plans) and {r.workload for r in plans[-1].recommendations} == planted,
+            limit=60,
+            what="a plan that moves the planted misplacements",
+        )
+        assert optimizer.fleet.rejected == {}
+        assert len(optimizer.fleet.nodes) == 8
+        # Anyone can read the current plan: it is retained on the site's recommendations topic.
+        async with make_client(mqtt, "plan-reader") as reader:
+            await reader.subscribe(recommendations_topic(prefix, "e2e"), qos=1)
+            message = await asyncio.wait_for(anext(aiter(reader.messages)), 10)
+            assert message.retain
+            plan = decode(TopicKind.RECOMMENDATIONS, message.payload)  # type: ignore[arg-type]
+            assert isinstance(plan, Plan) and plan.site == "e2e"
+            assert {r.workload for r in plan.recommendations} == planted
+    finally:
+        stop.set()
+        await fleet_task
+        optimizer.should_exit.set()
+        await opt_task
+
+
+def _agent_config(tmp_path: Path, port: int, prefix: str, interval: float) -> Path:
+    path = tmp_path / "agent.toml"
+    path.write_text(
+        f"""
+[agent]
+node = "e2e-node"
+site = "lab"
+publish_interval = {interval}
+state_dir = "{tmp_path / "state"}"
+
+[mqtt]
+host = "127.0.0.1"
+port = {port}
+prefix = "{prefix}"
+keepalive = 5
+reconnect_max_delay = 1.0
+"""
+    )
+    return path
+
+
+async def test_agent_sigterm_publishes_the_open_window_and_goes_offline(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    config = _agent_config(tmp_path, mosquitto.port, prefix, interval=2.0)
+    async with collecting(mosquitto.settings(prefix), f"{prefix}/lab/e2e-node/#") as received:
+        proc = await asyncio.create_subprocess_exec(
+            FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            await _wait_for(lambda: any(m.topic.value.endswith("/telemetry") for m in received), 20, "a window")
+            await asyncio.sleep(1.0)  # into the next window
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+        assert proc.returncode == 0, stderr.decode()[-2000:]
+        await asyncio.sleep(0.5)
+    telemetry = [decode(TopicKind.TELEMETRY, m.payload) for m in received if m.topic.value.endswith("/telemetry")]  # type: ignore[arg-type]
+    assert [t.seq for t in telemetry if isinstance(t, Telemetry)] == list(range(len(telemetry)))
+    last = telemetry[-1]
+    assert isinstance(last, Telemetry) and last.samples >= 1 and last.end - last.start < 2.0  # the partial window
+    states = [decode(TopicKind.STATE, m.payload) for m in received if m.topic.value.endswith("/state")]  # type: ignore[arg-type]
+    assert isinstance(states[-1], State) and states[-1].status is NodeStatus.OFFLINE
+    assert b"SIGTERM received" in stderr
+
+
+async def test_killed_agent_is_marked_offline_by_its_last_will(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    config = _agent_config(tmp_path, mosquitto.port, prefix, interval=2.0)
+    async with collecting(mosquitto.settings(prefix), f"{prefix}/lab/e2e-node/state") as received:
+        proc = await asyncio.create_subprocess_exec(
+            FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
+        )
+        await _wait_for(lambda: len(received) >= 1, 20, "online state")
+        proc.kill()
+        await proc.wait()
+        await _wait_for(lambda: len(received) >= 2, 20, "the last will")
+    first, will = (decode(TopicKind.STATE, m.payload) for m in received[:2])  # type: ignore[arg-type]
+    assert isinstance(first, State) and first.status is NodeStatus.ONLINE
+    assert isinstance(will, State) and will.status is NodeStatus.OFFLINE and will.session == first.session
+    # every start is a new session
+    assert (tmp_path / "state" / "session").read_text().strip() == str(first.session)
+
+
+async def _durable_collector(port: int, topic_filter: str, received: list[bytes]) -> None:
+    """A subscriber with a persistent session that reconnects by itself, so the broker queues for it."""
+    while True:
+        try:
+            async with aiomqtt.Client(
+                "127.0.0.1",
+                port,
+                identifier="durable-collector",
+                clean_session=False,
+                protocol=aiomqtt.ProtocolVersion.V311,
+            ) as client:
+                await client.subscribe(topic_filter, qos=1)
+                async for m in client.messages:
+                    received.append(m.payload)  # type: ignore[arg-type]
+        except aiomqtt.MqttError:
+            await asyncio.sleep(0.2)
+
+
+async def test_agent_rides_out_a_broker_restart_without_losing_windows(tmp_path: Path, prefix: str) -> None:
+    port = free_port()
+    conf = write_mosquitto_config(tmp_path, port, f"persistence true\npersistence_location {tmp_path}/")
+    conf.write_text(conf.read_text().replace("persistence false\n", ""))
+    broker = MosquittoServer("127.0.0.1", port, conf, tmp_path / "mosquitto.log")
+    broker.start()
+    received: list[bytes] = []
+    collector = asyncio.create_task(_durable_collector(port, f"{prefix}/lab/e2e-node/telemetry", received))
+    await asyncio.sleep(0.5)
+    config = _agent_config(tmp_path, port, prefix, interval=1.0)
+    proc = await asyncio.create_subprocess_exec(
+        FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        await _wait_for(lambda: len(received) >= 2, 20, "windows before the outage")
+        broker.stop()
+        await asyncio.sleep(4)  # ~4 windows close while the broker is away
+        broker.start()
+        before = len(received)
+        await _wait_for(lambda: len(received) >= before + 6, 30, "windows after the outage")
+        seqs = [json.loads(p)["seq"] for p in received]
+        assert sorted(set(seqs)) == list(range(min(seqs), max(seqs) + 1)), seqs  # nothing lost in the outage
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), 20)
+        collector.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await collector
+        broker.stop()

@@ -1,0 +1,77 @@
+"""Ingest: bad messages are rejected, counted by reason, and never disturb good data."""
+
+from __future__ import annotations
+
+import json
+
+from agent.protocol import NodeStatus, State, TopicKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from optimizer.fleet import Fleet
+
+P = "fleetfit/v1"
+
+
+def _node() -> tuple[str, bytes, list[bytes]]:
+    node = build_scenario("demo", 8)[0]
+    birth, windows = offline_windows(node, 4, site="s1")
+    return node.name, encode(birth), [encode(w) for w in windows]
+
+
+def test_good_and_bad_messages_interleaved() -> None:
+    fleet = Fleet(P)
+    name, birth, windows = _node()
+    tele = node_topic(P, "s1", name, TopicKind.TELEMETRY)
+    assert fleet.ingest(node_topic(P, "s1", name, TopicKind.BIRTH), birth)
+    assert fleet.ingest(tele, windows[0])
+    bad = [
+        (tele, b"{"),  # bad json
+        (tele, json.dumps({**json.loads(windows[1]), "schema": 9}).encode()),  # unknown schema
+        (node_topic(P, "s1", "other-node", TopicKind.TELEMETRY), windows[1]),  # node mismatch
+        (node_topic(P, "s2", name, TopicKind.TELEMETRY), windows[1]),  # site mismatch
+        (tele, windows[0]),  # duplicate
+        (f"{P}/s1/{name}/telemetry/x", windows[1]),  # bad topic
+        (tele, b"x" * 300_000),  # oversize
+    ]
+    for topic, payload in bad:
+        assert not fleet.ingest(topic, payload)
+    assert fleet.ingest(tele, windows[1])
+    assert fleet.ingest(tele, windows[3])  # a gap is fine (windows lost upstream)
+    assert not fleet.ingest(tele, windows[2])  # going back is not
+    record = fleet.nodes[("s1", name)]
+    assert [w.seq for w in record.windows] == [0, 1, 3]
+    assert dict(fleet.rejected) == {
+        "bad_json": 1,
+        "unknown_schema": 1,
+        "node_mismatch": 1,
+        "site_mismatch": 1,
+        "duplicate": 2,
+        "bad_topic": 1,
+        "oversize": 1,
+    }
+    assert fleet.accepted == {"birth": 1, "telemetry": 3}
+
+
+def test_restart_starts_a_new_sequence_and_stale_sessions_are_refused() -> None:
+    fleet = Fleet(P)
+    name, birth, windows = _node()
+    state_topic = node_topic(P, "s1", name, TopicKind.STATE)
+    fleet.ingest(node_topic(P, "s1", name, TopicKind.BIRTH), birth)  # session 1
+    fleet.ingest(node_topic(P, "s1", name, TopicKind.TELEMETRY), windows[2])
+    assert fleet.ingest(state_topic, encode(State(node=name, session=2, status=NodeStatus.ONLINE, timestamp=1)))
+    record = fleet.nodes[("s1", name)]
+    assert (record.session, record.last_seq) == (2, -1)
+    assert not fleet.ingest(node_topic(P, "s1", name, TopicKind.TELEMETRY), windows[3])  # session 1 < 2
+    assert fleet.rejected["stale_session"] == 1
+    assert fleet.ingest(state_topic, encode(State(node=name, session=2, status=NodeStatus.OFFLINE, timestamp=2)))
+    assert record.status is NodeStatus.OFFLINE
+
+
+def test_history_is_bounded() -> None:
+    fleet = Fleet(P, horizon_windows=3)
+    node = build_scenario("demo", 8)[0]
+    birth, windows = offline_windows(node, 6, site="s1")
+    fleet.ingest(node_topic(P, "s1", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        fleet.ingest(node_topic(P, "s1", node.name, TopicKind.TELEMETRY), encode(w))
+    assert [w.seq for w in fleet.nodes[("s1", node.name)].windows] == [3, 4, 5]

@@ -1,0 +1,194 @@
+"""The wire protocol: topics, round trips, rejections, size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.protocol import (
+    Birth,
+    DiskWindow,
+    GpuInfo,
+    GpuWindow,
+    HostWindow,
+    NicInfo,
+    NicKind,
+    NicRole,
+    NicWindow,
+    NodeStatus,
+    Plan,
+    ProtocolError,
+    SolverReport,
+    State,
+    Stats,
+    Telemetry,
+    TopicKind,
+    WorkloadKind,
+    WorkloadRef,
+    decode,
+    encode,
+    node_topic,
+    parse_topic,
+    recommendations_topic,
+    series,
+    subscription_filters,
+)
+
+PREFIX = "fleetfit/v1"
+
+
+def test_topics_round_trip() -> None:
+    for kind in (TopicKind.BIRTH, TopicKind.STATE, TopicKind.TELEMETRY):
+        topic = node_topic(PREFIX, "eu-1", "gpu-node-07", kind)
+        assert topic == f"fleetfit/v1/eu-1/gpu-node-07/{kind}"
+        parsed = parse_topic(PREFIX, topic)
+        assert (parsed.site, parsed.node, parsed.kind) == ("eu-1", "gpu-node-07", kind)
+    rec = parse_topic(PREFIX, recommendations_topic(PREFIX, "eu-1"))
+    assert rec.kind is TopicKind.RECOMMENDATIONS and rec.node is None
+    assert subscription_filters(PREFIX) == [f"{PREFIX}/+/+/birth", f"{PREFIX}/+/+/state", f"{PREFIX}/+/+/telemetry"]
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "other/v1/eu-1/n1/telemetry",
+        "fleetfit/v1/eu-1/telemetry",
+        "fleetfit/v1/eu-1/n1/telemetry/extra",
+        "fleetfit/v1/eu-1/n1/firmware",
+        "fleetfit/v1/eu 1/n1/telemetry",
+        "fleetfit/v1/eu-1/+/telemetry",
+        "fleetfit/v1/eu-1//telemetry",
+    ],
+)
+def test_malformed_topics_are_rejected(topic: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_topic(PREFIX, topic)
+    assert info.value.reason == "bad_topic"
+
+
+def test_node_ids_must_be_topic_safe() -> None:
+    with pytest.raises(ProtocolError):
+        node_topic(PREFIX, "eu-1", "node/../x", TopicKind.BIRTH)
+
+
+def _eight_gpu_window() -> Telemetry:
+    util = [91.2, 90.8, 92.1, 89.9, 90.3, 91.7, 90.0, 92.4, 91.1, 90.6]
+    s = Stats.of(util)
+    big = Stats.of([123_456_789_012.0 + i * 1_234_567 for i in range(10)])
+    gpus = [
+        GpuWindow(
+            index=i,
+            util=s,
+            mem_util=s,
+            mem_used_mib=Stats.of([73_210.0] * 10),
+            power_w=Stats.of([612.3] * 10),
+            temp_c=Stats.of([64.2] * 10),
+            sm_clock_mhz=Stats.of([1980.0] * 10),
+            pcie_tx_bps=big,
+            pcie_rx_bps=big,
+            nvlink_tx_bps=big,
+            nvlink_rx_bps=big,
+            util_series=series(util),
+            workload="k8s/3f6b2a1c-0d4e-4c55-9a77-1e2f3a4b5c6d",
+        )
+        for i in range(8)
+    ]
+    nics = [NicWindow(name=f"ib{i}", rx_bps=big, tx_bps=big, errors=0, drops=0) for i in range(4)]
+    disks = [DiskWindow(name=f"nvme{i}n1", read_bps=big, write_bps=big, read_iops=s, write_iops=s) for i in range(2)]
+    return Telemetry(
+        node="h100-node-0042",
+        site="eu-west-1",
+        session=12,
+        seq=123_456,
+        start=1_764_000_000.0,
+        end=1_764_000_010.0,
+        samples=10,
+        gpus=gpus,
+        nics=nics,
+        disks=disks,
+        host=HostWindow(cpu_util=s, mem_used_pct=s),
+        workloads=[
+            WorkloadRef(
+                id="k8s/3f6b2a1c-0d4e-4c55-9a77-1e2f3a4b5c6d",
+                kind=WorkloadKind.KUBERNETES_POD,
+                name="pod 3f6b2a1c-0d4e-4c55-9a77-1e2f3a4b5c6d",
+                gpus=list(range(8)),
+                hint="torchrun",
+            )
+        ],
+    )
+
+
+def test_eight_gpu_window_fits_in_8_kb_and_round_trips() -> None:
+    window = _eight_gpu_window()
+    payload = encode(window)
+    assert len(payload) < 8 * 1024, len(payload)
+    assert json.loads(payload)["schema"] == 1
+    assert decode(TopicKind.TELEMETRY, payload) == window
+
+
+def test_birth_state_and_plan_round_trip() -> None:
+    birth = Birth(
+        node="n1",
+        site="s1",
+        session=3,
+        agent_version="0.1.0",
+        hostname="n1.example",
+        timestamp=1.0,
+        gpus=[GpuInfo(index=0, uuid="GPU-1", model="NVIDIA L4", memory_mib=23034, pcie_gen=4)],
+        nics=[NicInfo(name="eth0", kind=NicKind.ETHERNET, role=NicRole.NORTH_SOUTH, speed_mbps=100_000)],
+    )
+    state = State(node="n1", session=3, status=NodeStatus.OFFLINE, timestamp=2.0)
+    plan = Plan(
+        site="s1",
+        generated_at=3.0,
+        solver=SolverReport(status="OPTIMAL", objective=1, best_bound=1, gap=0, solve_seconds=0.1),
+    )
+    for kind, message in ((TopicKind.BIRTH, birth), (TopicKind.STATE, state), (TopicKind.RECOMMENDATIONS, plan)):
+        assert decode(kind, encode(message)) == message
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"not json", "bad_json"),
+        (b"[1, 2]", "schema"),
+        (b'{"schema": 2, "node": "n1"}', "unknown_schema"),
+        (b'{"node": "n1"}', "unknown_schema"),
+        (b'{"schema": 1, "node": "n1", "session": 1, "status": "sleeping", "timestamp": 1}', "schema"),
+        (b'{"schema": 1, "node": "n1", "session": 1, "status": "online", "timestamp": 1, "x": 1}', "schema"),
+        (b'{"schema": 1, "node": "n1", "session": -1, "status": "online", "timestamp": 1}', "schema"),
+        (b'{"schema": 1, "node": "n1", "session": 1, "status": "online", "timestamp": NaN}', "schema"),
+        (b"\xff\xfe", "bad_json"),
+    ],
+)
+def test_malformed_payloads_are_rejected_with_a_reason(payload: bytes, reason: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(TopicKind.STATE, payload)
+    assert info.value.reason == reason
+
+
+def test_oversize_payload_is_rejected_before_parsing() -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(TopicKind.TELEMETRY, b" " * (512 * 1024))
+    assert info.value.reason == "oversize"
+
+
+def test_window_must_not_end_before_it_starts() -> None:
+    raw = json.loads(encode(_eight_gpu_window()))
+    raw["end"] = raw["start"] - 1
+    with pytest.raises(ProtocolError):
+        decode(TopicKind.TELEMETRY, json.dumps(raw).encode())
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e12, allow_nan=False), min_size=1, max_size=120))
+def test_stats_are_ordered_and_survive_the_wire(values: list[float]) -> None:
+    s = Stats.of(values)
+    assert s.std >= 0
+    tolerance = 1e-3 * max(abs(s.max), 1.0)
+    assert s.mean <= s.max + tolerance
+    assert s.p95 <= s.max + tolerance
+    assert Stats.model_validate(json.loads(json.dumps(s.model_dump()))) == s
