@@ -68,3 +68,11 @@ def test_cli_fails_at_start_with_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("fleetfit: config ")
     assert "plan.min_confidence" in result.stderr
+
+
+def test_shipped_example_configs_are_valid() -> None:
+    root = Path(__file__).resolve().parent.parent / "systemd"
+    agent = load_config(AgentConfig, root / "agent.toml", environ={})
+    assert agent.agent.site == "eu-west-1" and agent.mqtt.tls
+    optimizer = load_config(OptimizerConfig, root / "optimizer.toml", environ={})
+    assert optimizer.plan.max_moves == 20
