@@ -33,7 +33,7 @@ class WorkloadFeatures:
     placements: list[Placement]
     windows: int = 0
     mean_util: float = 0.0
-    p95_util: float = 0.0  # typical per-window p95
+    p95_util: float = 0.0  # p95 over the horizon of the per-second load (mean across the workload's GPUs)
     burstiness: float = 0.0  # coefficient of variation of per-second utilisation within windows
     gpu_spread: float = 0.0  # mean spread across the workload's GPUs, relative to their level
     zero_seconds: float = 0.0  # share of seconds at (near) 0 % utilisation
@@ -65,6 +65,10 @@ def _mean(values: Iterable[float]) -> float:
     return statistics.fmean(items) if items else 0.0
 
 
+def _p95(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[-1]
+
+
 def _cv(values: Sequence[float]) -> float:
     if len(values) < 2:
         return 0.0
@@ -79,6 +83,7 @@ class _Acc:
     placements: dict[str, Placement] = field(default_factory=dict)
     util_means: list[float] = field(default_factory=list)
     util_p95: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
     cvs: list[float] = field(default_factory=list)
     spreads: list[float] = field(default_factory=list)
     zeros: list[float] = field(default_factory=list)
@@ -114,12 +119,13 @@ def _fold_window(acc: _Acc, record: NodeRecord, window: Telemetry, gpu_ids: set[
     acc.util_p95.append(max(g.util.p95 for g in gpus if g.util))
     acc.cvs.extend(_cv(g.util_series) for g in gpus if len(g.util_series) > 1)
     series = [g.util_series for g in gpus if g.util_series]
-    if len(series) > 1:
-        length = min(len(s) for s in series)
-        for i in range(length):
+    if series:
+        for i in range(min(len(s) for s in series)):
             column = [s[i] for s in series]
             level = statistics.fmean(column)
-            acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
+            acc.load.append(level)
+            if len(series) > 1:
+                acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
     for g in gpus:
         acc.zeros.extend(1.0 if v < 2 else 0.0 for v in g.util_series)
         if g.mem_used_mib:
@@ -172,7 +178,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 placements=placements,
                 windows=acc.windows,
                 mean_util=_mean(acc.util_means),
-                p95_util=_mean(acc.util_p95),
+                p95_util=_p95(acc.load) if len(acc.load) >= 20 else _mean(acc.util_p95),
                 burstiness=_mean(acc.cvs),
                 gpu_spread=_mean(acc.spreads),
                 zero_seconds=_mean(acc.zeros),
