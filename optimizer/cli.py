@@ -9,9 +9,14 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from agent.protocol import Plan
+
+if TYPE_CHECKING:
+    from agent.config import MqttSettings
+    from agent.service import Agent
 
 log = logging.getLogger("fleetfit")
 
@@ -55,11 +60,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _one_window(agent: object, seconds: float) -> str:
+async def _one_window(agent: Agent, seconds: float) -> str:
     from agent.protocol import encode
-    from agent.service import Agent
 
-    assert isinstance(agent, Agent)
     interval = agent.settings.sample_interval
     ticks = max(2, round(seconds / interval) + 1)  # rates need two readings
     for i in range(ticks):
@@ -69,7 +72,8 @@ async def _one_window(agent: object, seconds: float) -> str:
     window = agent.close_window()
     for c in agent.collectors:
         c.close()
-    assert window is not None
+    if window is None:
+        raise RuntimeError("no sample was taken")
     return json.dumps(json.loads(encode(window)), indent=2)
 
 
@@ -130,7 +134,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _broker_settings(url: str, protocol: str) -> object:
+def _broker_settings(url: str, protocol: str) -> MqttSettings:
     from agent.config import MqttSettings
 
     parts = urlsplit(url if "://" in url else f"mqtt://{url}")
@@ -149,7 +153,6 @@ def _broker_settings(url: str, protocol: str) -> object:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from agent.clock import Clock
-    from agent.config import MqttSettings
     from agent.simulate import SimulatedFleet, open_record
     from collectors.scenarios import build_scenario
 
@@ -158,7 +161,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         nodes = build_scenario(args.scenario, args.nodes, args.seed)
     except ValueError as exc:
         return _fail(str(exc))
-    assert isinstance(mqtt, MqttSettings)
     record = open_record(args.record)
 
     async def main() -> None:
