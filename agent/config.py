@@ -56,7 +56,8 @@ class AgentSettings(Section):
     publish_interval: float = Field(default=10.0, ge=1.0, le=3600.0)
     sample_interval: float = Field(default=1.0, ge=0.1, le=60.0)
     state_dir: Path = Path("/var/lib/fleetfit-agent")
-    outbox_windows: int = Field(default=360, ge=1, description="windows held in memory while the broker is away")
+    spool_max_windows: int = Field(default=8640, ge=1, description="windows kept while the broker is away")
+    spool_max_mb: float = Field(default=256, gt=0, description="disk the spool may use")
     fabric_interfaces: list[str] = Field(default_factory=lambda: list(DEFAULT_FABRIC_PATTERNS))
     shutdown_timeout: float = Field(default=5.0, gt=0, le=120)
 

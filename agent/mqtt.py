@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections import deque
 from collections.abc import Callable
 
 import aiomqtt
@@ -19,11 +18,11 @@ from agent.protocol import (
     Birth,
     NodeStatus,
     State,
-    Telemetry,
     TopicKind,
     encode,
     node_topic,
 )
+from agent.spool import WindowQueue
 
 log = logging.getLogger(__name__)
 
@@ -58,46 +57,11 @@ def make_client(
     )
 
 
-class Outbox:
-    """Windows waiting for the broker, oldest first, bounded: at the cap the oldest is dropped and counted."""
-
-    def __init__(self, capacity: int) -> None:
-        self._items: deque[Telemetry] = deque()
-        self.capacity = capacity
-        self.dropped = 0
-        self._ready = asyncio.Event()
-        self.empty = asyncio.Event()
-        self.empty.set()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def put(self, window: Telemetry) -> None:
-        if len(self._items) >= self.capacity:
-            self._items.popleft()
-            self.dropped += 1
-        self._items.append(window)
-        self._ready.set()
-        self.empty.clear()
-
-    def peek(self) -> Telemetry | None:
-        return self._items[0] if self._items else None
-
-    def pop(self) -> None:
-        self._items.popleft()
-        if not self._items:
-            self._ready.clear()
-            self.empty.set()
-
-    async def wait(self) -> None:
-        await self._ready.wait()
-
-
 class Link:
-    """Keeps one node's MQTT session up and drains its outbox into it.
+    """Keeps one node's MQTT session up and drains its window queue into it.
 
     Each (re)connect publishes the retained birth and ``online`` state; the broker publishes the retained
-    ``offline`` last will if the connection dies. A window leaves the outbox only once the broker has
+    ``offline`` last will if the connection dies. A window leaves the queue only once the broker has
     acknowledged it (QoS 1 PUBACK), so a connection lost mid-publish resends rather than loses it.
     """
 
@@ -108,7 +72,7 @@ class Link:
         node: str,
         session: int,
         birth: Callable[[], Birth],
-        outbox: Outbox,
+        queue: WindowQueue,
         clock: Callable[[], float],
     ) -> None:
         self._settings = settings
@@ -116,7 +80,7 @@ class Link:
         self._session = session
         self._birth = birth
         self._clock = clock
-        self.outbox = outbox
+        self.queue = queue
         self._topics = {k: node_topic(settings.prefix, site, node, k) for k in NODE_TOPIC_KINDS}
         self.connected = asyncio.Event()
         self.published = 0
@@ -146,7 +110,7 @@ class Link:
             except aiomqtt.MqttError as exc:
                 delay = self._backoff.next_delay()
                 if self.connected.is_set():
-                    log.warning("broker connection lost (%s); %d window(s) queued", exc, len(self.outbox))
+                    log.warning("broker connection lost (%s); %d window(s) queued", exc, len(self.queue))
                 else:
                     log.info("broker unreachable (%s); retrying in %.1f s", exc, delay)
                 self.connected.clear()
@@ -155,13 +119,13 @@ class Link:
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         while True:
-            window = self.outbox.peek()
-            if window is None:
-                await self.outbox.wait()
+            head = self.queue.peek()
+            if head is None:
+                await self.queue.wait()
                 continue
-            await client.publish(self._topics[TopicKind.TELEMETRY], encode(window), qos=1)
-            if self.outbox.peek() is window:
-                self.outbox.pop()
+            token, payload = head
+            await client.publish(self._topics[TopicKind.TELEMETRY], payload, qos=1)
+            self.queue.pop(token)
             self.published += 1
 
     async def say_goodbye(self) -> None:

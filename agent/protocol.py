@@ -144,6 +144,8 @@ class GpuInfo(_Model):
     pcie_gen: int | None = Field(default=None, ge=1)
     pcie_width: int | None = Field(default=None, ge=1)
     mig_mode: bool = False
+    parent: int | None = Field(default=None, ge=0, description="for a MIG instance: the index of its GPU")
+    mig_profile: str | None = Field(default=None, max_length=32, description='for a MIG instance, e.g. "3g.40gb"')
     power_limit_w: Quantity | None = None
 
 
@@ -261,8 +263,16 @@ class GpuWindow(_Model):
     pcie_rx_bps: Stats | None = None
     nvlink_tx_bps: Stats | None = None
     nvlink_rx_bps: Stats | None = None
+    sm_active: Stats | None = Field(default=None, description="GPM (Hopper and newer): SM activity, %")
+    tensor_active: Stats | None = Field(default=None, description="GPM: tensor-core activity, %")
+    dram_active: Stats | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
     util_series: list[Quantity] = Field(default_factory=list, max_length=3600)
     workload: str | None = Field(default=None, max_length=200)
+    xid_events: int = Field(default=0, ge=0, description="XID errors reported in the window")
+    last_xid: int | None = Field(default=None, ge=0)
+    ecc_uncorrected: int | None = Field(default=None, ge=0, description="volatile uncorrected ECC errors")
+    remapped_rows: int | None = Field(default=None, ge=0, description="rows remapped for uncorrectable errors")
+    lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 
 
 class NicWindow(_Model):
@@ -284,6 +294,14 @@ class DiskWindow(_Model):
 class HostWindow(_Model):
     cpu_util: Stats | None = None
     mem_used_pct: Stats | None = None
+
+
+class MountWindow(_Model):
+    """Usage of a configured mount point at the end of the window."""
+
+    path: str = Field(min_length=1, max_length=255)
+    used_pct: float = Field(ge=0, le=100)
+    free_bytes: int = Field(ge=0)
 
 
 class WorkloadKind(StrEnum):
@@ -320,6 +338,7 @@ class Telemetry(_Model):
     nics: list[NicWindow] = Field(default_factory=list, max_length=64)
     disks: list[DiskWindow] = Field(default_factory=list, max_length=64)
     host: HostWindow = Field(default_factory=HostWindow)
+    mounts: list[MountWindow] = Field(default_factory=list, max_length=32)
     workloads: list[WorkloadRef] = Field(default_factory=list, max_length=64)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig
-from agent.mqtt import Link, Outbox
-from agent.protocol import Birth, Telemetry
+from agent.mqtt import Link
+from agent.protocol import Birth, Telemetry, encode
+from agent.spool import DiskSpool, WindowQueue
 from agent.window import WindowBuilder
 from collectors.base import Collector, Inventory, Sample
 
@@ -30,6 +31,7 @@ class Agent:
         session: int,
         clock: Clock | None = None,
         hostname: str | None = None,
+        queue: WindowQueue | None = None,
     ) -> None:
         self.config = config
         self.settings = config.agent
@@ -38,15 +40,17 @@ class Agent:
         self.clock = clock or Clock()
         self.hostname = hostname or socket.gethostname()
         self.builder = WindowBuilder(self.settings.node, self.settings.site, session)
-        self.outbox = Outbox(self.settings.outbox_windows)
+        self.queue = (
+            queue
+            if queue is not None
+            else DiskSpool(
+                self.settings.state_dir / "spool",
+                self.settings.spool_max_windows,
+                int(self.settings.spool_max_mb * 2**20),
+            )
+        )
         self.link = Link(
-            config.mqtt,
-            self.settings.site,
-            self.settings.node,
-            session,
-            self.birth,
-            self.outbox,
-            self.clock.wall,
+            config.mqtt, self.settings.site, self.settings.node, session, self.birth, self.queue, self.clock.wall
         )
         self.should_exit = asyncio.Event()
         self.on_window: Callable[[Telemetry], None] | None = None
@@ -124,6 +128,10 @@ class Agent:
             self.on_window(window)
         return window
 
+    def _enqueue(self, window: Telemetry | None) -> None:
+        if window is not None:
+            self.queue.put(encode(window))
+
     async def sample_loop(self) -> None:
         """Tick on a monotonic schedule (no drift); ticks missed under load are skipped and counted."""
         interval = self.settings.sample_interval
@@ -136,9 +144,7 @@ class Agent:
             self.tick()
             now = self.clock.monotonic()
             if now >= window_end - interval / 2:
-                closed = self.close_window()
-                if closed is not None:
-                    self.outbox.put(closed)
+                self._enqueue(self.close_window())
                 while window_end <= now + interval / 2:
                     window_end += window
             k += 1
@@ -162,9 +168,7 @@ class Agent:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
-            last = self.close_window()
-            if last is not None:
-                self.outbox.put(last)
+            self._enqueue(self.close_window())
             await self._drain(self.settings.shutdown_timeout)
             await self.link.say_goodbye()
             link_task.cancel()
@@ -175,11 +179,11 @@ class Agent:
 
     async def _drain(self, limit: float) -> None:
         """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""
-        if len(self.outbox) and self.link.connected.is_set():
+        if len(self.queue) and self.link.connected.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.outbox.empty.wait(), timeout=limit)
-        if len(self.outbox):
-            log.warning("shutting down with %d unpublished window(s)", len(self.outbox))
+                await asyncio.wait_for(self.queue.empty.wait(), timeout=limit)
+        if len(self.queue):
+            log.info("%d window(s) stay queued for the next start", len(self.queue))
 
 
 async def serve(agent: Agent) -> None:

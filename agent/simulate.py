@@ -17,6 +17,7 @@ from agent.clock import Clock
 from agent.config import AgentConfig, AgentSettings, MqttSettings
 from agent.protocol import Birth, Telemetry
 from agent.service import Agent
+from agent.spool import MemoryQueue
 from agent.window import WindowBuilder
 from collectors.scenarios import ScenarioNode, simulated_node
 
@@ -47,7 +48,8 @@ class SimulatedFleet:
                 mqtt=mqtt,
             )
             sim = simulated_node(node, self.clock.wall, seed)
-            agent = Agent(config, [sim], session=session, clock=self.clock, hostname=node.name)
+            queue = MemoryQueue(config.agent.spool_max_windows)
+            agent = Agent(config, [sim], session=session, clock=self.clock, hostname=node.name, queue=queue)
             if record is not None:
                 labels = {w.id: w.pattern.value for w in node.workloads}
                 agent.on_window = self._recorder(labels)

@@ -20,7 +20,12 @@ from agent.rates import RateTracker
 from collectors.base import Entity, Sample
 
 # Counters reported as a count over the window rather than as a per-second rate.
-_COUNT_FIELDS = frozenset({"errors", "drops"})
+_COUNT_FIELDS = frozenset({"errors", "drops", "xid_events"})
+_SECTIONS: dict[Entity, type[GpuWindow | NicWindow | DiskWindow]] = {
+    Entity.GPU: GpuWindow,
+    Entity.NIC: NicWindow,
+    Entity.DISK: DiskWindow,
+}
 
 
 class WindowBuilder:
@@ -33,6 +38,7 @@ class WindowBuilder:
         self._rates = RateTracker()
         self._values: dict[tuple[Entity, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         self._counts: dict[tuple[Entity, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._latest: dict[tuple[Entity, str], dict[str, int]] = defaultdict(dict)
         self.samples = 0
 
     @property
@@ -45,6 +51,8 @@ class WindowBuilder:
         for s in samples:
             entity = (s.entity, s.key)
             values = self._values[entity]
+            if s.latest:
+                self._latest[entity].update(s.latest)
             for name, value in s.gauges.items():
                 values[name].append(float(value))
             for name, total in s.counters.items():
@@ -75,27 +83,26 @@ class WindowBuilder:
         disks: list[DiskWindow] = []
         host = HostWindow()
         for (entity, key), values in sorted(self._values.items(), key=lambda kv: (kv[0][0], _natural(kv[0][1]))):
-            stats = {name: Stats.of(v) for name, v in values.items() if v}
-            counts = {name: int(v) for name, v in self._counts.get((entity, key), {}).items()}
+            fields: dict[str, object] = {name: Stats.of(v) for name, v in values.items() if v}
+            fields.update({name: int(v) for name, v in self._counts.get((entity, key), {}).items()})
+            fields.update(self._latest.get((entity, key), {}))
+            if entity is Entity.HOST:
+                host = HostWindow.model_validate(_known(HostWindow, fields))
+                continue
+            model = _SECTIONS[entity]
             if entity is Entity.GPU:
-                index = int(key)
-                fields = {k: v for k, v in stats.items() if k in GpuWindow.model_fields}
-                gpus.append(
-                    GpuWindow(
-                        index=index,
-                        util_series=series(values.get("util", [])),
-                        workload=owner.get(index),
-                        **fields,
-                    )
-                )
-            elif entity is Entity.NIC:
-                fields = {k: v for k, v in stats.items() if k in NicWindow.model_fields}
-                nics.append(NicWindow(name=key, **fields, **counts))
-            elif entity is Entity.DISK:
-                fields = {k: v for k, v in stats.items() if k in DiskWindow.model_fields}
-                disks.append(DiskWindow(name=key, **fields))
+                fields.update(index=int(key), util_series=series(values.get("util", [])), workload=owner.get(int(key)))
+                if "lost" in fields:
+                    fields["lost"] = bool(fields["lost"])
             else:
-                host = HostWindow(**{k: v for k, v in stats.items() if k in HostWindow.model_fields})
+                fields["name"] = key
+            section = model.model_validate(_known(model, fields))
+            if isinstance(section, GpuWindow):
+                gpus.append(section)
+            elif isinstance(section, NicWindow):
+                nics.append(section)
+            elif isinstance(section, DiskWindow):
+                disks.append(section)
         window = Telemetry(
             node=self.node,
             site=self.site,
@@ -113,8 +120,15 @@ class WindowBuilder:
         )
         self._values.clear()
         self._counts.clear()
+        self._latest.clear()
         self.samples = 0
         return window
+
+
+def _known(
+    model: type[GpuWindow | NicWindow | DiskWindow | HostWindow], fields: dict[str, object]
+) -> dict[str, object]:
+    return {k: v for k, v in fields.items() if k in model.model_fields}
 
 
 def _natural(key: str) -> tuple[int, str]:

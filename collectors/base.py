@@ -24,13 +24,15 @@ class Sample:
 
     ``gauges`` are instantaneous values reported as they are. ``counters`` are cumulative counts, keyed by the
     window field their per-second rate becomes (``rx_bps`` holds total bytes received); the agent turns them
-    into rates in one place (:mod:`agent.rates`), handling wrap and reset.
+    into rates in one place (:mod:`agent.rates`), handling wrap and reset. ``latest`` values (error counts,
+    flags) are reported as they stand at the end of the window.
     """
 
     entity: Entity
     key: str
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
+    latest: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -44,6 +44,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     from agent.service import Agent, serve
     from agent.session import next_session
     from agent.sources import node_collectors
+    from agent.spool import MemoryQueue
 
     try:
         config = load_config(AgentConfig, args.config)
@@ -51,7 +52,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     collectors = node_collectors(config.agent)
     if args.once:
-        agent = Agent(config, collectors, session=0)
+        agent = Agent(config, collectors, session=0, queue=MemoryQueue(1))
         window = asyncio.run(_one_window(agent, args.window))
         print(window)
         return 0

@@ -24,6 +24,8 @@ from agent.protocol import (
 
 log = logging.getLogger(__name__)
 
+SESSIONS_TRACKED = 8  # sessions per node whose sequence numbers are remembered
+
 
 @dataclass(slots=True)
 class NodeRecord:
@@ -33,7 +35,7 @@ class NodeRecord:
     birth: Birth | None = None
     status: NodeStatus = NodeStatus.OFFLINE
     session: int = -1
-    last_seq: int = -1
+    last_seq: dict[int, int] = field(default_factory=dict)  # per recent session: the last window seen
     windows: deque[Telemetry] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
@@ -60,7 +62,7 @@ class Fleet:
         """A copy that planning can read in another thread while ingest goes on (windows are immutable)."""
         copy = Fleet(self.prefix, self.horizon)
         for key, r in list(self.nodes.items()):
-            record = NodeRecord(r.site, r.node, r.horizon, r.birth, r.status, r.session, r.last_seq)
+            record = NodeRecord(r.site, r.node, r.horizon, r.birth, r.status, r.session, dict(r.last_seq))
             record.windows.extend(list(r.windows))
             copy.nodes[key] = record
         return copy
@@ -95,29 +97,29 @@ class Fleet:
         if isinstance(message, Birth):
             if message.session < record.session:
                 raise ProtocolError("stale_session", f"birth of session {message.session} < {record.session}")
-            self._new_session(record, message.session)
+            record.session = message.session
             record.birth = message
             record.status = NodeStatus.ONLINE
         elif isinstance(message, State):
             if message.session < record.session:
                 raise ProtocolError("stale_session", f"state of session {message.session} < {record.session}")
-            self._new_session(record, message.session)
+            record.session = message.session
             record.status = message.status
         else:
             self._telemetry(record, message)
         self.accepted[where.kind.value] += 1
 
-    @staticmethod
-    def _new_session(record: NodeRecord, session: int) -> None:
-        if session > record.session:
-            record.session = session
-            record.last_seq = -1
-
     def _telemetry(self, record: NodeRecord, window: Telemetry) -> None:
-        if window.session < record.session:
-            raise ProtocolError("stale_session", f"window of session {window.session} < {record.session}")
-        self._new_session(record, window.session)
-        if window.seq <= record.last_seq:
-            raise ProtocolError("duplicate", f"window seq {window.seq} already seen (last {record.last_seq})")
-        record.last_seq = window.seq
+        """Accept each (session, seq) once. Windows of an earlier session are still accepted after a restart:
+        an agent replays what it spooled during an outage once it reconnects, after its new birth."""
+        seen = record.last_seq
+        last = seen.get(window.session)
+        if last is None and len(seen) >= SESSIONS_TRACKED and window.session < min(seen):
+            raise ProtocolError("stale_session", f"window of session {window.session}, long superseded")
+        if last is not None and window.seq <= last:
+            raise ProtocolError("duplicate", f"window {window.session}/{window.seq} already seen (last {last})")
+        seen[window.session] = window.seq
+        while len(seen) > SESSIONS_TRACKED:
+            del seen[min(seen)]
+        record.session = max(record.session, window.session)
         record.windows.append(window)

@@ -52,19 +52,41 @@ def test_good_and_bad_messages_interleaved() -> None:
     assert fleet.accepted == {"birth": 1, "telemetry": 3}
 
 
-def test_restart_starts_a_new_sequence_and_stale_sessions_are_refused() -> None:
+def test_windows_spooled_before_a_restart_are_accepted_once() -> None:
     fleet = Fleet(P)
-    name, birth, windows = _node()
+    name, birth, windows = _node()  # session 1
+    tele = node_topic(P, "s1", name, TopicKind.TELEMETRY)
     state_topic = node_topic(P, "s1", name, TopicKind.STATE)
-    fleet.ingest(node_topic(P, "s1", name, TopicKind.BIRTH), birth)  # session 1
-    fleet.ingest(node_topic(P, "s1", name, TopicKind.TELEMETRY), windows[2])
+    fleet.ingest(node_topic(P, "s1", name, TopicKind.BIRTH), birth)
+    assert fleet.ingest(tele, windows[0])
+    # the agent restarts (session 2) and replays windows 1..3 of session 1 from its spool
     assert fleet.ingest(state_topic, encode(State(node=name, session=2, status=NodeStatus.ONLINE, timestamp=1)))
+    assert fleet.ingest(tele, windows[1])
+    assert not fleet.ingest(tele, windows[1])
+    assert fleet.ingest(tele, windows[3])
+    assert not fleet.ingest(tele, windows[2])
+    assert fleet.rejected == {"duplicate": 2}
     record = fleet.nodes[("s1", name)]
-    assert (record.session, record.last_seq) == (2, -1)
-    assert not fleet.ingest(node_topic(P, "s1", name, TopicKind.TELEMETRY), windows[3])  # session 1 < 2
+    assert record.session == 2
+    # a retained state of an older session arriving late does not overwrite the newer one
+    assert not fleet.ingest(state_topic, encode(State(node=name, session=1, status=NodeStatus.OFFLINE, timestamp=0)))
+    assert record.status is NodeStatus.ONLINE
     assert fleet.rejected["stale_session"] == 1
-    assert fleet.ingest(state_topic, encode(State(node=name, session=2, status=NodeStatus.OFFLINE, timestamp=2)))
-    assert record.status is NodeStatus.OFFLINE
+
+
+def test_long_superseded_sessions_are_refused() -> None:
+    fleet = Fleet(P)
+    name, _, windows = _node()
+    tele = node_topic(P, "s1", name, TopicKind.TELEMETRY)
+    for session in range(10, 30):
+        raw = json.loads(windows[0])
+        raw["session"] = session
+        assert fleet.ingest(tele, json.dumps(raw).encode())
+    raw = json.loads(windows[0])
+    raw["session"] = 3
+    assert not fleet.ingest(tele, json.dumps(raw).encode())
+    assert fleet.rejected == {"stale_session": 1}
+    assert len(fleet.nodes[("s1", name)].last_seq) == 8
 
 
 def test_history_is_bounded() -> None:
