@@ -59,6 +59,7 @@ class AgentSettings(Section):
     spool_max_windows: int = Field(default=8640, ge=1, description="windows kept while the broker is away")
     spool_max_mb: float = Field(default=256, gt=0, description="disk the spool may use")
     fabric_interfaces: list[str] = Field(default_factory=lambda: list(DEFAULT_FABRIC_PATTERNS))
+    mounts: list[str] = Field(default_factory=list, description="mount points whose usage each window reports")
     shutdown_timeout: float = Field(default=5.0, gt=0, le=120)
 
     @model_validator(mode="after")

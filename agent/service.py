@@ -9,12 +9,14 @@ import logging
 import math
 import signal
 import socket
+import time
 from collections.abc import Callable, Sequence
 
 from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig
 from agent.mqtt import Link
+from agent.notify import Notifier
 from agent.protocol import Birth, Telemetry, encode
 from agent.spool import DiskSpool, WindowQueue
 from agent.window import WindowBuilder
@@ -32,6 +34,7 @@ class Agent:
         clock: Clock | None = None,
         hostname: str | None = None,
         queue: WindowQueue | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.config = config
         self.settings = config.agent
@@ -52,6 +55,7 @@ class Agent:
         self.link = Link(
             config.mqtt, self.settings.site, self.settings.node, session, self.birth, self.queue, self.clock.wall
         )
+        self.notifier = notifier or Notifier(environ={})
         self.should_exit = asyncio.Event()
         self.on_window: Callable[[Telemetry], None] | None = None
         self.seq = 0
@@ -142,6 +146,9 @@ class Agent:
         self._window_start = self.clock.wall()
         while not self.should_exit.is_set():
             self.tick()
+            if k == 0:
+                self.notifier.ready()
+            self.notifier.watchdog(time.monotonic())
             now = self.clock.monotonic()
             if now >= window_end - interval / 2:
                 self._enqueue(self.close_window())
@@ -165,6 +172,7 @@ class Agent:
         try:
             await self.should_exit.wait()
         finally:
+            self.notifier.stopping()
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampler
@@ -176,6 +184,7 @@ class Agent:
                 await link_task
             for c in self.collectors:
                 c.close()
+            self.notifier.close()
 
     async def _drain(self, limit: float) -> None:
         """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""

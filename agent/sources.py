@@ -16,6 +16,6 @@ def node_collectors(settings: AgentSettings) -> list[Collector]:
     return [
         open_gpu_collector(attributor=Attributor(node=settings.node)),
         NicCollector(fabric_patterns=settings.fabric_interfaces),
-        StorageCollector(),
+        StorageCollector(mounts=settings.mounts),
         HostCollector(),
     ]

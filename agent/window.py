@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+from pydantic import BaseModel
+
 from agent.protocol import (
     DiskWindow,
     GpuWindow,
     HostWindow,
+    MountWindow,
     NicWindow,
     Stats,
     Telemetry,
@@ -21,10 +24,11 @@ from collectors.base import Entity, Sample
 
 # Counters reported as a count over the window rather than as a per-second rate.
 _COUNT_FIELDS = frozenset({"errors", "drops", "xid_events"})
-_SECTIONS: dict[Entity, type[GpuWindow | NicWindow | DiskWindow]] = {
+_SECTIONS: dict[Entity, type[GpuWindow | NicWindow | DiskWindow | MountWindow]] = {
     Entity.GPU: GpuWindow,
     Entity.NIC: NicWindow,
     Entity.DISK: DiskWindow,
+    Entity.MOUNT: MountWindow,
 }
 
 
@@ -38,7 +42,7 @@ class WindowBuilder:
         self._rates = RateTracker()
         self._values: dict[tuple[Entity, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         self._counts: dict[tuple[Entity, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        self._latest: dict[tuple[Entity, str], dict[str, int]] = defaultdict(dict)
+        self._latest: dict[tuple[Entity, str], dict[str, float]] = defaultdict(dict)
         self.samples = 0
 
     @property
@@ -81,8 +85,11 @@ class WindowBuilder:
         gpus: list[GpuWindow] = []
         nics: list[NicWindow] = []
         disks: list[DiskWindow] = []
+        mounts: list[MountWindow] = []
         host = HostWindow()
-        for (entity, key), values in sorted(self._values.items(), key=lambda kv: (kv[0][0], _natural(kv[0][1]))):
+        entities = set(self._values) | set(self._latest)
+        for entity, key in sorted(entities, key=lambda ek: (ek[0], _natural(ek[1]))):
+            values = self._values.get((entity, key), {})
             fields: dict[str, object] = {name: Stats.of(v) for name, v in values.items() if v}
             fields.update({name: int(v) for name, v in self._counts.get((entity, key), {}).items()})
             fields.update(self._latest.get((entity, key), {}))
@@ -94,6 +101,8 @@ class WindowBuilder:
                 fields.update(index=int(key), util_series=series(values.get("util", [])), workload=owner.get(int(key)))
                 if "lost" in fields:
                     fields["lost"] = bool(fields["lost"])
+            elif entity is Entity.MOUNT:
+                fields["path"] = key
             else:
                 fields["name"] = key
             section = model.model_validate(_known(model, fields))
@@ -103,6 +112,8 @@ class WindowBuilder:
                 nics.append(section)
             elif isinstance(section, DiskWindow):
                 disks.append(section)
+            else:
+                mounts.append(section)
         window = Telemetry(
             node=self.node,
             site=self.site,
@@ -116,6 +127,7 @@ class WindowBuilder:
             nics=nics,
             disks=disks,
             host=host,
+            mounts=mounts,
             workloads=workloads,
         )
         self._values.clear()
@@ -125,9 +137,7 @@ class WindowBuilder:
         return window
 
 
-def _known(
-    model: type[GpuWindow | NicWindow | DiskWindow | HostWindow], fields: dict[str, object]
-) -> dict[str, object]:
+def _known(model: type[BaseModel], fields: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in fields.items() if k in model.model_fields}
 
 

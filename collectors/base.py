@@ -15,6 +15,7 @@ class Entity(StrEnum):
     GPU = "gpu"
     NIC = "nic"
     DISK = "disk"
+    MOUNT = "mount"
     HOST = "host"
 
 
@@ -32,7 +33,7 @@ class Sample:
     key: str
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
-    latest: dict[str, int] = field(default_factory=dict)
+    latest: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -1,4 +1,5 @@
-"""Network interfaces from psutil, classified through sysfs.
+"""Network interfaces from psutil, classified through sysfs, with RDMA traffic from the InfiniBand port
+counters (which is the only place RDMA bytes show up).
 
 Signals (per interface): ``rx_bps`` / ``tx_bps`` (counters, bytes), ``errors`` and ``drops`` (counters).
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 import psutil
 
 from agent.protocol import NicInfo, NicKind, NicRole, WorkloadRef
+from collectors import infiniband
 from collectors.base import Entity, Inventory, Sample
 
 ARPHRD_INFINIBAND = 32
@@ -61,31 +63,42 @@ class NicCollector:
         self._fabric = tuple(fabric_patterns)
         self._include_virtual = include_virtual
         self._kinds: dict[str, NicKind] = {}
+        self._rdma = {port.name: port for port in infiniband.discover(sysfs_root)}
 
     def _kind(self, name: str) -> NicKind:
         if name not in self._kinds:
-            self._kinds[name] = classify_interface(name, self._sysfs)
+            port = self._rdma.get(name)
+            if port is not None:
+                self._kinds[name] = NicKind.ROCE if port.link_layer == "Ethernet" else NicKind.INFINIBAND
+            else:
+                self._kinds[name] = classify_interface(name, self._sysfs)
         return self._kinds[name]
 
     def _wanted(self, name: str) -> bool:
         kind = self._kind(name)
         return kind is not NicKind.LOOPBACK and (self._include_virtual or kind is not NicKind.VIRTUAL)
 
+    def _names(self) -> list[str]:
+        """psutil's interfaces, plus RDMA ports that have no network interface of their own."""
+        names = set(psutil.net_io_counters(pernic=True)) | set(self._rdma)
+        return sorted(n for n in names if self._wanted(n))
+
     def inventory(self) -> Inventory:
         stats = psutil.net_if_stats()
         nics = []
-        for name in sorted(psutil.net_io_counters(pernic=True)):
-            if not self._wanted(name):
-                continue
+        for name in self._names():
             kind = self._kind(name)
-            speed = stats[name].speed if name in stats and stats[name].speed > 0 else None
+            port = self._rdma.get(name)
+            speed = port.rate_mbps if port else None
+            if speed is None and name in stats and stats[name].speed > 0:
+                speed = stats[name].speed
             nics.append(NicInfo(name=name, kind=kind, role=role_of(name, kind, self._fabric), speed_mbps=speed))
         return Inventory(nics=nics)
 
     def sample(self) -> list[Sample]:
-        out = []
+        out = [Sample(Entity.NIC, name, counters=infiniband.read_counters(p)) for name, p in self._rdma.items()]
         for name, c in psutil.net_io_counters(pernic=True).items():
-            if not self._wanted(name):
+            if name in self._rdma or not self._wanted(name):
                 continue
             out.append(
                 Sample(

@@ -1,10 +1,14 @@
-"""Block devices from psutil: whole disks only, partitions and loop/ram devices left out.
+"""Block devices from psutil: whole disks only, partitions and loop/ram devices left out; and the usage of
+configured mount points (checkpoint and model-cache volumes).
 
 Signals (per disk): ``read_bps`` / ``write_bps`` (counters, bytes), ``read_iops`` / ``write_iops`` (counters).
+Per mount point: ``used_pct`` and ``free_bytes`` as they stand at the end of the window.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -12,6 +16,7 @@ import psutil
 from agent.protocol import DiskInfo, WorkloadRef
 from collectors.base import Entity, Inventory, Sample
 
+log = logging.getLogger(__name__)
 _SKIP_PREFIXES = ("loop", "ram", "zram", "sr", "fd")
 SECTOR_BYTES = 512  # /sys/block/*/size counts 512-byte sectors whatever the device's block size
 
@@ -19,8 +24,10 @@ SECTOR_BYTES = 512  # /sys/block/*/size counts 512-byte sectors whatever the dev
 class StorageCollector:
     name = "storage"
 
-    def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
+    def __init__(self, sysfs_root: Path = Path("/sys"), mounts: Sequence[str] = ()) -> None:
         self._sysfs = sysfs_root
+        self._mounts = list(mounts)
+        self._missing: set[str] = set()
 
     def _is_disk(self, name: str) -> bool:
         return not name.startswith(_SKIP_PREFIXES) and (self._sysfs / "block" / name).is_dir()
@@ -55,6 +62,16 @@ class StorageCollector:
                     },
                 )
             )
+        for path in self._mounts:
+            try:
+                usage = psutil.disk_usage(path)
+            except OSError as exc:
+                if path not in self._missing:
+                    log.warning("mount point %s unreadable: %s", path, exc)
+                    self._missing.add(path)
+                continue
+            self._missing.discard(path)
+            out.append(Sample(Entity.MOUNT, path, latest={"used_pct": usage.percent, "free_bytes": usage.free}))
         return out
 
     def workloads(self) -> list[WorkloadRef]:

@@ -41,6 +41,7 @@ def _fail(message: str) -> int:
 
 def _cmd_agent(args: argparse.Namespace) -> int:
     from agent.config import AgentConfig, ConfigError, load_config
+    from agent.notify import Notifier
     from agent.service import Agent, serve
     from agent.session import next_session
     from agent.sources import node_collectors
@@ -56,7 +57,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         window = asyncio.run(_one_window(agent, args.window))
         print(window)
         return 0
-    agent = Agent(config, collectors, session=next_session(config.agent.state_dir))
+    agent = Agent(config, collectors, session=next_session(config.agent.state_dir), notifier=Notifier())
     asyncio.run(serve(agent))
     return 0
 
