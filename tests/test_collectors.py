@@ -126,3 +126,57 @@ def test_a_gpu_lost_from_the_bus_is_reported_not_fatal() -> None:
     samples = collector.sample()
     assert samples[0].gauges["util"] == 90
     assert samples[1].gauges == {}
+
+
+def test_xid_events_ecc_and_remapped_rows_reach_the_window() -> None:
+    from agent.protocol import WorkloadRef
+    from agent.window import WindowBuilder
+
+    gpus = [FakeGpu(), FakeGpu(ecc_uncorrected=2, remapped_rows=1)]
+    nvml = make_fake_nvml(gpus)
+    collector = open_gpu_collector(nvml)
+    builder = WindowBuilder("n1", "s1", 1)
+    builder.add(collector.sample(), 0.0)
+    nvml.xid_queue.extend([(gpus[1], 79), (gpus[1], 48)])  # type: ignore[attr-defined]
+    builder.add(collector.sample(), 1.0)
+    builder.add(collector.sample(), 2.0)
+    refs: list[WorkloadRef] = []
+    window = builder.close(0, 0.0, 2.0, refs)
+    healthy, failing = window.gpus
+    assert (healthy.xid_events, healthy.last_xid, healthy.ecc_uncorrected) == (0, None, 0)
+    assert (failing.xid_events, failing.last_xid) == (2, 48)
+    assert (failing.ecc_uncorrected, failing.remapped_rows) == (2, 1)
+    # the next window starts counting afresh
+    builder.add(collector.sample(), 3.0)
+    assert builder.close(1, 2.0, 3.0, refs).gpus[1].xid_events == 0
+
+
+def test_gpm_activity_on_hopper_and_none_where_unsupported() -> None:
+    gpus = [FakeGpu(gpm={2: 71.5, 5: 44.0, 10: 30.25}), FakeGpu()]
+    collector = open_gpu_collector(make_fake_nvml(gpus))
+    first = collector.sample()
+    assert "sm_active" not in first[0].gauges  # GPM needs two samples
+    second = collector.sample()
+    assert second[0].gauges["sm_active"] == 71.5
+    assert second[0].gauges["tensor_active"] == 44.0
+    assert second[0].gauges["dram_active"] == 30.25
+    assert "sm_active" not in second[1].gauges
+
+
+def test_mig_instances_are_devices_of_their_own(tmp_path: Path) -> None:
+    _proc(tmp_path, 77, "/system.slice/triton.service", "tritonserver", 77)
+    slice_a = FakeGpu(name="NVIDIA H100 80GB HBM3 MIG 3g.40gb", memory_total=40 * 2**30, pids=[77])
+    slice_b = FakeGpu(name="NVIDIA H100 80GB HBM3 MIG 3g.40gb", memory_total=40 * 2**30)
+    gpus = [FakeGpu(mig=[slice_a, None, slice_b]), FakeGpu()]
+    collector = open_gpu_collector(make_fake_nvml(gpus), Attributor(tmp_path, node="n1"))
+    inv = collector.inventory()
+    assert [(g.index, g.parent, g.mig_profile) for g in inv.gpus] == [
+        (0, None, None),
+        (1, None, None),
+        (2, 0, "3g.40gb"),
+        (3, 0, "3g.40gb"),
+    ]
+    assert inv.gpus[0].mig_mode and inv.gpus[2].memory_mib == 40 * 1024
+    assert [s.key for s in collector.sample()] == ["0", "1", "2", "3"]
+    (w,) = collector.workloads()
+    assert (w.id, w.gpus) == ("systemd/triton.service", [2])
