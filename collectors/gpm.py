@@ -6,6 +6,7 @@ tensor-core-bound training step from a memory-bound decode loop.
 
 from __future__ import annotations
 
+import contextlib
 from types import ModuleType
 from typing import Any
 
@@ -62,7 +63,5 @@ class GpmReader:
 
     def close(self) -> None:
         for sample in (self._previous, self._current):
-            try:
+            with contextlib.suppress(self._nvml.NVMLError):
                 self._nvml.nvmlGpmSampleFree(sample)
-            except self._nvml.NVMLError:
-                pass

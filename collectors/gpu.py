@@ -121,7 +121,7 @@ class NvmlGpuCollector:
         mode = self._try("nvmlDeviceGetMigMode", handle)
         if not mode or not mode[0]:
             return []
-        out = []
+        out: list[_Device] = []
         for slot in range(self._try("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
             mig = self._try("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
             if mig is None:

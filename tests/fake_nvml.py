@@ -167,7 +167,7 @@ def make_fake_nvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.
 
     m.nvmlDeviceGetMaxMigDeviceCount = lambda h: len(h.mig)  # type: ignore[attr-defined]
     m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
-    m.nvmlEventSetCreate = lambda: object()  # type: ignore[attr-defined]
+    m.nvmlEventSetCreate = object  # type: ignore[attr-defined]
     m.nvmlEventSetFree = lambda s: None  # type: ignore[attr-defined]
     m.nvmlDeviceRegisterEvents = lambda h, types_, s: None  # type: ignore[attr-defined]
     m.nvmlEventSetWait_v2 = event_wait  # type: ignore[attr-defined]
