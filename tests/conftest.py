@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiomqtt
 import pytest
 
 from agent.config import MqttSettings
@@ -109,3 +111,32 @@ def mosquitto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MosquittoSer
 def prefix() -> str:
     """A topic prefix unique to the test, so tests sharing a broker never see each other's messages."""
     return f"fleetfit-test/{uuid.uuid4().hex[:10]}"
+
+
+async def durable_subscriber(port: int, topic_filter: str, received: list[bytes]) -> None:
+    """Collect payloads through a persistent session that reconnects by itself, so the broker queues for it
+    while it is away. Run it as a task and cancel it when done."""
+    while True:
+        try:
+            async with aiomqtt.Client(
+                "127.0.0.1",
+                port,
+                identifier=f"durable-{topic_filter}",
+                clean_session=False,
+                protocol=aiomqtt.ProtocolVersion.V311,
+            ) as client:
+                await client.subscribe(topic_filter, qos=1)
+                async for m in client.messages:
+                    received.append(bytes(m.payload))  # type: ignore[arg-type]
+        except aiomqtt.MqttError:
+            await asyncio.sleep(0.2)
+
+
+async def wait_until(predicate: Callable[[], bool], limit: float, what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``limit`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)

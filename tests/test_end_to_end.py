@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiomqtt
-from conftest import MosquittoServer, free_port, write_mosquitto_config
+import pytest
+from conftest import MosquittoServer, durable_subscriber, free_port, wait_until, write_mosquitto_config
 
 from agent.clock import Clock
 from agent.mqtt import make_client
@@ -25,16 +26,6 @@ from optimizer.recommend import PlanSettings
 from optimizer.service import Optimizer
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
-
-
-async def _wait_for(predicate: object, limit: float, what: str) -> None:
-    assert callable(predicate)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +66,7 @@ async def test_simulated_fleet_through_mosquitto_to_a_plan(mosquitto: MosquittoS
     fleet = SimulatedFleet(nodes, mqtt, site="e2e", clock=Clock(20.0), seed=3)
     fleet_task = asyncio.create_task(fleet.run(stop))
     try:
-        await _wait_for(
+        await wait_until(
             lambda: bool(plans) and {r.workload for r in plans[-1].recommendations} == planted,
             limit=60,
             what="a plan that moves the planted misplacements",
@@ -127,7 +118,7 @@ async def test_agent_sigterm_publishes_the_open_window_and_goes_offline(
             FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.PIPE
         )
         try:
-            await _wait_for(lambda: any(m.topic.value.endswith("/telemetry") for m in received), 20, "a window")
+            await wait_until(lambda: any(m.topic.value.endswith("/telemetry") for m in received), 20, "a window")
             await asyncio.sleep(1.0)  # into the next window
             proc.send_signal(signal.SIGTERM)
             _, stderr = await asyncio.wait_for(proc.communicate(), 20)
@@ -153,10 +144,10 @@ async def test_killed_agent_is_marked_offline_by_its_last_will(
         proc = await asyncio.create_subprocess_exec(
             FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
         )
-        await _wait_for(lambda: len(received) >= 1, 20, "online state")
+        await wait_until(lambda: len(received) >= 1, 20, "online state")
         proc.kill()
         await proc.wait()
-        await _wait_for(lambda: len(received) >= 2, 20, "the last will")
+        await wait_until(lambda: len(received) >= 2, 20, "the last will")
     first, will = (decode(TopicKind.STATE, m.payload) for m in received[:2])  # type: ignore[arg-type]
     assert isinstance(first, State) and first.status is NodeStatus.ONLINE
     assert isinstance(will, State) and will.status is NodeStatus.OFFLINE and will.session == first.session
@@ -164,46 +155,29 @@ async def test_killed_agent_is_marked_offline_by_its_last_will(
     assert (tmp_path / "state" / "session").read_text().strip() == str(first.session)
 
 
-async def _durable_collector(port: int, topic_filter: str, received: list[bytes]) -> None:
-    """A subscriber with a persistent session that reconnects by itself, so the broker queues for it."""
-    while True:
-        try:
-            async with aiomqtt.Client(
-                "127.0.0.1",
-                port,
-                identifier="durable-collector",
-                clean_session=False,
-                protocol=aiomqtt.ProtocolVersion.V311,
-            ) as client:
-                await client.subscribe(topic_filter, qos=1)
-                async for m in client.messages:
-                    received.append(m.payload)  # type: ignore[arg-type]
-        except aiomqtt.MqttError:
-            await asyncio.sleep(0.2)
-
-
-async def test_agent_rides_out_a_broker_restart_without_losing_windows(tmp_path: Path, prefix: str) -> None:
+@pytest.mark.slow
+async def test_agent_rides_out_a_20_s_broker_outage_without_losing_windows(tmp_path: Path, prefix: str) -> None:
     port = free_port()
     conf = write_mosquitto_config(tmp_path, port, f"persistence true\npersistence_location {tmp_path}/")
     conf.write_text(conf.read_text().replace("persistence false\n", ""))
     broker = MosquittoServer("127.0.0.1", port, conf, tmp_path / "mosquitto.log")
     broker.start()
     received: list[bytes] = []
-    collector = asyncio.create_task(_durable_collector(port, f"{prefix}/lab/e2e-node/telemetry", received))
+    collector = asyncio.create_task(durable_subscriber(port, f"{prefix}/lab/e2e-node/telemetry", received))
     await asyncio.sleep(0.5)
     config = _agent_config(tmp_path, port, prefix, interval=1.0)
     proc = await asyncio.create_subprocess_exec(
         FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
     )
     try:
-        await _wait_for(lambda: len(received) >= 2, 20, "windows before the outage")
+        await wait_until(lambda: len(received) >= 2, 20, "windows before the outage")
         broker.stop()
-        await asyncio.sleep(4)  # ~4 windows close while the broker is away
+        await asyncio.sleep(20)  # ~20 windows close while the broker is away
         broker.start()
         before = len(received)
-        await _wait_for(lambda: len(received) >= before + 6, 30, "windows after the outage")
+        await wait_until(lambda: len(received) >= before + 22, 40, "windows after the outage")
         seqs = [json.loads(p)["seq"] for p in received]
-        assert sorted(set(seqs)) == list(range(min(seqs), max(seqs) + 1)), seqs  # nothing lost in the outage
+        assert seqs == list(range(seqs[0], seqs[-1] + 1)), seqs  # every window once, in order
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 20)
