@@ -71,6 +71,7 @@ class SimulatedNode:
         workloads: list[WorkloadSpec],
         clock: Callable[[], float],
         seed: int = 0,
+        gpu_only: bool = False,
     ) -> None:
         used = [g for w in workloads for g in w.gpus]
         if len(used) != len(set(used)) or any(g >= profile.gpus for g in used):
@@ -78,6 +79,7 @@ class SimulatedNode:
         self.node = node
         self.profile = profile
         self.specs = list(workloads)
+        self.gpu_only = gpu_only  # beside the real NIC and disk collectors of the machine it runs on
         self._clock = clock
         self._rng = random.Random(f"{seed}:{node}")
         self._start = clock()
@@ -111,6 +113,8 @@ class SimulatedNode:
             )
             for n in p.nics
         ]
+        if self.gpu_only:
+            return Inventory(gpus=gpus, driver_version="sim", cuda_version="sim")
         return Inventory(
             gpus=gpus,
             nics=nics,
@@ -165,6 +169,8 @@ class SimulatedNode:
                 counters["nvlink_tx_bps"] = self._advance(("gpu", f"{i}.nvl_tx"), g.nvlink_bps, dt)
                 counters["nvlink_rx_bps"] = self._advance(("gpu", f"{i}.nvl_rx"), g.nvlink_bps, dt)
             out.append(Sample(Entity.GPU, str(i), gauges=gauges, counters=counters))
+        if self.gpu_only:
+            return out
 
         fabric = [n for n in p.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)]
         front = [n for n in p.nics if n.kind not in (NicKind.INFINIBAND, NicKind.ROCE)]

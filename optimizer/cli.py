@@ -51,7 +51,10 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         config = load_config(AgentConfig, args.config)
     except ConfigError as exc:
         return _fail(str(exc))
-    collectors = node_collectors(config.agent)
+    try:
+        collectors = node_collectors(config.agent, args.simulate)
+    except ValueError as exc:
+        return _fail(str(exc))
     if args.once:
         agent = Agent(config, collectors, session=0, queue=MemoryQueue(1))
         window = asyncio.run(_one_window(agent, args.window))
@@ -205,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path)
     p.add_argument("--once", action="store_true", help="print one window as JSON and exit")
     p.add_argument("--window", type=float, default=2.0, help="seconds the --once window spans (default 2)")
+    p.add_argument("--simulate", metavar="MODELxN[:PATTERN]", help="simulated GPUs (e.g. h100x8) with real NICs/disks")
     p.set_defaults(func=_cmd_agent)
 
     p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan")

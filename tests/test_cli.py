@@ -100,3 +100,19 @@ def test_simulate_records_labelled_windows(tmp_path: Path, mosquitto: object, pr
         Telemetry.model_validate(line["window"])
         assert "labels" not in line["window"] and "pattern" not in json.dumps(line["window"])
     assert {"training", "inference", "idle"} <= {v for line in lines for v in line["labels"].values()}
+
+
+def test_agent_simulate_pairs_simulated_gpus_with_real_nics() -> None:
+    result = subprocess.run(
+        [FLEETFIT, "agent", "--once", "--simulate", "l4x4:inference"], capture_output=True, timeout=60, check=True
+    )
+    window = decode(TopicKind.TELEMETRY, result.stdout)
+    assert isinstance(window, Telemetry)
+    assert [g.index for g in window.gpus] == [0, 1, 2, 3]
+    assert all(g.util is not None and g.util.mean < 60 for g in window.gpus)
+    assert window.nics and not any(n.name.startswith("eth1") for n in window.nics)  # this machine's, not the profile's
+    assert window.gpu_unavailable is None
+    bad = subprocess.run(
+        [FLEETFIT, "agent", "--once", "--simulate", "h100"], capture_output=True, timeout=60, check=False
+    )
+    assert bad.returncode == 2 and b"MODELxN" in bad.stderr
