@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
@@ -26,9 +27,9 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
     model, count, pattern = m["model"], int(m["count"]), m["pattern"] or "training"
     if model not in PROFILES:
         raise ValueError(f"--simulate: unknown model {model!r}; choose from {', '.join(sorted(PROFILES))}")
-    profile = PROFILES[model]
-    if not 1 <= count <= profile.gpus:
-        raise ValueError(f"--simulate: a {model} node has 1 to {profile.gpus} GPUs")
+    profile = dataclasses.replace(PROFILES[model], gpus=count)
+    if not 1 <= count <= PROFILES[model].gpus:
+        raise ValueError(f"--simulate: a {model} node has 1 to {PROFILES[model].gpus} GPUs")
     try:
         kind = Pattern(pattern)
     except ValueError:
