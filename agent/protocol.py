@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -43,7 +42,8 @@ class ProtocolError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Validators are built on first use: an agent never builds the plan models, which saves it memory.
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 # --------------------------------------------------------------------------------------------- topics
@@ -178,7 +178,7 @@ class Birth(_Model):
     driver_version: str | None = Field(default=None, max_length=32)
     cuda_version: str | None = Field(default=None, max_length=32)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
 class NodeStatus(StrEnum):
@@ -193,7 +193,7 @@ class State(_Model):
     status: NodeStatus
     timestamp: Quantity
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
 # ------------------------------------------------------------------------------------------- telemetry
@@ -234,14 +234,12 @@ class Stats(_Model):
         if not values:
             raise ValueError("no values to summarise")
         ordered = sorted(values)
-        rank = max(0, math.ceil(0.95 * len(ordered)) - 1)
-        std = statistics.pstdev(ordered) if len(ordered) > 1 else 0.0
-        return cls(
-            mean=_round(statistics.fmean(ordered)),
-            p95=_round(ordered[rank]),
-            max=_round(ordered[-1]),
-            std=_round(std),
-        )
+        n = len(ordered)
+        mean = math.fsum(ordered) / n
+        # Plain float arithmetic: statistics.pstdev is exact but works in fractions, too slow for a 1 Hz agent.
+        std = math.sqrt(math.fsum((v - mean) ** 2 for v in ordered) / n) if n > 1 else 0.0
+        rank = max(0, math.ceil(0.95 * n) - 1)
+        return cls(mean=_round(mean), p95=_round(ordered[rank]), max=_round(ordered[-1]), std=_round(std))
 
 
 def series(values: Sequence[float]) -> list[float]:
@@ -341,7 +339,7 @@ class Telemetry(_Model):
     mounts: list[MountWindow] = Field(default_factory=list, max_length=32)
     workloads: list[WorkloadRef] = Field(default_factory=list, max_length=64)
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
     @model_validator(mode="after")
     def _window_order(self) -> Telemetry:
@@ -411,7 +409,7 @@ class Plan(_Model):
     recommendations: list[Recommendation] = Field(default_factory=list)
     monthly_savings_usd: float = 0.0
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
 # ------------------------------------------------------------------------------------------- encoding

@@ -1,0 +1,154 @@
+"""Agent overhead next to Prometheus node_exporter, measured side by side in the same run.
+
+Runs ``fleetfit agent --simulate h100x8`` (publishing to a local Mosquitto) and Debian's
+``prometheus-node-exporter`` with only its netdev and diskstats collectors, scraped once a second, for the same
+steady-state interval; repeats for several rounds and prints the medians of CPU milliseconds per 1 Hz cycle and
+resident memory, and the agent/node_exporter ratio.
+
+    .venv/bin/python bench/agent_overhead.py [--duration 60] [--rounds 3] [--warmup 15]
+
+Needs mosquitto and prometheus-node-exporter (apt-get install mosquitto prometheus-node-exporter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def wait_port(port: int, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def one_round(workdir: Path, duration: float, warmup: float) -> dict[str, float]:
+    fleetfit = str(Path(sys.executable).parent / "fleetfit")
+    mqtt_port, exporter_port = free_port(), free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(f"listener {mqtt_port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n")
+    agent_conf = workdir / "agent.toml"
+    agent_conf.write_text(
+        f'[agent]\nnode = "bench"\nstate_dir = "{workdir / "state"}"\n[mqtt]\nhost = "127.0.0.1"\nport = {mqtt_port}\n'
+    )
+    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    exporter = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
+    procs = [subprocess.Popen([mosquitto, "-c", str(conf)], stderr=subprocess.DEVNULL)]
+    try:
+        wait_port(mqtt_port)
+        agent = subprocess.Popen(
+            [fleetfit, "agent", "--config", str(agent_conf), "--simulate", "h100x8"], stderr=subprocess.DEVNULL
+        )
+        node_exporter = subprocess.Popen(
+            [
+                exporter,
+                f"--web.listen-address=127.0.0.1:{exporter_port}",
+                "--collector.disable-defaults",
+                "--collector.netdev",
+                "--collector.diskstats",
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        procs += [agent, node_exporter]
+        wait_port(exporter_port)
+        url = f"http://127.0.0.1:{exporter_port}/metrics"
+        start = time.monotonic()
+        marks: dict[str, tuple[float, float]] = {}
+        scrapes = 0
+        next_scrape = start
+        while True:
+            now = time.monotonic()
+            if now - start >= warmup and not marks:
+                marks = {"agent": (now, cpu_seconds(agent.pid)), "exporter": (now, cpu_seconds(node_exporter.pid))}
+                scrapes = 0
+            if now - start >= warmup + duration:
+                break
+            urllib.request.urlopen(url, timeout=5).read()
+            scrapes += 1
+            next_scrape += 1.0
+            time.sleep(max(0.0, next_scrape - time.monotonic()))
+        end = time.monotonic()
+        agent_cycles = end - marks["agent"][0]  # the agent samples at 1 Hz
+        return {
+            "agent_ms": (cpu_seconds(agent.pid) - marks["agent"][1]) * 1000 / agent_cycles,
+            "exporter_ms": (cpu_seconds(node_exporter.pid) - marks["exporter"][1]) * 1000 / max(scrapes, 1),
+            "agent_rss": rss_mib(agent.pid),
+            "exporter_rss": rss_mib(node_exporter.pid),
+        }
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=60.0, help="steady-state seconds per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds before measuring (past the first window)")
+    args = parser.parse_args()
+    rounds = []
+    for i in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="fleetfit-bench-") as tmp:
+            r = one_round(Path(tmp), args.duration, args.warmup)
+        rounds.append(r)
+        print(
+            f"round {i + 1}: agent {r['agent_ms']:.2f} ms/cycle {r['agent_rss']:.1f} MiB | "
+            f"node_exporter {r['exporter_ms']:.2f} ms/scrape {r['exporter_rss']:.1f} MiB",
+            flush=True,
+        )
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    print()
+    print(f"{'':24}{'fleetfit agent':>16}{'node_exporter':>16}{'ratio':>8}")
+    print(
+        f"{'CPU ms per 1 Hz cycle':24}{med['agent_ms']:>16.2f}{med['exporter_ms']:>16.2f}"
+        f"{med['agent_ms'] / med['exporter_ms']:>8.2f}"
+    )
+    print(
+        f"{'RSS MiB':24}{med['agent_rss']:>16.1f}{med['exporter_rss']:>16.1f}"
+        f"{med['agent_rss'] / med['exporter_rss']:>8.2f}"
+    )
+    print(f"(medians of {args.rounds} rounds of {args.duration:g} s; targets: CPU ratio <= 1.0, agent RSS <= 40 MiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""GPU check: the agent's real NVML collector against a real PyTorch training loop, then a real inference loop.
+
+On a machine with an NVIDIA GPU and PyTorch (CUDA build):
+
+    .venv/bin/python bench/gpu_check.py [--seconds 60] [--out gpu_check.jsonl]
+
+Phase 1 runs a training loop (AdamW steps on a small transformer, a checkpoint written every 15 s); phase 2 an
+inference loop (no_grad forward passes at a request rate that rises and falls). Meanwhile the agent's
+collectors (GPU via NVML, NICs, disks, host) build 10 s windows exactly as the agent does. Every window is saved
+as JSONL with its phase, and the summary prints per phase what NVML reported and how the optimizer's classifier
+labels the workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from agent import __version__
+from agent.config import AgentSettings
+from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
+from agent.sources import node_collectors
+from agent.window import WindowBuilder
+from collectors.gpu import NullGpuCollector
+from optimizer.classify import classify
+from optimizer.features import workload_features
+from optimizer.fleet import Fleet
+
+WINDOW_S = 10.0
+
+
+def _model(torch: object) -> object:
+    from torch import nn  # type: ignore[import-not-found]
+
+    layer = nn.TransformerEncoderLayer(d_model=1024, nhead=16, dim_feedforward=4096, batch_first=True)
+    return nn.TransformerEncoder(layer, num_layers=8).cuda()
+
+
+def train(seconds: float, ckpt_dir: str) -> None:
+    import torch  # type: ignore[import-not-found]
+
+    model = _model(torch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # type: ignore[attr-defined]
+    x = torch.randn(32, 256, 1024, device="cuda")
+    end = time.monotonic() + seconds
+    next_ckpt = time.monotonic() + 15
+    while time.monotonic() < end:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(x).float().pow(2).mean()  # type: ignore[operator]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if time.monotonic() >= next_ckpt:
+            torch.cuda.synchronize()
+            torch.save(model.state_dict(), f"{ckpt_dir}/ckpt.pt")  # type: ignore[attr-defined]
+            next_ckpt += 15
+    torch.cuda.synchronize()
+
+
+def infer(seconds: float) -> None:
+    import torch  # type: ignore[import-not-found]
+
+    model = _model(torch)
+    model.eval()  # type: ignore[attr-defined]
+    start = time.monotonic()
+    with torch.no_grad():
+        while (now := time.monotonic()) < start + seconds:
+            rate = 5 + 45 * (0.5 + 0.5 * math.sin(2 * math.pi * (now - start) / 30))  # requests/s, 5..50
+            batch = 1 + int(rate // 10)
+            x = torch.randn(batch, 128, 1024, device="cuda", dtype=torch.bfloat16)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                model(x)  # type: ignore[operator]
+            torch.cuda.synchronize()
+            time.sleep(max(0.0, 1.0 / rate - 0.002))
+
+
+def collect(
+    phase: str, seconds: float, worker: mp.Process, out: list[tuple[str, Telemetry]], birth: list[Birth]
+) -> None:
+    settings = AgentSettings(node="gpu-check", site="check", state_dir=Path(tempfile.mkdtemp()))
+    collectors = node_collectors(settings)
+    gpu = collectors[0]
+    if isinstance(gpu, NullGpuCollector):
+        raise SystemExit(f"no GPU to check: {gpu.reason}")
+    if not birth:
+        inv = gpu.inventory()
+        for c in collectors[1:]:
+            inv = inv.merge(c.inventory())
+        birth.append(
+            Birth(
+                node="gpu-check",
+                site="check",
+                session=1,
+                agent_version=__version__,
+                hostname="gpu-check",
+                timestamp=time.time(),
+                gpus=inv.gpus,
+                nics=inv.nics,
+                disks=inv.disks,
+                driver_version=inv.driver_version,
+                cuda_version=inv.cuda_version,
+            )
+        )
+    builder = WindowBuilder("gpu-check", "check", session=1)
+    worker.start()
+    t0 = time.monotonic()
+    window_start = time.time()
+    tick = 0
+    while time.monotonic() - t0 < seconds and worker.is_alive():
+        builder.add([s for c in collectors for s in c.sample()], time.monotonic())
+        tick += 1
+        if tick % int(WINDOW_S) == 0:
+            workloads = [w for c in collectors for w in c.workloads()]
+            end = time.time()
+            out.append((phase, builder.close(len(out), window_start, end, workloads)))
+            window_start = end
+        time.sleep(max(0.0, t0 + tick - time.monotonic()))
+    worker.join(timeout=30)
+    for c in collectors:
+        c.close()
+
+
+def summarise(windows: list[tuple[str, Telemetry]], birth: Birth) -> None:
+    print(
+        f"GPU: {birth.gpus[0].model if birth.gpus else '?'} x{len(birth.gpus)}, driver {birth.driver_version}, "
+        f"CUDA {birth.cuda_version}"
+    )
+    for phase in ("training", "inference"):
+        ws = [w for p, w in windows if p == phase]
+        if not ws:
+            print(f"{phase}: no windows")
+            continue
+
+        def mean_of(field: str, ws: list[Telemetry] = ws) -> str:
+            vals = [getattr(g, field).mean for w in ws for g in w.gpus if getattr(g, field) is not None]
+            return f"{statistics.fmean(vals):.1f}" if vals else "n/a"
+
+        peak_write = max((d.write_bps.max for w in ws for d in w.disks if d.write_bps), default=0.0)
+        print(
+            f"{phase}: {len(ws)} windows; util {mean_of('util')} %, mem {mean_of('mem_used_mib')} MiB, "
+            f"power {mean_of('power_w')} W, SM active {mean_of('sm_active')} %, tensor {mean_of('tensor_active')} %, "
+            f"PCIe tx {mean_of('pcie_tx_bps')} B/s, peak disk write {peak_write / 1e6:.0f} MB/s, "
+            f"XIDs {sum(g.xid_events for w in ws for g in w.gpus)}"
+        )
+        fleet = Fleet("fleetfit/v1")
+        fleet.ingest(node_topic("fleetfit/v1", "check", "gpu-check", TopicKind.BIRTH), encode(birth))
+        for w in ws:
+            fleet.ingest(node_topic("fleetfit/v1", "check", "gpu-check", TopicKind.TELEMETRY), encode(w))
+        for f in workload_features(fleet, "check"):
+            c = classify(f)
+            print(
+                f"  classified {f.id} ({f.hint}) as {c.workload_class.value} ({c.confidence:.2f}): "
+                f"{'; '.join(c.evidence)}"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60.0, help="per phase")
+    parser.add_argument("--out", type=Path, default=Path("gpu_check.jsonl"))
+    args = parser.parse_args()
+    try:
+        import torch  # type: ignore[import-not-found]
+
+        if not torch.cuda.is_available():
+            print("PyTorch sees no CUDA device", file=sys.stderr)
+            return 1
+    except ImportError:
+        print("PyTorch is not installed", file=sys.stderr)
+        return 1
+    ctx = mp.get_context("spawn")
+    windows: list[tuple[str, Telemetry]] = []
+    birth: list[Birth] = []
+    with tempfile.TemporaryDirectory() as ckpt:
+        collect("training", args.seconds, ctx.Process(target=train, args=(args.seconds, ckpt)), windows, birth)
+    collect("inference", args.seconds, ctx.Process(target=infer, args=(args.seconds,)), windows, birth)
+    with args.out.open("w") as fh:
+        for phase, w in windows:
+            fh.write(json.dumps({"phase": phase, "window": json.loads(encode(w))}) + "\n")
+    summarise(windows, birth[0])
+    print(f"windows saved to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
