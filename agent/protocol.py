@@ -239,7 +239,12 @@ class Stats(_Model):
         # Plain float arithmetic: statistics.pstdev is exact but works in fractions, too slow for a 1 Hz agent.
         std = math.sqrt(math.fsum((v - mean) ** 2 for v in ordered) / n) if n > 1 else 0.0
         rank = max(0, math.ceil(0.95 * n) - 1)
-        return cls(mean=_round(mean), p95=_round(ordered[rank]), max=_round(ordered[-1]), std=_round(std))
+        if not math.isfinite(ordered[-1]) or not math.isfinite(ordered[0]):
+            raise ValueError("stats of non-finite values")
+        # Built without re-validation: every field is a finite float by construction (a window has ~100 of these).
+        return cls.model_construct(
+            mean=_round(mean), p95=_round(ordered[rank]), max=_round(ordered[-1]), std=_round(std)
+        )
 
 
 def series(values: Sequence[float]) -> list[float]:

@@ -3,6 +3,7 @@ utilisation series the classifier uses for burstiness and cross-GPU synchronisat
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -43,6 +44,7 @@ class WindowBuilder:
         self._values: dict[tuple[Entity, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         self._counts: dict[tuple[Entity, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._latest: dict[tuple[Entity, str], dict[str, float]] = defaultdict(dict)
+        self._seen: set[tuple[Entity, str, str]] = set()
         self.samples = 0
 
     @property
@@ -51,14 +53,15 @@ class WindowBuilder:
 
     def add(self, samples: Iterable[Sample], now: float) -> None:
         """Fold one tick's samples in; ``now`` is the tick's time in seconds (any steady clock)."""
-        seen = set()
+        seen = self._seen
         for s in samples:
             entity = (s.entity, s.key)
             values = self._values[entity]
             if s.latest:
                 self._latest[entity].update(s.latest)
             for name, value in s.gauges.items():
-                values[name].append(float(value))
+                if math.isfinite(value):  # a driver glitch must not poison the window
+                    values[name].append(float(value))
             for name, total in s.counters.items():
                 key = (s.entity, s.key, name)
                 seen.add(key)
@@ -70,7 +73,6 @@ class WindowBuilder:
                     self._counts[entity][name] += delta
                 else:
                     values[name].append(delta / elapsed)
-        self._rates.forget(seen)
         self.samples += 1
 
     def close(
@@ -130,6 +132,8 @@ class WindowBuilder:
             mounts=mounts,
             workloads=workloads,
         )
+        self._rates.forget(self._seen)  # counters of entities gone during the whole window
+        self._seen = set()
         self._values.clear()
         self._counts.clear()
         self._latest.clear()

@@ -28,9 +28,15 @@ class StorageCollector:
         self._sysfs = sysfs_root
         self._mounts = list(mounts)
         self._missing: set[str] = set()
+        self._disk_names: dict[str, bool] = {}  # devices come and go rarely: ask sysfs once per name
 
     def _is_disk(self, name: str) -> bool:
-        return not name.startswith(_SKIP_PREFIXES) and (self._sysfs / "block" / name).is_dir()
+        known = self._disk_names.get(name)
+        if known is None:
+            known = self._disk_names[name] = (
+                not name.startswith(_SKIP_PREFIXES) and (self._sysfs / "block" / name).is_dir()
+            )
+        return known
 
     def _size(self, name: str) -> int | None:
         try:
