@@ -86,6 +86,15 @@ class SimulatedFleet:
                     log.error("agent task failed: %r", t.exception())
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*pending, return_exceptions=True)
+            log.info("%s", self.summary())
+
+    def summary(self) -> str:
+        agents = self.agents
+        return (
+            f"simulated {len(agents)} node(s): {sum(a.windows_closed for a in agents)} windows closed, "
+            f"{sum(a.link.published for a in agents)} published, {sum(len(a.queue) for a in agents)} queued, "
+            f"{sum(a.queue.dropped for a in agents)} dropped, {sum(a.ticks_missed for a in agents)} ticks missed"
+        )
 
 
 def open_record(path: Path | None) -> IO[str] | None:

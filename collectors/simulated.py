@@ -20,6 +20,7 @@ from collectors.profiles import NodeProfile
 
 GB = 1e9
 DAY_S = 86_400.0
+DIURNAL_FLOOR = 0.1  # trough / peak of online inference over a day: about 10x
 
 
 class Pattern(StrEnum):
@@ -48,7 +49,12 @@ class WorkloadSpec:
     multi_node: bool = False
     checkpoint_period_s: float = 600.0
     checkpoint_seconds: float = 30.0
+    stall_rate: float = 0.002  # per second: chance a data-loader stall starts (training)
+    stall_seconds: tuple[float, float] = (5.0, 20.0)
     diurnal_phase: float = 0.0
+    diurnal_period_s: float = DAY_S
+    burst_sigma: float = 0.3  # second-to-second load variation of online inference (log-normal sigma)
+    noise: float = 1.5  # utilisation noise, percentage points
 
 
 @dataclass(slots=True)
@@ -228,63 +234,79 @@ class SimulatedNode:
         self._counters[key] = total
         return int(total)
 
-    def _drive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, ...]:
+    def _drive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
         """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north, read, write) bytes/s."""
-        p = self.profile
-        rng = self._rng
-        mem = w.mem_fraction * p.memory_mib
-        fabric = north = read = write = 0.0
         if w.pattern in (Pattern.TRAINING, Pattern.FINE_TUNING):
-            until = self._episode_until.get(w.id, -1.0)
-            if t >= until and rng.random() < 0.002:
-                until = self._episode_until[w.id] = t + rng.uniform(5, 20)  # data-loader stall, all GPUs
-            stalled = t < until
-            common = w.level * 100 + rng.gauss(0, 1.5)
-            ckpt = (t % w.checkpoint_period_s) < w.checkpoint_seconds
-            for g in w.gpus:
-                util = 3.0 if stalled else common + rng.gauss(0, 1.0)
-                gpus[g].util = util
-                gpus[g].mem_mib = mem * (1 + rng.gauss(0, 0.002))
-                sync = util / 100 if len(w.gpus) > 1 else 0.0
-                if p.nvlink_links:
-                    gpus[g].nvlink_bps = p.nvlink_gbps * GB * 0.35 * sync * self._jitter(0.1)
-                    gpus[g].pcie_bps = 2 * GB * util / 100
-                else:
-                    gpus[g].pcie_bps = (12 * GB * sync + 2 * GB * util / 100) * self._jitter(0.1)
-            if w.multi_node and not stalled:
-                fabric = 25 * GB * len(w.gpus) / 8 * self._jitter(0.1)
-            if ckpt:
-                write = 3 * GB * self._jitter(0.1)
-            read = 0.2 * GB * (0 if stalled else 1)
-        elif w.pattern in (Pattern.INFERENCE, Pattern.BATCH_INFERENCE):
-            if w.pattern is Pattern.INFERENCE:
-                # ~10x peak to trough over a day, bursty seconds on top
-                diurnal = 0.55 + 0.45 * math.sin(2 * math.pi * (t / DAY_S) + w.diurnal_phase)
-                load = min(1.0, w.level * diurnal * math.exp(rng.gauss(0, 0.3)))
+            return self._training(w, t, gpus)
+        if w.pattern in (Pattern.INFERENCE, Pattern.BATCH_INFERENCE):
+            return self._inference(w, t, gpus)
+        if w.pattern is Pattern.INTERACTIVE:
+            return self._interactive(w, t, gpus)
+        for g in w.gpus:  # idle: memory held, nothing running
+            gpus[g].util = 0.0
+            gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
+        return 0.0, 0.0, 0.0, 0.0
+
+    def _episode(self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float]) -> bool:
+        """True while a random episode (a stall, a burst) of ``w`` lasts; episodes start at ``rate`` per second."""
+        until = self._episode_until.get(w.id, -1.0)
+        if t >= until and self._rng.random() < rate:
+            until = self._episode_until[w.id] = t + self._rng.uniform(*seconds)
+        return t < until
+
+    def _training(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+        """GPUs in lockstep at the job's level; gradient all-reduce over NVLink (or PCIe) and, for multi-node
+        jobs, the fabric; checkpoint write bursts every ``checkpoint_period_s``; data-loader stalls."""
+        p, rng = self.profile, self._rng
+        stalled = self._episode(w, t, w.stall_rate, w.stall_seconds)
+        common = w.level * 100 + rng.gauss(0, w.noise)
+        mem = w.mem_fraction * p.memory_mib
+        for g in w.gpus:
+            util = 3.0 if stalled else common + rng.gauss(0, w.noise * 0.6)
+            gpus[g].util = util
+            gpus[g].mem_mib = mem * (1 + rng.gauss(0, 0.002))
+            sync = util / 100 if len(w.gpus) > 1 else 0.0
+            if p.nvlink_links:
+                gpus[g].nvlink_bps = p.nvlink_gbps * GB * 0.35 * sync * self._jitter(0.1)
+                gpus[g].pcie_bps = 2 * GB * util / 100
             else:
-                load = min(1.0, w.level + rng.gauss(0, 0.03))
-            for g in w.gpus:
-                gpu_load = min(1.0, load * self._jitter(0.15)) if w.pattern is Pattern.INFERENCE else load
-                gpus[g].util = gpu_load * 100
-                kv = 0.15 * p.memory_mib * load if w.pattern is Pattern.INFERENCE else 0.0
-                gpus[g].mem_mib = mem + kv
-                gpus[g].pcie_bps = 0.5 * GB * gpu_load
-            north = 1.5 * GB * load * len(w.gpus)
-            if w.pattern is Pattern.INFERENCE and t < 20:
-                read = 3 * GB  # model weights loaded at start
-            elif w.pattern is Pattern.BATCH_INFERENCE:
-                read = 0.3 * GB * load
-        elif w.pattern is Pattern.INTERACTIVE:
-            until = self._episode_until.get(w.id, -1.0)
-            if t >= until and rng.random() < 0.03:
-                until = self._episode_until[w.id] = t + rng.uniform(5, 30)
-            burst = t < until
-            for g in w.gpus:
-                gpus[g].util = rng.uniform(50, 95) if burst else rng.choice((0.0, 0.0, 1.0))
-                gpus[g].mem_mib = mem
-            north = 0.01 * GB if burst else 0.0
-        else:  # idle: memory held, nothing running
-            for g in w.gpus:
-                gpus[g].util = 0.0
-                gpus[g].mem_mib = mem
-        return fabric, north, read, write
+                gpus[g].pcie_bps = (12 * GB * sync + 2 * GB * util / 100) * self._jitter(0.1)
+        fabric = 25 * GB * len(w.gpus) / 8 * self._jitter(0.1) if w.multi_node and not stalled else 0.0
+        write = 3 * GB * self._jitter(0.1) if (t % w.checkpoint_period_s) < w.checkpoint_seconds else 0.0
+        read = 0.0 if stalled else 0.2 * GB
+        return fabric, 0.02 * GB * len(w.gpus) / 8, read, write
+
+    def diurnal(self, w: WorkloadSpec, t: float) -> float:
+        """Load factor of online inference at second ``t``: between DIURNAL_FLOOR and 1 over a period."""
+        wave = 0.5 + 0.5 * math.sin(2 * math.pi * t / w.diurnal_period_s + w.diurnal_phase)
+        return DIURNAL_FLOOR + (1 - DIURNAL_FLOOR) * wave
+
+    def _inference(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+        """Online: bursty load on a daily cycle, north-south traffic and KV cache following it, a model-load read
+        burst at start. Batch: steady high load, no gradient traffic, no checkpoints."""
+        p, rng = self.profile, self._rng
+        online = w.pattern is Pattern.INFERENCE
+        if online:
+            load = min(1.0, w.level * self.diurnal(w, t) * math.exp(rng.gauss(0, w.burst_sigma)))
+        else:
+            load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
+        mem = w.mem_fraction * p.memory_mib
+        for g in w.gpus:
+            gpu_load = min(1.0, load * self._jitter(0.15)) if online else load
+            gpus[g].util = gpu_load * 100
+            gpus[g].mem_mib = mem + (0.15 * p.memory_mib * load if online else 0.0)  # KV cache follows load
+            gpus[g].pcie_bps = 0.5 * GB * gpu_load
+        north = 1.5 * GB * load * len(w.gpus)
+        read = 0.3 * GB * load  # batch: reads its input
+        if online:
+            read = 3 * GB if t < 20 else 0.0  # weights loaded from local NVMe at start
+        return 0.0, north, read, 0.0
+
+    def _interactive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+        """A notebook: idle most of the time, a cell run now and then."""
+        rng = self._rng
+        burst = self._episode(w, t, 0.03, (5.0, 30.0))
+        for g in w.gpus:
+            gpus[g].util = rng.uniform(50, 95) if burst else rng.choice((0.0, 0.0, 1.0))
+            gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
+        return 0.0, 0.01 * GB if burst else 0.0, 0.0, 0.0

@@ -167,6 +167,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     record = open_record(args.record)
+    _raise_open_files_limit()
 
     async def main() -> None:
         import signal
@@ -194,6 +195,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if record is not None:
             record.close()
     return 0
+
+
+def _raise_open_files_limit() -> None:
+    """One MQTT connection per simulated node: lift the soft limit on open files to the hard one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 # ------------------------------------------------------------------------------------------ main
