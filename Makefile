@@ -1,6 +1,6 @@
 # fleetfit: `make demo` runs the demo, `make test` runs lint, type checks and the whole test suite.
 # Each target bootstraps what it needs: a virtual environment in .venv, the package, and for the tests
-# Debian's mosquitto (installed with apt-get when it is missing).
+# Debian's mosquitto and victoria-metrics (installed with apt-get when missing).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,9 +24,11 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.runtime
 	$(BIN)/fleetfit demo
 
+# Real servers the tests start on free ports: Mosquitto (the broker) and VictoriaMetrics (the InfluxDB v2 write
+# API's stand-in). Installed once, with one apt-get update, when either is missing.
 deps-test: $(VENV)/.test
-	@command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || \
-		{ $(APT) update && DEBIAN_FRONTEND=noninteractive $(APT) install -y --no-install-recommends mosquitto; }
+	@{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } && command -v victoria-metrics >/dev/null || \
+		{ $(APT) update && DEBIAN_FRONTEND=noninteractive $(APT) install -y --no-install-recommends mosquitto victoria-metrics; }
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

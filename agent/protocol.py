@@ -379,6 +379,27 @@ class WorkloadView(_Model):
     evidence: list[str] = Field(default_factory=list)
 
 
+class FindingKind(StrEnum):
+    SERVING_ON_TRAINING_HARDWARE = "serving_on_training_hardware"
+    TRAINING_WITHOUT_NVLINK = "training_without_nvlink"
+    MULTI_NODE_WITHOUT_RDMA = "multi_node_training_without_rdma"
+    OVERSIZED_GPU_MEMORY = "oversized_gpu_memory"
+    IDLE_ALLOCATION = "idle_allocation"
+
+
+class Finding(_Model):
+    """A misplacement, whether or not a move was planned for it."""
+
+    workload: str = Field(max_length=200)
+    workload_name: str = Field(max_length=200)
+    kind: FindingKind
+    hardware: str
+    nodes: list[str]
+    wasted_usd_per_hour: float = Field(ge=0)
+    confidence: float = Field(ge=0, le=1)
+    detail: str
+
+
 class Recommendation(_Model):
     id: str = Field(max_length=64, description="stable across solves for the same move")
     workload: str = Field(max_length=200)
@@ -411,6 +432,7 @@ class Plan(_Model):
     generated_at: Quantity
     solver: SolverReport
     workloads: list[WorkloadView] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
     recommendations: list[Recommendation] = Field(default_factory=list)
     monthly_savings_usd: float = 0.0
 

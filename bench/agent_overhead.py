@@ -67,7 +67,9 @@ def one_round(workdir: Path, duration: float, warmup: float) -> dict[str, float]
     fleetfit = str(Path(sys.executable).parent / "fleetfit")
     mqtt_port, exporter_port = free_port(), free_port()
     conf = workdir / "mosquitto.conf"
-    conf.write_text(f"listener {mqtt_port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n")
+    conf.write_text(
+        f"listener {mqtt_port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\nlog_dest none\n"
+    )
     agent_conf = workdir / "agent.toml"
     agent_conf.write_text(
         f'[agent]\nnode = "bench"\nstate_dir = "{workdir / "state"}"\n[mqtt]\nhost = "127.0.0.1"\nport = {mqtt_port}\n'

@@ -133,7 +133,7 @@ async def main() -> int:
         conf = Path(tmp) / "mosquitto.conf"
         conf.write_text(
             f"listener {port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n"
-            "max_connections -1\nmax_queued_messages 100000\n"
+            "max_connections -1\nmax_queued_messages 100000\nlog_dest none\n"
         )
         broker = await asyncio.create_subprocess_exec(
             shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)

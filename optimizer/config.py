@@ -8,6 +8,7 @@ from pydantic import Field
 
 from agent.config import MqttSettings, Section
 from optimizer.recommend import PlanSettings
+from optimizer.store import StoreSettings
 
 
 class OptimizerSettings(Section):
@@ -25,4 +26,5 @@ class OptimizerConfig(Section):
     optimizer: OptimizerSettings = Field(default_factory=OptimizerSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
     plan: PlanSettings = Field(default_factory=PlanSettings)
+    influxdb: StoreSettings = Field(default_factory=StoreSettings)
     prices: dict[str, float] = Field(default_factory=dict, description="price per GPU-hour by catalog key")

@@ -70,22 +70,24 @@ class Fleet:
     def sites(self) -> list[str]:
         return sorted({site for site, _ in self.nodes})
 
-    def ingest(self, topic: str, payload: bytes | bytearray) -> bool:
-        """Apply one message; return False (and count the reason) when it is rejected."""
+    def ingest(self, topic: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
+        """Apply one message; return it once accepted, or None (the reason counted) when it is rejected."""
         try:
-            self._apply(topic, payload)
+            return self._apply(topic, payload)
         except ProtocolError as exc:
             self.rejected[exc.reason] += 1
             log.warning("rejected message on %r: %s", topic[:200], exc)
-            return False
-        return True
+            return None
 
-    def _apply(self, topic: str, payload: bytes | bytearray) -> None:
+    def record(self, site: str, node: str) -> NodeRecord | None:
+        return self.nodes.get((site, node))
+
+    def _apply(self, topic: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
         where = parse_topic(self.prefix, topic)
         if where.node is None:
             raise ProtocolError("bad_topic", "not a node topic")
-        if where.kind is TopicKind.STATE and not payload:
-            return  # a cleared retained message
+        if not payload and where.kind in (TopicKind.STATE, TopicKind.BIRTH):
+            return None  # a retained message being cleared
         message = decode(where.kind, payload)
         if not isinstance(message, Birth | State | Telemetry):
             raise ProtocolError("bad_topic", "not a node message")
@@ -108,6 +110,7 @@ class Fleet:
         else:
             self._telemetry(record, message)
         self.accepted[where.kind.value] += 1
+        return message
 
     def _telemetry(self, record: NodeRecord, window: Telemetry) -> None:
         """Accept each (session, seq) once. Windows of an earlier session are still accepted after a restart:

@@ -6,15 +6,15 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import time
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agent.protocol import Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
-from optimizer.classify import Classification, classify
+from optimizer.classify import classify
 from optimizer.costs import THROUGHPUT_BOUND, Demand
-from optimizer.features import WorkloadFeatures, workload_features
+from optimizer.features import workload_features
+from optimizer.findings import Subject, detect
 from optimizer.fleet import Fleet
 from optimizer.planner import Movable, NodeSlot, Problem, solve
 
@@ -35,11 +35,7 @@ class PlanSettings(BaseModel):
     pinned: list[str] = Field(default_factory=list, description="workload ids or glob patterns never moved")
 
 
-@dataclass(frozen=True, slots=True)
-class Assessed:
-    features: WorkloadFeatures
-    result: Classification
-    hardware: GpuType | None
+Assessed = Subject
 
 
 def recommendation_id(workload: str, from_node: str, to_hardware: str) -> str:
@@ -165,6 +161,7 @@ def build_plan(fleet: Fleet, site: str, catalog: Catalog, settings: PlanSettings
         generated_at=time.time() if now is None else now,
         solver=solution.report,
         workloads=views,
+        findings=detect(catalog, assessed),
         recommendations=recommendations,
         monthly_savings_usd=round(sum(r.monthly_savings_usd for r in recommendations), 2),
     )

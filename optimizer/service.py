@@ -13,11 +13,12 @@ import aiomqtt
 
 from agent.backoff import Backoff
 from agent.mqtt import make_client
-from agent.protocol import Plan, encode, recommendations_topic, subscription_filters
+from agent.protocol import Plan, Telemetry, encode, recommendations_topic, subscription_filters
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet
 from optimizer.recommend import build_plan
+from optimizer.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,7 @@ class Optimizer:
         config: OptimizerConfig,
         catalog: Catalog,
         on_plan: Callable[[Plan], None] | None = None,
+        store: Store | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog.with_prices(config.prices)
@@ -38,6 +40,7 @@ class Optimizer:
         self.connected = asyncio.Event()
         self._client: aiomqtt.Client | None = None
         self._backoff = Backoff(cap=config.mqtt.reconnect_max_delay)
+        self.store = store if store is not None else (Store(config.influxdb) if config.influxdb.url else None)
 
     async def _ingest(self) -> None:
         settings = self.config.mqtt
@@ -58,7 +61,10 @@ class Optimizer:
                         payload = message.payload
                         if not isinstance(payload, bytes | bytearray):
                             payload = str(payload).encode() if payload is not None else b""
-                        self.fleet.ingest(str(message.topic), payload)
+                        accepted = self.fleet.ingest(str(message.topic), payload)
+                        if isinstance(accepted, Telemetry) and self.store is not None:
+                            record = self.fleet.record(accepted.site, accepted.node)
+                            self.store.add(window_points(record.birth if record else None, accepted))
             except aiomqtt.MqttError as exc:
                 self.connected.clear()
                 self._client = None
@@ -75,6 +81,8 @@ class Optimizer:
             self.plans[site] = plan
             plans.append(plan)
             await self._publish(plan)
+            if self.store is not None:
+                self.store.add(plan_points(plan))
             if self.on_plan is not None:
                 self.on_plan(plan)
         return plans
@@ -105,6 +113,8 @@ class Optimizer:
             asyncio.create_task(self._ingest(), name="optimizer-ingest"),
             asyncio.create_task(self._planning(), name="optimizer-planning"),
         ]
+        if self.store is not None:
+            tasks.append(asyncio.create_task(self.store.run(), name="optimizer-store"))
         try:
             await self.should_exit.wait()
         finally:
@@ -113,6 +123,9 @@ class Optimizer:
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            if self.store is not None:
+                await self.store.flush(5.0)
+                self.store.close()
 
 
 async def serve(optimizer: Optimizer) -> None:

@@ -140,3 +140,66 @@ async def wait_until(predicate: Callable[[], bool], limit: float, what: str) -> 
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.1)
+
+
+@dataclass
+class VictoriaMetrics:
+    """A real VictoriaMetrics (Debian's victoria-metrics), the InfluxDB v2 write API's stand-in in tests."""
+
+    port: int
+    data: Path
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        binary = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
+        self.process = subprocess.Popen(
+            [binary, f"-httpListenAddr=127.0.0.1:{self.port}", f"-storageDataPath={self.data}",
+             "-search.latencyOffset=0s", "-retentionPeriod=100y", "-loggerLevel=ERROR"],
+            stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        _wait_listening("127.0.0.1", self.port, self.process, self.log)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+    def export(self, match: str, settle: float = 15.0) -> list[dict[str, object]]:
+        """Every series matching ``match`` with its values. Freshly written samples take a moment to become
+        searchable, so read until two reads a second apart agree (at most ``settle`` seconds)."""
+        import json
+        import urllib.parse
+        import urllib.request
+
+        body = urllib.parse.urlencode({"match[]": match}).encode()
+
+        def read() -> list[dict[str, object]]:
+            urllib.request.urlopen(f"{self.url}/internal/force_flush", timeout=10).read()
+            with urllib.request.urlopen(f"{self.url}/api/v1/export", data=body, timeout=30) as response:
+                rows = [json.loads(line) for line in response.read().splitlines() if line.strip()]
+            return sorted(rows, key=lambda r: json.dumps(r["metric"], sort_keys=True))
+
+        previous = read()
+        deadline = time.monotonic() + settle
+        while time.monotonic() < deadline:
+            time.sleep(1.0)
+            current = read()
+            if current == previous and current:
+                return current
+            previous = current
+        return previous
+
+
+@pytest.fixture
+def victoria(tmp_path: Path) -> Iterator[VictoriaMetrics]:
+    if not (shutil.which("victoria-metrics") or Path("/usr/bin/victoria-metrics").exists()):
+        pytest.fail("victoria-metrics is not installed: `make test` installs it (apt-get install victoria-metrics)")
+    server = VictoriaMetrics(free_port(), tmp_path / "vm-data", tmp_path / "vm.log")
+    server.start()
+    yield server
+    server.stop()

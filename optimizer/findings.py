@@ -1,0 +1,117 @@
+"""Misplacement findings: what is on the wrong hardware and what it wastes per hour, whether or not the
+planner can move it now (no free capacity, pinned, multi-node). Capacity teams plan purchases from these."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from agent.protocol import Finding, FindingKind, WorkloadClass
+from optimizer.catalog import Catalog, GpuType
+from optimizer.classify import Classification
+from optimizer.costs import Demand, fit_problem, monthly_cost
+from optimizer.features import WorkloadFeatures
+
+MIN_WASTE_USD_PER_HOUR = 0.05
+SERVING = frozenset({WorkloadClass.INFERENCE, WorkloadClass.INTERACTIVE})
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    features: WorkloadFeatures
+    result: Classification
+    hardware: GpuType | None
+
+
+def cheapest_fit(catalog: Catalog, demand: Demand, current: GpuType) -> tuple[GpuType, float]:
+    """The catalog GPU where this workload's current work costs least per month, and that cost."""
+    best, best_cost = current, monthly_cost(catalog, demand, current, current)
+    for target in catalog.gpu:
+        if fit_problem(catalog, demand, current, target) is None:
+            cost = monthly_cost(catalog, demand, current, target)
+            if cost < best_cost:
+                best, best_cost = target, cost
+    return best, best_cost
+
+
+def _finding(s: Subject, kind: FindingKind, waste: float, confidence: float, detail: str) -> Finding:
+    assert s.hardware is not None
+    return Finding(
+        workload=s.features.id,
+        workload_name=s.features.name,
+        kind=kind,
+        hardware=s.hardware.name,
+        nodes=s.features.nodes,
+        wasted_usd_per_hour=round(waste, 3),
+        confidence=round(confidence, 2),
+        detail=detail,
+    )
+
+
+def detect(catalog: Catalog, subjects: Iterable[Subject]) -> list[Finding]:
+    """Findings for classified workloads, most wasteful first."""
+    hours = catalog.defaults.hours_per_month
+    out = []
+    for s in subjects:
+        f, cls, hw = s.features, s.result.workload_class, s.hardware
+        if hw is None or cls is WorkloadClass.UNKNOWN:
+            continue
+        conf = s.result.confidence
+        demand = Demand(cls, f.gpus, f.mem_used_mib, f.mean_util, f.p95_util)
+        now = monthly_cost(catalog, demand, hw, hw) / hours
+        target, cost = cheapest_fit(catalog, demand, hw)
+        saving = now - cost / hours
+        if cls is WorkloadClass.IDLE:
+            out.append(
+                _finding(
+                    s,
+                    FindingKind.IDLE_ALLOCATION,
+                    now,
+                    conf,
+                    f"{f.gpus} × {hw.name} held at {f.mean_util:.0f} % utilisation",
+                )
+            )
+        elif cls in SERVING and hw.nvlink and hw.rdma and saving >= MIN_WASTE_USD_PER_HOUR:
+            out.append(
+                _finding(
+                    s,
+                    FindingKind.SERVING_ON_TRAINING_HARDWARE,
+                    saving,
+                    conf,
+                    f"{cls.value} at {f.mean_util:.0f} % holds NVLink and {hw.fabric} GPUs; "
+                    f"{target.name} would serve it",
+                )
+            )
+        elif cls is WorkloadClass.TRAINING and f.multi_node and not hw.rdma:
+            waste = now * (1 - catalog.defaults.pcie_training_scaling)
+            out.append(
+                _finding(
+                    s,
+                    FindingKind.MULTI_NODE_WITHOUT_RDMA,
+                    waste,
+                    conf,
+                    f"training across {len(f.nodes)} nodes without an RDMA fabric",
+                )
+            )
+        elif cls is WorkloadClass.TRAINING and f.gpus > 1 and not hw.nvlink and saving >= MIN_WASTE_USD_PER_HOUR:
+            out.append(
+                _finding(
+                    s,
+                    FindingKind.TRAINING_WITHOUT_NVLINK,
+                    saving,
+                    conf,
+                    f"{f.gpus}-GPU training synchronises gradients over PCIe",
+                )
+            )
+        elif f.mem_fraction < 0.25 and f.mean_util < 30 and saving >= MIN_WASTE_USD_PER_HOUR:
+            out.append(
+                _finding(
+                    s,
+                    FindingKind.OVERSIZED_GPU_MEMORY,
+                    saving,
+                    conf * 0.8,
+                    f"uses {f.mem_fraction:.0%} of each GPU's memory at {f.mean_util:.0f} %; {target.name} is enough",
+                )
+            )
+    out.sort(key=lambda x: -x.wasted_usd_per_hour)
+    return out

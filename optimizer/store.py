@@ -1,0 +1,258 @@
+"""Writes telemetry windows and plans to InfluxDB (or anything speaking its v2 write API, such as
+VictoriaMetrics) with influxdb-client, in batches, retrying with jittered exponential backoff.
+
+Points wait in a bounded buffer until the server has accepted them: an outage loses nothing until the buffer
+is full; past that the oldest points are dropped and counted. With no URL configured there is no store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+
+from influxdb_client.client.influxdb_client import InfluxDBClient
+from influxdb_client.client.write.point import Point
+from influxdb_client.client.write_api import SYNCHRONOUS
+from influxdb_client.domain.write_precision import WritePrecision
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from agent.backoff import Backoff
+from agent.protocol import Birth, NicRole, Plan, Stats, Telemetry
+from optimizer import series
+from optimizer.series import Measurement
+
+log = logging.getLogger(__name__)
+
+Writer = Callable[[list[str]], None]
+
+
+class StoreSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = Field(default=None, description="e.g. http://influxdb:8086; none: no store")
+    token: SecretStr | None = None
+    org: str = "fleetfit"
+    bucket: str = "fleetfit"
+    batch_size: int = Field(default=5000, ge=1)
+    flush_interval: float = Field(default=1.0, gt=0)
+    max_buffer_points: int = Field(default=1_000_000, ge=1)
+    timeout: float = Field(default=10.0, gt=0)
+    retry_max_delay: float = Field(default=30.0, gt=0)
+
+
+def point(m: Measurement, tags: Mapping[str, str | None], fields: Mapping[str, float | None], ts: float) -> Point:
+    """A point of measurement ``m``; names outside ``m`` are a programming error, caught here."""
+    unknown = (set(tags) - set(m.tags)) | (set(fields) - set(m.fields))
+    if unknown:
+        raise KeyError(f"{m.name} has no {', '.join(sorted(unknown))}")
+    p = Point(m.name)
+    p.time(int(ts * 1e9), WritePrecision.NS)
+    for k, v in tags.items():
+        if v:
+            p.tag(k, v)
+    for k, fv in fields.items():
+        if fv is not None:
+            p.field(k, float(fv))
+    return p
+
+
+def _mean(s: Stats | None) -> float | None:
+    return s.mean if s is not None else None
+
+
+def window_points(birth: Birth | None, w: Telemetry) -> list[Point]:
+    """Points for one telemetry window, tagged with site, node and GPU model."""
+    models = {g.index: g.model for g in birth.gpus} if birth else {}
+    roles = {n.name: n.role for n in birth.nics} if birth else {}
+    base = {"site": w.site, "node": w.node}
+    out = []
+    for g in w.gpus:
+        fields: dict[str, float | None] = {
+            f: _mean(getattr(g, f)) for f in series.GPU.fields if isinstance(getattr(g, f, None), Stats)
+        }
+        fields.update(
+            util_p95=g.util.p95 if g.util else None, util_max=g.util.max if g.util else None, xid_events=g.xid_events
+        )
+        tags = {**base, "gpu": str(g.index), "model": models.get(g.index), "workload": g.workload}
+        out.append(point(series.GPU, tags, fields, w.end))
+    for n in w.nics:
+        role = roles.get(n.name, NicRole.OTHER).value
+        fields = {
+            "rx_bps": _mean(n.rx_bps),
+            "tx_bps": _mean(n.tx_bps),
+            "errors": n.errors,
+            "drops": n.drops,
+            "rx_bps_max": n.rx_bps.max if n.rx_bps else None,
+            "tx_bps_max": n.tx_bps.max if n.tx_bps else None,
+        }
+        out.append(point(series.NIC, {**base, "nic": n.name, "role": role}, fields, w.end))
+    for d in w.disks:
+        fields = {
+            "read_bps": _mean(d.read_bps),
+            "write_bps": _mean(d.write_bps),
+            "read_iops": _mean(d.read_iops),
+            "write_iops": _mean(d.write_iops),
+            "write_bps_max": d.write_bps.max if d.write_bps else None,
+        }
+        out.append(point(series.DISK, {**base, "disk": d.name}, fields, w.end))
+    host = {"cpu_util": _mean(w.host.cpu_util), "mem_used_pct": _mean(w.host.mem_used_pct)}
+    if any(v is not None for v in host.values()):
+        out.append(point(series.HOST, base, host, w.end))
+    return out
+
+
+def plan_points(plan: Plan) -> list[Point]:
+    """Points for a plan: each workload's class, each finding and recommendation, and the plan's summary."""
+    t, site = plan.generated_at, plan.site
+    out = [
+        point(
+            series.WORKLOAD,
+            {"site": site, "workload": v.id, "name": v.name, "class": v.workload_class.value, "hardware": v.hardware},
+            {"confidence": v.confidence, "gpus": v.gpus, "mean_util": v.mean_util},
+            t,
+        )
+        for v in plan.workloads
+    ]
+    out += [
+        point(
+            series.FINDING,
+            {"site": site, "workload": f.workload, "kind": f.kind.value, "hardware": f.hardware},
+            {"wasted_usd_per_hour": f.wasted_usd_per_hour, "confidence": f.confidence},
+            t,
+        )
+        for f in plan.findings
+    ]
+    out += [
+        point(
+            series.RECOMMENDATION,
+            {
+                "site": site,
+                "id": r.id,
+                "workload": r.workload,
+                "class": r.workload_class.value,
+                "from_node": r.from_node,
+                "to_node": r.to_node,
+                "from_hardware": r.from_hardware,
+                "to_hardware": r.to_hardware,
+            },
+            {"monthly_savings_usd": r.monthly_savings_usd, "confidence": r.confidence, "gpus": r.gpus},
+            t,
+        )
+        for r in plan.recommendations
+    ]
+    s = plan.solver
+    out.append(
+        point(
+            series.PLAN,
+            {"site": site, "status": s.status},
+            {
+                "objective_usd": s.objective,
+                "best_bound_usd": s.best_bound,
+                "gap": s.gap,
+                "solve_seconds": s.solve_seconds,
+                "monthly_savings_usd": plan.monthly_savings_usd,
+                "recommendations": len(plan.recommendations),
+                "workloads": len(plan.workloads),
+                "wasted_usd_per_hour": sum(f.wasted_usd_per_hour for f in plan.findings),
+            },
+            t,
+        )
+    )
+    return out
+
+
+class Store:
+    """The bounded buffer and the writer task; ``writer`` is injectable for tests."""
+
+    def __init__(self, settings: StoreSettings, writer: Writer | None = None) -> None:
+        self.settings = settings
+        self._buffer: deque[str] = deque()
+        self._ready = asyncio.Event()
+        self._client: InfluxDBClient | None = None
+        self._writer = writer or self._influx_writer()
+        self._backoff = Backoff(base=0.5, cap=settings.retry_max_delay)
+        self.written = 0
+        self.dropped = 0
+        self.failures = 0
+        self.healthy = True
+
+    def _influx_writer(self) -> Writer:
+        s = self.settings
+        self._client = InfluxDBClient(
+            url=s.url or "",
+            token=s.token.get_secret_value() if s.token else "",
+            org=s.org,
+            timeout=int(s.timeout * 1000),
+            retries=0,
+        )
+        api = self._client.write_api(write_options=SYNCHRONOUS)
+
+        def write(lines: list[str]) -> None:
+            api.write(bucket=s.bucket, org=s.org, record=lines)  # nanosecond timestamps, the default
+
+        return write
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def add(self, points: Iterable[Point]) -> None:
+        for p in points:
+            if len(self._buffer) >= self.settings.max_buffer_points:
+                self._buffer.popleft()
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 10_000 == 0:
+                    log.warning("store buffer full: dropped the oldest point (%d so far)", self.dropped)
+            self._buffer.append(p.to_line_protocol())  # type: ignore[no-untyped-call]
+        if len(self._buffer) >= self.settings.batch_size:
+            self._ready.set()
+
+    async def run(self) -> None:
+        """Write batches until cancelled; a failed batch stays at the front and is retried with backoff."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout=self.settings.flush_interval)
+            self._ready.clear()
+            while self._buffer:
+                if not await self._write_batch():
+                    await asyncio.sleep(self._backoff.next_delay())
+
+    async def _write_batch(self) -> bool:
+        batch = [self._buffer[i] for i in range(min(self.settings.batch_size, len(self._buffer)))]
+        try:
+            await asyncio.to_thread(self._writer, batch)
+        except Exception as exc:
+            self.failures += 1
+            if self.healthy:
+                log.warning("store write failed (%s); %d point(s) buffered, retrying", _brief(exc), len(self._buffer))
+            self.healthy = False
+            return False
+        for _ in batch:
+            self._buffer.popleft()
+        self.written += len(batch)
+        if not self.healthy:
+            log.info("store writes resumed; %d point(s) still buffered", len(self._buffer))
+        self.healthy = True
+        self._backoff.reset()
+        return True
+
+    async def flush(self, limit: float) -> None:
+        """Try to write what is buffered within ``limit`` seconds (on shutdown)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        while self._buffer and loop.time() < deadline:
+            if not await self._write_batch():
+                await asyncio.sleep(min(0.5, max(0.0, deadline - loop.time())))
+        if self._buffer:
+            log.warning("shutting down with %d point(s) not written", len(self._buffer))
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()  # type: ignore[no-untyped-call]
+
+
+def _brief(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:200]

@@ -1,0 +1,105 @@
+"""Storage through influxdb-client into a real VictoriaMetrics, read back through its export API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from conftest import VictoriaMetrics
+
+from agent.protocol import TopicKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from optimizer import series
+from optimizer.catalog import load_catalog
+from optimizer.fleet import Fleet
+from optimizer.recommend import PlanSettings, build_plan
+from optimizer.store import Store, StoreSettings, plan_points, point, window_points
+
+
+def _settings(url: str, **kw: object) -> StoreSettings:
+    return StoreSettings(url=url, token="unused", org="fleetfit", bucket="fleetfit", flush_interval=0.2, **kw)  # type: ignore[arg-type]
+
+
+async def test_windows_and_plans_round_trip_through_victoria_metrics(victoria: VictoriaMetrics) -> None:
+    node = build_scenario("demo", 8, seed=1)[1]  # chat-serving on h100-002
+    birth, windows = offline_windows(node, 6, site="s1")
+    store = Store(_settings(victoria.url))
+    for w in windows:
+        store.add(window_points(birth, w))
+    fleet = Fleet("p")
+    fleet.ingest(node_topic("p", "s1", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        fleet.ingest(node_topic("p", "s1", node.name, TopicKind.TELEMETRY), encode(w))
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())
+    store.add(plan_points(plan))
+    await store.flush(10)
+    assert store.written > 0 and len(store) == 0
+    gpu0 = [s for s in victoria.export('{__name__="fleetfit_gpu_util"}') if s["metric"]["gpu"] == "0"]  # type: ignore[index]
+    assert len(gpu0) == 1
+    metric = gpu0[0]["metric"]
+    assert metric["site"] == "s1" and metric["node"] == node.name  # type: ignore[index]
+    assert metric["model"] == "NVIDIA H100 80GB HBM3" and metric["workload"] == node.workloads[0].id  # type: ignore[index]
+    assert gpu0[0]["values"] == [w.gpus[0].util.mean for w in windows]  # type: ignore[union-attr]
+    assert gpu0[0]["timestamps"] == [round(w.end * 1000) for w in windows]
+    roles = {s["metric"]["nic"]: s["metric"]["role"] for s in victoria.export('{__name__="fleetfit_nic_tx_bps"}')}  # type: ignore[index]
+    assert roles["ib0"] == "east_west" and roles["eth0"] == "north_south"
+    (workload,) = victoria.export('{__name__="fleetfit_workload_confidence"}')
+    assert workload["metric"]["class"] == "inference"  # type: ignore[index]
+    plans = victoria.export('{__name__="fleetfit_plan_monthly_savings_usd"}')
+    assert plans and plans[0]["metric"]["status"] == "OPTIMAL"  # type: ignore[index]
+    store.close()
+
+
+@pytest.mark.slow
+async def test_a_30_s_outage_loses_nothing(victoria: VictoriaMetrics) -> None:
+    nodes = build_scenario("mixed", 4, seed=5)
+    produced = [(birth, windows) for birth, windows in (offline_windows(n, 40, site="s1") for n in nodes)]
+    store = Store(_settings(victoria.url, retry_max_delay=2.0))
+    writer = asyncio.create_task(store.run())
+    expected = 0
+    try:
+        for i in range(40):
+            for birth, windows in produced:
+                pts = window_points(birth, windows[i])
+                expected += sum(1 for p in pts for _ in p._fields)  # one series value per field
+                store.add(pts)
+            if i == 5:
+                victoria.stop()
+                print("VictoriaMetrics stopped")
+            if i == 35:
+                victoria.start()
+                print("VictoriaMetrics restarted")
+            await asyncio.sleep(1.0)  # 40 s in all, 30 of them without the server
+        await store.flush(30)
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+    assert store.failures > 0 and store.dropped == 0
+    names = "|".join(f"{m.name}_.*" for m in (series.GPU, series.NIC, series.DISK, series.HOST))
+    stored = sum(len(s["values"]) for s in victoria.export(f'{{__name__=~"{names}"}}'))  # type: ignore[arg-type]
+    print(f"points written {expected}, read back {stored}")
+    assert stored == expected
+    store.close()
+
+
+async def test_past_the_buffer_the_oldest_points_are_dropped_and_counted() -> None:
+    def down(lines: list[str]) -> None:
+        raise ConnectionError("server down")
+
+    store = Store(StoreSettings(url="http://unused", max_buffer_points=5, batch_size=2), writer=down)
+    store.add(point(series.HOST, {"site": "s", "node": f"n{i}"}, {"cpu_util": i}, 1.0) for i in range(8))
+    assert (len(store), store.dropped) == (5, 3)
+    assert await store._write_batch() is False
+    assert (len(store), store.failures) == (5, 1)
+    written: list[str] = []
+    store._writer = written.extend
+    await store.flush(1)
+    assert [line.split(",node=")[1].split(",")[0] for line in written] == ["n3", "n4", "n5", "n6", "n7"]
+
+
+def test_points_only_use_declared_names() -> None:
+    with pytest.raises(KeyError, match="fleetfit_host has no gpu"):
+        point(series.HOST, {"site": "s", "gpu": "0"}, {}, 1.0)
