@@ -53,16 +53,17 @@ class SimulatedFleet:
             if record is not None:
                 labels = {w.id: w.pattern.value for w in node.workloads}
                 agent.on_window = self._recorder(labels)
+                self._write({"birth": agent.birth().model_dump(mode="json", by_alias=True, exclude_none=True),
+                             "labels": labels})  # fmt: skip
             self.agents.append(agent)
+
+    def _write(self, line: dict[str, object]) -> None:
+        if self._record is not None:
+            self._record.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def _recorder(self, labels: dict[str, str]) -> Callable[[Telemetry], None]:
         def write(window: Telemetry) -> None:
-            assert self._record is not None
-            line = {
-                "labels": labels,
-                "window": window.model_dump(mode="json", by_alias=True, exclude_none=True),
-            }
-            self._record.write(json.dumps(line, separators=(",", ":")) + "\n")
+            self._write({"labels": labels, "window": window.model_dump(mode="json", by_alias=True, exclude_none=True)})
 
         return write
 

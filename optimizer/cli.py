@@ -206,6 +206,39 @@ def _raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def _cmd_classify(args: argparse.Namespace) -> int:
+    from optimizer.offline import RecordingError, classify_all, load_file, render_score, score
+
+    try:
+        rec = load_file(args.file, horizon=args.horizon)
+    except (OSError, RecordingError) as exc:
+        return _fail(f"{args.file}: {exc}")
+    results = classify_all(rec)
+    if args.format == "json":
+        rows = [
+            {
+                "workload": r.features.id, "name": r.features.name, "nodes": r.features.nodes,
+                "class": r.result.workload_class.value, "confidence": r.result.confidence,
+                "evidence": list(r.result.evidence), "label": r.truth.value if r.truth else None,
+            }
+            for r in results
+        ]  # fmt: skip
+        print(json.dumps(rows, indent=2))
+    else:
+        print(f"{len(results)} workload(s) from {rec.lines} line(s), {rec.rejected} rejected")
+        for r in sorted(results, key=lambda r: (r.features.nodes, r.features.name)):
+            mark = "" if r.truth is None else ("  ok" if r.truth == r.result.workload_class else f"  WRONG: {r.truth}")
+            print(
+                f"{r.features.name[:28]:28} {','.join(r.features.nodes)[:20]:20} {r.result.workload_class.value:16}"
+                f" {r.result.confidence:.2f}{mark}"
+            )
+            print(f"    {'; '.join(r.result.evidence[:3])}")
+    labelled = [(r.truth, r.result.workload_class) for r in results if r.truth is not None]
+    if labelled:
+        print(render_score(score(labelled)), file=sys.stderr if args.format == "json" else sys.stdout)
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -232,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per real second")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
+    p.add_argument("file", type=Path, metavar="FILE.jsonl")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--horizon", type=int, default=100_000, help="latest windows per node to use")
+    p.set_defaults(func=_cmd_classify)
 
     p = sub.add_parser("simulate", help="run simulated agents against a broker")
     p.add_argument("--broker", required=True, help="mqtt://[user:pass@]host[:port]")

@@ -1,0 +1,187 @@
+"""Offline classification of recorded telemetry (``fleetfit classify FILE.jsonl``), and how to score it.
+
+A recording is JSON lines. The simulator's ``--record`` writes ``{"birth": {...}, "labels": {...}}`` once per
+node and ``{"window": {...}, "labels": {...}}`` per window; windows saved from a real fleet may be bare
+telemetry or birth payloads, one per line. Labels (workload id → pattern) are optional; with them the report
+scores itself.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from agent.protocol import (
+    Birth,
+    GpuInfo,
+    NicInfo,
+    NicKind,
+    NicRole,
+    Telemetry,
+    TopicKind,
+    WorkloadClass,
+    encode,
+    node_topic,
+)
+from optimizer.classify import Classification, classify
+from optimizer.features import WorkloadFeatures, workload_features
+from optimizer.fleet import Fleet
+
+PREFIX = "offline"
+FABRIC_NAMES = ("ib*", "rdma*", "roce*")
+
+# Ground-truth patterns as the classifier's classes: fine-tuning is training.
+PATTERN_CLASS = {
+    "training": WorkloadClass.TRAINING,
+    "fine_tuning": WorkloadClass.TRAINING,
+    "inference": WorkloadClass.INFERENCE,
+    "batch_inference": WorkloadClass.BATCH_INFERENCE,
+    "interactive": WorkloadClass.INTERACTIVE,
+    "idle": WorkloadClass.IDLE,
+}
+
+
+class RecordingError(ValueError):
+    pass
+
+
+@dataclass(slots=True)
+class Recording:
+    fleet: Fleet
+    labels: dict[str, WorkloadClass] = field(default_factory=dict)
+    lines: int = 0
+    rejected: int = 0
+
+
+def _guess_birth(window: Telemetry) -> Birth:
+    """An inventory for windows recorded without their node's birth: NIC roles from interface names."""
+    nics = []
+    for n in window.nics:
+        fabric = any(fnmatch.fnmatchcase(n.name, p) for p in FABRIC_NAMES)
+        nics.append(
+            NicInfo(
+                name=n.name,
+                kind=NicKind.INFINIBAND if fabric else NicKind.ETHERNET,
+                role=NicRole.EAST_WEST if fabric else NicRole.NORTH_SOUTH,
+            )
+        )
+    gpus = [GpuInfo(index=g.index, uuid=f"GPU-{g.index}", model="unknown", memory_mib=0) for g in window.gpus]
+    return Birth(
+        node=window.node, site=window.site, session=window.session, agent_version="unknown", hostname=window.node,
+        timestamp=window.start, gpus=gpus, nics=nics,
+    )  # fmt: skip
+
+
+def _objects(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, object]]]:
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise RecordingError(f"line {number}: not JSON ({exc})") from None
+            if not isinstance(obj, dict):
+                raise RecordingError(f"line {number}: not a JSON object")
+            yield number, obj
+
+
+def load(lines: Iterable[str], horizon: int = 100_000) -> Recording:
+    """Feed a recording through the same validation and state the optimizer uses live."""
+    rec = Recording(Fleet(PREFIX, horizon_windows=horizon))
+    for number, obj in _objects(lines):
+        rec.lines += 1
+        labels = obj.get("labels")
+        if isinstance(labels, dict):
+            for wid, pattern in labels.items():
+                if pattern in PATTERN_CLASS:
+                    rec.labels[str(wid)] = PATTERN_CLASS[pattern]
+        payload = obj.get("birth") or obj.get("window") or obj
+        if not isinstance(payload, dict):
+            raise RecordingError(f"line {number}: no birth or window")
+        try:
+            if "seq" in payload:
+                window = Telemetry.model_validate(payload)
+                if window.node and rec.fleet.record(window.site, window.node) is None:
+                    _ingest(rec, _guess_birth(window))
+                _ingest(rec, window)
+            elif "agent_version" in payload:
+                _ingest(rec, Birth.model_validate(payload))
+            elif payload is not obj:
+                rec.rejected += 1
+        except ValidationError:
+            rec.rejected += 1
+    return rec
+
+
+def _ingest(rec: Recording, message: Birth | Telemetry) -> None:
+    kind = TopicKind.BIRTH if isinstance(message, Birth) else TopicKind.TELEMETRY
+    if rec.fleet.ingest(node_topic(PREFIX, message.site, message.node, kind), encode(message)) is None:
+        rec.rejected += 1
+
+
+def load_file(path: Path, horizon: int = 100_000) -> Recording:
+    with path.open(encoding="utf-8") as fh:
+        return load(fh, horizon)
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    features: WorkloadFeatures
+    result: Classification
+    truth: WorkloadClass | None
+
+
+def classify_all(rec: Recording) -> list[Scored]:
+    out = []
+    for site in rec.fleet.sites():
+        for f in workload_features(rec.fleet, site):
+            out.append(Scored(f, classify(f), rec.labels.get(f.id)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    classes: list[WorkloadClass]
+    confusion: dict[tuple[WorkloadClass, WorkloadClass], int]  # (truth, predicted) → count
+    macro_f1: float
+    accuracy: float
+    support: int
+
+
+def score(pairs: Iterable[tuple[WorkloadClass, WorkloadClass]]) -> Score:
+    """Confusion matrix and macro-F1 over the classes present in the truth."""
+    confusion: Counter[tuple[WorkloadClass, WorkloadClass]] = Counter(pairs)
+    truth_classes = sorted({t for t, _ in confusion}, key=list(WorkloadClass).index)
+    shown = sorted({c for pair in confusion for c in pair}, key=list(WorkloadClass).index)
+    f1s = []
+    for c in truth_classes:
+        tp = confusion[(c, c)]
+        fp = sum(n for (t, p), n in confusion.items() if p == c and t != c)
+        fn = sum(n for (t, p), n in confusion.items() if t == c and p != c)
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    total = sum(confusion.values())
+    correct = sum(n for (t, p), n in confusion.items() if t == p)
+    return Score(
+        classes=shown,
+        confusion=dict(confusion),
+        macro_f1=sum(f1s) / len(f1s) if f1s else 0.0,
+        accuracy=correct / total if total else 0.0,
+        support=total,
+    )
+
+
+def render_score(s: Score) -> str:
+    width = max(len(c.value) for c in s.classes) + 2
+    lines = ["confusion matrix (rows: truth, columns: predicted)"]
+    lines.append(" " * width + "".join(c.value[:14].rjust(16) for c in s.classes))
+    for t in s.classes:
+        if not any(tt == t for tt, _ in s.confusion):
+            continue
+        lines.append(t.value.ljust(width) + "".join(str(s.confusion.get((t, p), 0)).rjust(16) for p in s.classes))
+    lines.append(f"macro-F1 {s.macro_f1:.3f}, accuracy {s.accuracy:.3f} over {s.support} workload(s)")
+    return "\n".join(lines)
