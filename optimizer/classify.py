@@ -118,7 +118,7 @@ def classify(f: WorkloadFeatures) -> Classification:
     if mostly_zero and f.p95_util >= 30:
         vote(
             WorkloadClass.INTERACTIVE,
-            4.0,
+            6.0,
             f"idle {f.zero_seconds:.0%} of seconds with bursts to {f.p95_util:.0f} %",
         )
     if _hint(f, TRAINING_HINTS):

@@ -110,7 +110,7 @@ def _node_traffic(record: NodeRecord, window: Telemetry) -> tuple[float, float, 
     return east, north, peak_write
 
 
-def _fold_window(acc: _Acc, record: NodeRecord, window: Telemetry, gpu_ids: set[int], share: float) -> None:
+def _fold_window(acc: _Acc, window: Telemetry, gpu_ids: set[int], east: float, north: float, ckpt: bool) -> None:
     gpus = [g for g in window.gpus if g.index in gpu_ids and g.util is not None]
     if not gpus:
         return
@@ -134,10 +134,59 @@ def _fold_window(acc: _Acc, record: NodeRecord, window: Telemetry, gpu_ids: set[
         for stats in (g.nvlink_tx_bps, g.nvlink_rx_bps, g.pcie_tx_bps, g.pcie_rx_bps):
             link += stats.mean if stats else 0.0
         acc.links.append(link)
-    east, north, peak_write = _node_traffic(record, window)
-    acc.east.append(east * share)
-    acc.north.append(north * share)
-    acc.ckpt.append(1.0 if peak_write >= CHECKPOINT_BURST_BPS else 0.0)
+    acc.east.append(east)
+    acc.north.append(north)
+    acc.ckpt.append(1.0 if ckpt else 0.0)
+
+
+def _window_load(window: Telemetry, gpu_ids: Sequence[int]) -> float:
+    """GPU-percent of work a workload did in a window: its GPUs' mean utilisation summed."""
+    ids = set(gpu_ids)
+    return sum(g.util.mean for g in window.gpus if g.index in ids and g.util is not None)
+
+
+def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> list[float]:
+    """Non-negative least squares by coordinate descent: a ≥ 0 minimising |target - Σ a_j columns_j|²."""
+    coef = [0.0] * len(columns)
+    residual = list(target)
+    norms = [sum(v * v for v in col) for col in columns]
+    for _ in range(rounds):
+        moved = 0.0
+        for j, col in enumerate(columns):
+            if norms[j] <= 0:
+                continue
+            step = sum(c * r for c, r in zip(col, residual, strict=True)) / norms[j]
+            new = max(0.0, coef[j] + step)
+            delta = new - coef[j]
+            if delta:
+                coef[j] = new
+                residual = [r - delta * c for r, c in zip(residual, col, strict=True)]
+                moved = max(moved, abs(delta) * max(col, default=0.0))
+        if moved < 1e-6 * (max(target, default=0.0) + 1):
+            break
+    return coef
+
+
+def _attribute(loads: dict[str, list[float]], traffic: list[float]) -> dict[str, list[float]]:
+    """Split a node's per-window traffic among its workloads.
+
+    One workload gets it all. Several: traffic is regressed on each workload's per-window load (non-negative
+    least squares), so the workload whose activity the traffic follows gets it — a serving workload's client
+    traffic does not end up on the fine-tuning job beside it. With too few windows to regress, it is shared by
+    load.
+    """
+    ids = list(loads)
+    if len(ids) == 1:
+        return {ids[0]: list(traffic)}
+    if len(traffic) >= 6 and any(traffic):
+        coef = nnls([loads[i] for i in ids], traffic)
+        return {i: [c * x for x in loads[i]] for i, c in zip(ids, coef, strict=True)}
+    out: dict[str, list[float]] = {}
+    for w, total in enumerate(traffic):
+        whole = sum(loads[i][w] for i in ids)
+        for i in ids:
+            out.setdefault(i, []).append(total * loads[i][w] / whole if whole else total / len(ids))
+    return out
 
 
 def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
@@ -148,8 +197,17 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             continue
         gpu_info = {g.index: g for g in record.birth.gpus}
         windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
-        for window in windows:
-            attributed = sum(len(w.gpus) for w in window.workloads)
+        refs = {ref.id: ref for window in windows for ref in window.workloads}
+        # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
+        loads = {wid: [_window_load(w, ref.gpus) for w in windows] for wid, ref in refs.items()}
+        traffic = [_node_traffic(record, w) for w in windows]
+        east = _attribute(loads, [t[0] for t in traffic]) if refs else {}
+        north = _attribute(loads, [t[1] for t in traffic]) if refs else {}
+        busiest = [
+            max((loads[wid][i] / max(len(r.gpus), 1) for wid, r in refs.items()), default=0.0)
+            for i in range(len(windows))
+        ]
+        for i, window in enumerate(windows):
             for ref in window.workloads:
                 acc = accs[ref.id]
                 acc.name, acc.hint = ref.name, ref.hint
@@ -160,8 +218,10 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                     gpu_memory_mib=first.memory_mib if first else 0,
                     gpus=tuple(ref.gpus),
                 )
-                share = len(ref.gpus) / attributed if attributed else 0.0
-                _fold_window(acc, record, window, set(ref.gpus), share)
+                # A checkpoint burst on a shared node belongs to a busy job (one computing hard enough to train).
+                per_gpu = loads[ref.id][i] / max(len(ref.gpus), 1)
+                ckpt = traffic[i][2] >= CHECKPOINT_BURST_BPS and (len(refs) == 1 or per_gpu >= min(60.0, busiest[i]))
+                _fold_window(acc, window, set(ref.gpus), east[ref.id][i], north[ref.id][i], ckpt)
     out = []
     for wid, acc in sorted(accs.items()):
         if acc.windows == 0:
