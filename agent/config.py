@@ -42,6 +42,9 @@ class MqttSettings(Section):
     key_file: Path | None = None
     keepalive: int = Field(default=30, ge=5, le=3600)
     reconnect_max_delay: float = Field(default=30.0, gt=0, le=600)
+    session_expiry: int = Field(
+        default=0, ge=0, description="seconds the broker keeps this client's session and queue; 0: a clean session"
+    )
 
     @model_validator(mode="after")
     def _client_cert_pair(self) -> MqttSettings:

@@ -10,6 +10,9 @@ import ssl
 from collections.abc import Callable
 
 import aiomqtt
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from agent.backoff import Backoff
 from agent.config import MqttSettings
@@ -41,7 +44,14 @@ def make_client(
         tls_context = ssl.create_default_context(cafile=str(settings.ca_file) if settings.ca_file else None)
         if settings.cert_file and settings.key_file:
             tls_context.load_cert_chain(str(settings.cert_file), str(settings.key_file))
-    protocol = aiomqtt.ProtocolVersion.V5 if settings.protocol == "5" else aiomqtt.ProtocolVersion.V311
+    v5 = settings.protocol == "5"
+    protocol = aiomqtt.ProtocolVersion.V5 if v5 else aiomqtt.ProtocolVersion.V311
+    # A persistent session lets the broker queue QoS 1 messages while this client restarts.
+    persistent = settings.session_expiry > 0
+    properties = None
+    if persistent and v5:
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = settings.session_expiry
     return aiomqtt.Client(
         settings.host,
         settings.port,
@@ -54,6 +64,9 @@ def make_client(
         tls_context=tls_context,
         timeout=PUBLISH_TIMEOUT_S,
         max_queued_incoming_messages=max_queued_incoming,
+        clean_session=False if persistent and not v5 else None,
+        clean_start=False if persistent else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+        properties=properties,
     )
 
 

@@ -17,7 +17,7 @@ from conftest import MosquittoServer, durable_subscriber, free_port, wait_until,
 
 from agent.clock import Clock
 from agent.mqtt import make_client
-from agent.protocol import NodeStatus, Plan, State, Telemetry, TopicKind, decode, recommendations_topic
+from agent.protocol import NodeStatus, Plan, State, Telemetry, TopicKind, decode, encode, recommendations_topic
 from agent.simulate import SimulatedFleet
 from collectors.scenarios import build_scenario
 from optimizer.catalog import load_catalog
@@ -185,3 +185,31 @@ async def test_agent_rides_out_a_20_s_broker_outage_without_losing_windows(tmp_p
         with contextlib.suppress(asyncio.CancelledError):
             await collector
         broker.stop()
+
+
+async def test_a_restarted_optimizer_receives_what_was_published_while_it_was_away(
+    mosquitto: MosquittoServer, prefix: str
+) -> None:
+    from agent.protocol import node_topic
+    from agent.simulate import offline_windows
+
+    mqtt = mosquitto.settings(prefix).model_copy(update={"session_expiry": 300})
+    config = OptimizerConfig(mqtt=mqtt, optimizer=OptimizerSettings(client_id=f"opt-{prefix[-10:]}"))
+    first = Optimizer(config, load_catalog())
+    task = asyncio.create_task(first.run())
+    await asyncio.wait_for(first.connected.wait(), 10)
+    first.should_exit.set()
+    await task
+    node = build_scenario("demo", 8)[0]
+    birth, windows = offline_windows(node, 5, site="away")
+    async with make_client(mosquitto.settings(prefix), "publisher") as client:
+        await client.publish(node_topic(prefix, "away", node.name, TopicKind.BIRTH), encode(birth), qos=1, retain=True)
+        for w in windows:
+            await client.publish(node_topic(prefix, "away", node.name, TopicKind.TELEMETRY), encode(w), qos=1)
+    second = Optimizer(config, load_catalog())
+    task = asyncio.create_task(second.run())
+    try:
+        await wait_until(lambda: second.fleet.accepted["telemetry"] == 5, 15, "the windows queued by the broker")
+    finally:
+        second.should_exit.set()
+        await task
