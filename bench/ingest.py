@@ -1,0 +1,151 @@
+"""Validated ingest rate of the optimizer against a bare aiomqtt subscriber, same stream, same broker, same run.
+
+The broker queues the same telemetry stream for each subscriber's persistent session while it is away; then the
+subscriber connects and drains it as fast as it can. The bare subscriber only counts messages; the optimizer
+validates every payload against the protocol, checks sequence numbers and keeps per-node state. Rounds
+alternate; medians are printed with the ratio and the fleet size the optimizer's rate sustains at 10 s windows.
+
+    .venv/bin/python bench/ingest.py [--nodes 100] [--windows 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent.config import MqttSettings
+from agent.mqtt import make_client
+from agent.protocol import TopicKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from optimizer.catalog import load_catalog
+from optimizer.config import OptimizerConfig, OptimizerSettings
+from optimizer.service import Optimizer
+
+PREFIX = "fleetfit/v1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def publish(settings: MqttSettings, messages: list[tuple[str, bytes]]) -> None:
+    async with make_client(settings, "bench-publisher") as client:
+        for topic, payload in messages:
+            await client.publish(topic, payload, qos=1)
+
+
+async def bare(settings: MqttSettings, expected: int, stream: list[tuple[str, bytes]]) -> float:
+    """Messages per second a subscriber that only counts drains from its queue."""
+    filt = f"{PREFIX}/+/+/telemetry"
+    async with make_client(settings, "bench-bare") as c:
+        await c.subscribe(filt, qos=1)
+    await publish(settings, stream)
+    count, first = 0, 0.0
+    async with make_client(settings, "bench-bare") as c:
+        await c.subscribe(filt, qos=1)
+        async for _ in c.messages:
+            count += 1
+            if count == 1:
+                first = time.perf_counter()
+            if count == expected:
+                break
+    return (expected - 1) / (time.perf_counter() - first)
+
+
+async def optimizer(
+    settings: MqttSettings, expected: int, stream: list[tuple[str, bytes]], births: list[tuple[str, bytes]]
+) -> float:
+    """Messages per second the optimizer validates and applies, draining the same queue."""
+    config = OptimizerConfig(
+        mqtt=settings, optimizer=OptimizerSettings(client_id="bench-optimizer", solve_interval=3600)
+    )
+    opt = Optimizer(config, load_catalog())
+    task = asyncio.create_task(opt.run())
+    await asyncio.wait_for(opt.connected.wait(), 10)
+    opt.should_exit.set()
+    await task
+    async with make_client(settings, "bench-births") as c:
+        for topic, payload in births:
+            await c.publish(topic, payload, qos=1, retain=True)
+    await publish(settings, stream)
+    opt = Optimizer(config, load_catalog())
+    task = asyncio.create_task(opt.run())
+    first = None
+    while opt.fleet.accepted["telemetry"] + sum(opt.fleet.rejected.values()) < expected:
+        if first is None and opt.fleet.accepted["telemetry"]:
+            first = (time.perf_counter(), opt.fleet.accepted["telemetry"])
+        await asyncio.sleep(0.02)
+    elapsed = time.perf_counter() - (first[0] if first else 0.0)
+    done = opt.fleet.accepted["telemetry"] - (first[1] if first else 0)
+    rejected = sum(opt.fleet.rejected.values())
+    opt.should_exit.set()
+    await task
+    if rejected:
+        print(f"  optimizer rejected {rejected} message(s): {dict(opt.fleet.rejected)}")
+    return done / elapsed
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--windows", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    nodes = build_scenario("mixed", args.nodes, seed=3)
+    births, windows_by_node = [], []
+    for n in nodes:
+        birth, ws = offline_windows(n, args.windows, site="ingest")
+        births.append((node_topic(PREFIX, "ingest", n.name, TopicKind.BIRTH), birth))
+        windows_by_node.append([(node_topic(PREFIX, "ingest", n.name, TopicKind.TELEMETRY), w) for w in ws])
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "mosquitto.conf"
+        conf.write_text(
+            f"listener {port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n"
+            "max_queued_messages 0\nmax_inflight_messages 0\nlog_dest none\n"
+        )
+        broker = await asyncio.create_subprocess_exec(
+            shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)
+        )
+        await asyncio.sleep(0.5)
+        settings = MqttSettings(host="127.0.0.1", port=port, session_expiry=3600, protocol="5")
+        rates: dict[str, list[float]] = {"bare": [], "optimizer": []}
+        try:
+            for r in range(args.rounds):
+                # Each round sends fresh windows (a new session), so the optimizer never sees duplicates.
+                stream = []
+                for per_node in windows_by_node:
+                    stream += [(topic, encode(w.model_copy(update={"session": r + 1}))) for topic, w in per_node]
+                bare_rate = await bare(settings, len(stream), stream)
+                round_births = [(t, encode(b.model_copy(update={"session": r + 1}))) for t, b in births]
+                opt_rate = await optimizer(settings, len(stream), stream, round_births)
+                rates["bare"].append(bare_rate)
+                rates["optimizer"].append(opt_rate)
+                print(
+                    f"round {r + 1}: bare {bare_rate:,.0f} msg/s, optimizer {opt_rate:,.0f} msg/s "
+                    f"({len(stream)} windows, {sum(len(p) for _, p in stream) / len(stream) / 1024:.1f} KiB each)"
+                )
+        finally:
+            broker.terminate()
+            await broker.wait()
+    b, o = statistics.median(rates["bare"]), statistics.median(rates["optimizer"])
+    print()
+    print(f"median: bare subscriber {b:,.0f} msg/s, optimizer ingest {o:,.0f} msg/s, ratio {o / b:.2f} (target >= 0.6)")
+    print(f"at 10 s windows the optimizer's ingest rate sustains about {o * 10:,.0f} nodes on one core")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
