@@ -29,7 +29,7 @@ from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from optimizer.catalog import load_catalog
 from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.service import Optimizer
+from optimizer.service import Optimizer, tune_gc
 
 PREFIX = "fleetfit/v1"
 
@@ -103,6 +103,7 @@ async def main() -> int:
     parser.add_argument("--windows", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    tune_gc()  # as `fleetfit optimizer` does at start
     nodes = build_scenario("mixed", args.nodes, seed=3)
     births, windows_by_node = [], []
     for n in nodes:

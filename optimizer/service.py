@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -128,8 +129,21 @@ class Optimizer:
                 self.store.close()
 
 
+def tune_gc() -> None:
+    """Collect young objects far less often.
+
+    The optimizer holds every node's recent windows (hundreds of objects each); with the default thresholds
+    Python's cyclic collector rescans them so often that it costs twice the validation itself. Windows form no
+    reference cycles and are freed by reference counting, so rarer collections cost nothing in memory.
+    """
+    gc.collect()
+    gc.freeze()  # what exists at start (modules, catalog) never needs scanning again
+    gc.set_threshold(50_000, 20, 100)
+
+
 async def serve(optimizer: Optimizer) -> None:
     """Run ``optimizer`` under SIGTERM/SIGINT."""
+    tune_gc()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, optimizer.should_exit.set)
