@@ -95,11 +95,16 @@ def test_simulate_records_labelled_windows(tmp_path: Path, mosquitto: object, pr
         check=True,
     )
     lines = [json.loads(line) for line in record.read_text().splitlines()]
-    assert len(lines) >= 8
+    births = [line for line in lines if "birth" in line]
+    lines = [line for line in lines if "window" in line]
+    assert len(births) == 8 and len(lines) >= 8
     for line in lines:
         Telemetry.model_validate(line["window"])
         assert "labels" not in line["window"] and "pattern" not in json.dumps(line["window"])
     assert {"training", "inference", "idle"} <= {v for line in lines for v in line["labels"].values()}
+    # and the recording classifies offline, scoring itself against its labels
+    result = subprocess.run([FLEETFIT, "classify", str(record)], capture_output=True, timeout=60, check=True)
+    assert b"macro-F1" in result.stdout and b"confusion matrix" in result.stdout
 
 
 def test_agent_simulate_pairs_simulated_gpus_with_real_nics() -> None:
