@@ -23,33 +23,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of ``pid``, in nanoseconds from the scheduler (``/proc/*/schedstat``).
-
-    utime/stime in ``/proc/pid/stat`` are sampled at the timer tick (10 ms here): a process that wakes for a
-    millisecond a second is charged whole ticks or nothing, which is too coarse to compare two such processes.
-    """
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError):
-            continue  # a thread that ended meanwhile
-    return total / 1e9
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+from common import cpu_seconds, free_port, mosquitto_command, rss_mib
 
 
 def wait_port(port: int, limit: float = 10.0) -> None:
@@ -66,17 +42,12 @@ def wait_port(port: int, limit: float = 10.0) -> None:
 def one_round(workdir: Path, duration: float, warmup: float) -> dict[str, float]:
     fleetfit = str(Path(sys.executable).parent / "fleetfit")
     mqtt_port, exporter_port = free_port(), free_port()
-    conf = workdir / "mosquitto.conf"
-    conf.write_text(
-        f"listener {mqtt_port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\nlog_dest none\n"
-    )
     agent_conf = workdir / "agent.toml"
     agent_conf.write_text(
         f'[agent]\nnode = "bench"\nstate_dir = "{workdir / "state"}"\n[mqtt]\nhost = "127.0.0.1"\nport = {mqtt_port}\n'
     )
-    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     exporter = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
-    procs = [subprocess.Popen([mosquitto, "-c", str(conf)], stderr=subprocess.DEVNULL)]
+    procs = [subprocess.Popen(mosquitto_command(workdir, mqtt_port), stderr=subprocess.DEVNULL)]
     try:
         wait_port(mqtt_port)
         agent = subprocess.Popen(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -21,6 +19,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import free_port, mosquitto_command
 
 from agent.config import MqttSettings
 from agent.mqtt import make_client
@@ -32,12 +33,6 @@ from optimizer.config import OptimizerConfig, OptimizerSettings
 from optimizer.service import Optimizer, tune_gc
 
 PREFIX = "fleetfit/v1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def publish(settings: MqttSettings, messages: list[tuple[str, bytes]]) -> None:
@@ -112,14 +107,8 @@ async def main() -> int:
         windows_by_node.append([(node_topic(PREFIX, "ingest", n.name, TopicKind.TELEMETRY), w) for w in ws])
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\nuser root\npersistence false\n"
-            "max_queued_messages 0\nmax_inflight_messages 0\nlog_dest none\n"
-        )
-        broker = await asyncio.create_subprocess_exec(
-            shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)
-        )
+        command = mosquitto_command(Path(tmp), port, "max_queued_messages 0", "max_inflight_messages 0")
+        broker = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.DEVNULL)
         await asyncio.sleep(0.5)
         settings = MqttSettings(host="127.0.0.1", port=port, session_expiry=3600, protocol="5")
         rates: dict[str, list[float]] = {"bare": [], "optimizer": []}
