@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +17,8 @@ import aiomqtt
 import pytest
 
 from agent.config import MqttSettings
+
+FLEETFIT = str(Path(sys.executable).parent / "fleetfit")  # the console command, as users run it
 
 
 def free_port() -> int:
@@ -203,3 +206,13 @@ def victoria(tmp_path: Path) -> Iterator[VictoriaMetrics]:
     server.start()
     yield server
     server.stop()
+
+
+def write_agent_config(directory: Path, port: int, prefix: str, node: str, interval: float = 1.0) -> Path:
+    """An agent configuration for ``node`` on the local broker, its state (session, spool) under ``directory``."""
+    path = directory / "agent.toml"
+    path.write_text(
+        f'[agent]\nnode = "{node}"\nsite = "lab"\npublish_interval = {interval}\nstate_dir = "{directory / "state"}"\n'
+        f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\nprefix = "{prefix}"\nkeepalive = 5\nreconnect_max_delay = 1.0\n'
+    )
+    return path

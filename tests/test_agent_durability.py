@@ -7,17 +7,22 @@ import json
 import os
 import signal
 import socket
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import MosquittoServer, durable_subscriber, free_port, wait_until, write_mosquitto_config
+from conftest import (
+    FLEETFIT,
+    MosquittoServer,
+    durable_subscriber,
+    free_port,
+    wait_until,
+    write_agent_config,
+    write_mosquitto_config,
+)
 
 from agent.notify import Notifier
 from agent.spool import DiskSpool, MemoryQueue
 from collectors.nic import NicCollector
-
-FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
 
 
 def test_disk_spool_keeps_order_across_reopen_and_drops_the_oldest_at_the_cap(tmp_path: Path) -> None:
@@ -110,15 +115,6 @@ def test_notifier_speaks_to_an_abstract_socket() -> None:
     assert not Notifier({}).send("READY=1")
 
 
-def _agent_config(tmp_path: Path, port: int, prefix: str) -> Path:
-    path = tmp_path / "agent.toml"
-    path.write_text(
-        f'[agent]\nnode = "dur-node"\nsite = "lab"\npublish_interval = 1.0\nstate_dir = "{tmp_path / "state"}"\n'
-        f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\nprefix = "{prefix}"\nreconnect_max_delay = 1.0\n'
-    )
-    return path
-
-
 async def test_sd_notify_ready_watchdog_stopping(mosquitto: MosquittoServer, prefix: str, tmp_path: Path) -> None:
     path = tmp_path / "notify.sock"
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -129,7 +125,7 @@ async def test_sd_notify_ready_watchdog_stopping(mosquitto: MosquittoServer, pre
         FLEETFIT,
         "agent",
         "--config",
-        str(_agent_config(tmp_path, mosquitto.port, prefix)),
+        str(write_agent_config(tmp_path, mosquitto.port, prefix, "dur-node")),
         env=env,
         stderr=asyncio.subprocess.DEVNULL,
     )
@@ -155,7 +151,7 @@ async def test_outage_then_kill_9_then_restart_loses_no_completed_window(tmp_pat
     port = free_port()
     conf = write_mosquitto_config(tmp_path, port)
     broker = MosquittoServer("127.0.0.1", port, conf, tmp_path / "mosquitto.log")
-    config = _agent_config(tmp_path, port, prefix)
+    config = write_agent_config(tmp_path, port, prefix, "dur-node")
     spool = tmp_path / "state" / "spool"
     # the broker is down: windows pile up in the spool
     first = await asyncio.create_subprocess_exec(

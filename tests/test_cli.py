@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from conftest import FLEETFIT
+
 from agent.protocol import Plan, Telemetry, TopicKind, decode
 from collectors.scenarios import build_scenario
-
-FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
 
 
 def test_agent_once_prints_a_window_the_protocol_accepts() -> None:

@@ -7,13 +7,20 @@ import contextlib
 import json
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiomqtt
 import pytest
-from conftest import MosquittoServer, durable_subscriber, free_port, wait_until, write_mosquitto_config
+from conftest import (
+    FLEETFIT,
+    MosquittoServer,
+    durable_subscriber,
+    free_port,
+    wait_until,
+    write_agent_config,
+    write_mosquitto_config,
+)
 
 from agent.clock import Clock
 from agent.mqtt import make_client
@@ -24,8 +31,6 @@ from optimizer.catalog import load_catalog
 from optimizer.config import OptimizerConfig, OptimizerSettings
 from optimizer.recommend import PlanSettings
 from optimizer.service import Optimizer
-
-FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
 
 
 @contextlib.asynccontextmanager
@@ -88,31 +93,10 @@ async def test_simulated_fleet_through_mosquitto_to_a_plan(mosquitto: MosquittoS
         await opt_task
 
 
-def _agent_config(tmp_path: Path, port: int, prefix: str, interval: float) -> Path:
-    path = tmp_path / "agent.toml"
-    path.write_text(
-        f"""
-[agent]
-node = "e2e-node"
-site = "lab"
-publish_interval = {interval}
-state_dir = "{tmp_path / "state"}"
-
-[mqtt]
-host = "127.0.0.1"
-port = {port}
-prefix = "{prefix}"
-keepalive = 5
-reconnect_max_delay = 1.0
-"""
-    )
-    return path
-
-
 async def test_agent_sigterm_publishes_the_open_window_and_goes_offline(
     mosquitto: MosquittoServer, prefix: str, tmp_path: Path
 ) -> None:
-    config = _agent_config(tmp_path, mosquitto.port, prefix, interval=2.0)
+    config = write_agent_config(tmp_path, mosquitto.port, prefix, "e2e-node", 2.0)
     async with collecting(mosquitto.settings(prefix), f"{prefix}/lab/e2e-node/#") as received:
         proc = await asyncio.create_subprocess_exec(
             FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.PIPE
@@ -139,7 +123,7 @@ async def test_agent_sigterm_publishes_the_open_window_and_goes_offline(
 async def test_killed_agent_is_marked_offline_by_its_last_will(
     mosquitto: MosquittoServer, prefix: str, tmp_path: Path
 ) -> None:
-    config = _agent_config(tmp_path, mosquitto.port, prefix, interval=2.0)
+    config = write_agent_config(tmp_path, mosquitto.port, prefix, "e2e-node", 2.0)
     async with collecting(mosquitto.settings(prefix), f"{prefix}/lab/e2e-node/state") as received:
         proc = await asyncio.create_subprocess_exec(
             FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
@@ -165,7 +149,7 @@ async def test_agent_rides_out_a_20_s_broker_outage_without_losing_windows(tmp_p
     received: list[bytes] = []
     collector = asyncio.create_task(durable_subscriber(port, f"{prefix}/lab/e2e-node/telemetry", received))
     await asyncio.sleep(0.5)
-    config = _agent_config(tmp_path, port, prefix, interval=1.0)
+    config = write_agent_config(tmp_path, port, prefix, "e2e-node", 1.0)
     proc = await asyncio.create_subprocess_exec(
         FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
     )
