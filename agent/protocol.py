@@ -93,9 +93,11 @@ def recommendations_topic(prefix: str, site: str) -> str:
     return str(Topic(prefix, _check_ident(site, "site"), None, TopicKind.RECOMMENDATIONS))
 
 
-def subscription_filters(prefix: str) -> list[str]:
-    """The topic filters the optimizer subscribes to."""
-    return [f"{prefix}/+/+/{kind}" for kind in NODE_TOPIC_KINDS]
+def subscription_filters(prefix: str, shared_group: str | None = None) -> list[str]:
+    """The topic filters the optimizer subscribes to; with a group, as an MQTT shared subscription
+    (``$share/{group}/...``) so that several optimizer processes split one stream between them."""
+    share = f"$share/{shared_group}/" if shared_group else ""
+    return [f"{share}{prefix}/+/+/{kind}" for kind in NODE_TOPIC_KINDS]
 
 
 def parse_topic(prefix: str, topic: str) -> Topic:

@@ -17,6 +17,11 @@ class OptimizerSettings(Section):
     solve_interval: float = Field(default=60.0, ge=0.5, le=86_400)
     horizon_windows: int = Field(default=60, ge=3, le=100_000)
     catalog: Path | None = None
+    shared_group: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="subscribe as this MQTT shared-subscription group: processes in it split the stream",
+    )
     max_queued_messages: int = Field(
         default=200_000, ge=1000, description="client-side queue; size the broker's max_queued_messages too"
     )

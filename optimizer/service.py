@@ -52,7 +52,7 @@ class Optimizer:
                     self.config.optimizer.client_id,
                     max_queued_incoming=self.config.optimizer.max_queued_messages,
                 ) as client:
-                    for topic_filter in subscription_filters(settings.prefix):
+                    for topic_filter in subscription_filters(settings.prefix, self.config.optimizer.shared_group):
                         await client.subscribe(topic_filter, qos=1)
                     self._client = client
                     self._backoff.reset()

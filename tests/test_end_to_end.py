@@ -197,3 +197,36 @@ async def test_a_restarted_optimizer_receives_what_was_published_while_it_was_aw
     finally:
         second.should_exit.set()
         await task
+
+
+async def test_a_shared_subscription_group_splits_the_stream(mosquitto: MosquittoServer, prefix: str) -> None:
+    from agent.protocol import node_topic
+    from agent.simulate import offline_windows
+
+    optimizers = [
+        Optimizer(
+            OptimizerConfig(
+                mqtt=mosquitto.settings(prefix),
+                optimizer=OptimizerSettings(client_id=f"opt-{i}-{prefix[-10:]}", shared_group="planners"),
+            ),
+            load_catalog(),
+        )
+        for i in range(2)
+    ]
+    tasks = [asyncio.create_task(o.run()) for o in optimizers]
+    try:
+        for o in optimizers:
+            await asyncio.wait_for(o.connected.wait(), 10)
+        nodes = build_scenario("demo", 8)[:4]
+        async with make_client(mosquitto.settings(prefix), "publisher") as client:
+            for node in nodes:
+                _, windows = offline_windows(node, 10, site="shared")
+                for w in windows:
+                    await client.publish(node_topic(prefix, "shared", node.name, TopicKind.TELEMETRY), encode(w), qos=1)
+        await wait_until(lambda: sum(o.fleet.accepted["telemetry"] for o in optimizers) == 40, 15, "all windows")
+        counts = [o.fleet.accepted["telemetry"] for o in optimizers]
+        assert all(c > 0 for c in counts), counts  # each got a share, none got everything twice
+    finally:
+        for o in optimizers:
+            o.should_exit.set()
+        await asyncio.gather(*tasks)
