@@ -115,6 +115,12 @@ def classify(f: WorkloadFeatures) -> Classification:
         vote(WorkloadClass.BATCH_INFERENCE, 0.5, line)
     elif high:
         vote(WorkloadClass.TRAINING, 0.5, "little north-south traffic")
+    if f.diurnal_ratio is not None and f.diurnal_ratio >= 4 and f.mean_util < 60:
+        vote(
+            WorkloadClass.INFERENCE,
+            1.5,
+            f"daily cycle: the busiest 10 minutes {f.diurnal_ratio:.0f}x the quietest over {f.history_hours:.0f} h",
+        )
     if mostly_zero and f.p95_util >= 30:
         vote(
             WorkloadClass.INTERACTIVE,

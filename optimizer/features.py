@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from agent.protocol import NicRole, Telemetry
 from optimizer.fleet import Fleet, NodeRecord
+from optimizer.history import Digest
 
 CHECKPOINT_BURST_BPS = 500e6  # a write second above this is a checkpoint-sized burst
 
@@ -45,7 +46,9 @@ class WorkloadFeatures:
     north_south_bps: float = 0.0  # front-end NIC bytes/s per GPU of the workload
     checkpoint_windows: float = 0.0  # share of windows with a checkpoint-sized write burst
     write_bursts: int = 0
-    evidence: dict[str, str] = field(default_factory=dict)
+    history_hours: float = 0.0  # how far back the 10-minute digests reach
+    daily_peak_p95: float = 0.0  # the highest p95 of any 10-minute period in the last day
+    diurnal_ratio: float | None = None  # busiest / quietest 10-minute mean, given 12 h or more of digests
 
     @property
     def gpus(self) -> int:
@@ -63,6 +66,18 @@ class WorkloadFeatures:
 def _mean(values: Iterable[float]) -> float:
     items = list(values)
     return statistics.fmean(items) if items else 0.0
+
+
+def _daily(digests: list[Digest]) -> tuple[float, float, float | None]:
+    """(hours covered, daily peak p95, busiest/quietest ratio given 12 h or more)."""
+    if not digests:
+        return 0.0, 0.0, None
+    hours = (max(d.end for d in digests) - min(d.end for d in digests)) / 3600
+    ratio = None
+    if hours >= 12:
+        quiet = min(d.mean_util for d in digests)
+        ratio = max(d.mean_util for d in digests) / max(quiet, 0.5)
+    return hours, max(d.peak_p95 for d in digests), ratio
 
 
 def _p95(values: Sequence[float]) -> float:
@@ -222,10 +237,16 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 per_gpu = loads[ref.id][i] / max(len(ref.gpus), 1)
                 ckpt = traffic[i][2] >= CHECKPOINT_BURST_BPS and (len(refs) == 1 or per_gpu >= min(60.0, busiest[i]))
                 _fold_window(acc, window, set(ref.gpus), east[ref.id][i], north[ref.id][i], ckpt)
+    digests: dict[str, list[Digest]] = defaultdict(list)
+    for (rec_site, _), record in fleet.nodes.items():
+        if rec_site == site:
+            for wid in accs:
+                digests[wid] += record.history.of(wid)
     out = []
     for wid, acc in sorted(accs.items()):
         if acc.windows == 0:
             continue
+        hours, daily_peak, diurnal = _daily(digests[wid])
         placements = list(acc.placements.values())
         memory = max((p.gpu_memory_mib for p in placements), default=0)
         mem_peak = max(acc.mem, default=0.0)
@@ -250,6 +271,9 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 north_south_bps=_mean(acc.north) * len(placements) / gpus,
                 checkpoint_windows=_mean(acc.ckpt),
                 write_bursts=int(sum(acc.ckpt)),
+                history_hours=hours,
+                daily_peak_p95=daily_peak,
+                diurnal_ratio=diurnal,
             )
         )
     return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from agent.protocol import Finding, FindingKind, WorkloadClass
 from optimizer.catalog import Catalog, GpuType
 from optimizer.classify import Classification
-from optimizer.costs import Demand, fit_problem, monthly_cost
+from optimizer.costs import Demand, demand_of, fit_problem, monthly_cost
 from optimizer.features import WorkloadFeatures
 
 MIN_WASTE_USD_PER_HOUR = 0.05
@@ -57,7 +57,7 @@ def detect(catalog: Catalog, subjects: Iterable[Subject]) -> list[Finding]:
         if hw is None or cls is WorkloadClass.UNKNOWN:
             continue
         conf = s.result.confidence
-        demand = Demand(cls, f.gpus, f.mem_used_mib, f.mean_util, f.p95_util)
+        demand = demand_of(f, cls)
         now = monthly_cost(catalog, demand, hw, hw) / hours
         target, cost = cheapest_fit(catalog, demand, hw)
         saving = now - cost / hours

@@ -21,6 +21,7 @@ from agent.protocol import (
     decode,
     parse_topic,
 )
+from optimizer.history import History
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,10 @@ class NodeRecord:
     session: int = -1
     last_seq: dict[int, int] = field(default_factory=dict)  # per recent session: the last window seen
     windows: deque[Telemetry] = field(default_factory=deque)
+    history: History = field(default_factory=History)
 
     def __post_init__(self) -> None:
-        self.windows = deque(maxlen=self.horizon)
+        self.windows = deque(self.windows, maxlen=self.horizon)
 
 
 class Fleet:
@@ -62,9 +64,17 @@ class Fleet:
         """A copy that planning can read in another thread while ingest goes on (windows are immutable)."""
         copy = Fleet(self.prefix, self.horizon)
         for key, r in list(self.nodes.items()):
-            record = NodeRecord(r.site, r.node, r.horizon, r.birth, r.status, r.session, dict(r.last_seq))
-            record.windows.extend(list(r.windows))
-            copy.nodes[key] = record
+            copy.nodes[key] = NodeRecord(
+                r.site,
+                r.node,
+                r.horizon,
+                r.birth,
+                r.status,
+                r.session,
+                dict(r.last_seq),
+                deque(r.windows),
+                r.history.copy(),
+            )
         return copy
 
     def sites(self) -> list[str]:
@@ -126,3 +136,4 @@ class Fleet:
             del seen[min(seen)]
         record.session = max(record.session, window.session)
         record.windows.append(window)
+        record.history.add(window)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.protocol import Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
 from optimizer.classify import classify
-from optimizer.costs import THROUGHPUT_BOUND, Demand
+from optimizer.costs import THROUGHPUT_BOUND, demand_of
 from optimizer.features import workload_features
 from optimizer.findings import Subject, detect
 from optimizer.fleet import Fleet
@@ -100,7 +100,7 @@ def build_plan(fleet: Fleet, site: str, catalog: Catalog, settings: PlanSettings
             and not _pinned(settings, f.id)
         )
         if can_move:
-            demand = Demand(a.result.workload_class, f.gpus, f.mem_used_mib, f.mean_util, f.p95_util)
+            demand = demand_of(f, a.result.workload_class)
             movable.append(Movable(f.id, f.nodes[0], demand, _move_cost(settings, a)))
         else:
             for p in f.placements:

@@ -1,0 +1,65 @@
+"""The long view of each workload at bounded cost: full windows age out after the horizon, but every
+10 minutes of a workload's load is kept as one digest for a day, enough to see a diurnal cycle and the daily
+peak a placement must carry."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from agent.protocol import Telemetry
+
+DIGEST_SECONDS = 600.0
+DIGESTS_KEPT = 144  # a day
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    end: float
+    mean_util: float  # the workload's mean GPU utilisation over the period
+    peak_p95: float  # the highest per-window p95 in the period
+
+
+@dataclass(slots=True)
+class _Open:
+    start: float
+    total: float = 0.0
+    count: int = 0
+    peak: float = 0.0
+
+
+@dataclass(slots=True)
+class History:
+    """Per workload on one node: closed digests and the period being filled."""
+
+    digests: dict[str, deque[Digest]] = field(default_factory=dict)
+    _open: dict[str, _Open] = field(default_factory=dict)
+
+    def add(self, window: Telemetry) -> None:
+        for ref in window.workloads:
+            ids = set(ref.gpus)
+            gpus = [g.util for g in window.gpus if g.index in ids and g.util is not None]
+            if not gpus:
+                continue
+            mean = sum(u.mean for u in gpus) / len(gpus)
+            p95 = max(u.p95 for u in gpus)
+            current = self._open.get(ref.id)
+            if current is None:
+                current = self._open[ref.id] = _Open(window.start)
+            elif window.end - current.start >= DIGEST_SECONDS:
+                self._close(ref.id, current, window.start)
+                current = self._open[ref.id] = _Open(window.start)
+            current.total += mean
+            current.count += 1
+            current.peak = max(current.peak, p95)
+
+    def _close(self, workload: str, period: _Open, end: float) -> None:
+        if period.count:
+            kept = self.digests.setdefault(workload, deque(maxlen=DIGESTS_KEPT))
+            kept.append(Digest(end, period.total / period.count, period.peak))
+
+    def of(self, workload: str) -> list[Digest]:
+        return list(self.digests.get(workload, ()))
+
+    def copy(self) -> History:
+        return History({k: deque(v, maxlen=DIGESTS_KEPT) for k, v in self.digests.items()}, dict(self._open))
