@@ -26,6 +26,7 @@ from optimizer.history import History
 log = logging.getLogger(__name__)
 
 SESSIONS_TRACKED = 8  # sessions per node whose sequence numbers are remembered
+LOGGED_PER_REASON = 20  # rejections logged one by one per reason; after that every 1000th
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class Fleet:
         self.nodes: dict[tuple[str, str], NodeRecord] = {}
         self.accepted: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
+        self.ignored: Counter[str] = Counter()  # well-formed but nothing to apply (a retained message cleared)
 
     def _record(self, site: str, node: str) -> NodeRecord:
         key = (site, node)
@@ -86,7 +88,9 @@ class Fleet:
             return self._apply(topic, payload)
         except ProtocolError as exc:
             self.rejected[exc.reason] += 1
-            log.warning("rejected message on %r: %s", topic[:200], exc)
+            n = self.rejected[exc.reason]
+            if n <= LOGGED_PER_REASON or n % 1000 == 0:  # a flood of bad messages must not flood the log
+                log.warning("rejected message on %r: %s (%d %s so far)", topic[:200], exc, n, exc.reason)
             return None
 
     def record(self, site: str, node: str) -> NodeRecord | None:
@@ -97,7 +101,8 @@ class Fleet:
         if where.node is None:
             raise ProtocolError("bad_topic", "not a node topic")
         if not payload and where.kind in (TopicKind.STATE, TopicKind.BIRTH):
-            return None  # a retained message being cleared
+            self.ignored["cleared_retained"] += 1  # someone cleared a retained message: nothing to apply
+            return None
         message = decode(where.kind, payload)
         if not isinstance(message, Birth | State | Telemetry):
             raise ProtocolError("bad_topic", "not a node message")

@@ -1,0 +1,66 @@
+"""Whatever arrives on the wire, ingest never raises: each bad message is rejected and counted, and good
+messages around it are still applied."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.protocol import TopicKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from optimizer.fleet import Fleet
+
+P = "fleetfit/v1"
+NODE = build_scenario("demo", 8)[0]
+BIRTH, WINDOWS = offline_windows(NODE, 2, site="s")
+GOOD = json.loads(encode(WINDOWS[1]))
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _mutated(draw: st.DrawFn) -> bytes:
+    raw = json.loads(json.dumps(GOOD))
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(sorted(raw)))
+        raw[key] = draw(json_values)
+    return json.dumps(raw).encode()
+
+
+payloads = st.one_of(
+    st.binary(max_size=300),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.composite(_mutated)(),
+)
+topics = st.one_of(
+    st.just(node_topic(P, "s", NODE.name, TopicKind.TELEMETRY)),
+    st.just(node_topic(P, "s", NODE.name, TopicKind.STATE)),
+    st.text(max_size=60),
+    st.lists(st.sampled_from(["fleetfit", "v1", "s", NODE.name, "telemetry", "+", "#", "", "x/y"]), max_size=6).map(
+        "/".join
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(topics, payloads), min_size=1, max_size=10))
+def test_garbage_is_counted_and_good_data_survives(messages: list[tuple[str, bytes]]) -> None:
+    fleet = Fleet(P)
+    tele = node_topic(P, "s", NODE.name, TopicKind.TELEMETRY)
+    assert fleet.ingest(node_topic(P, "s", NODE.name, TopicKind.BIRTH), encode(BIRTH))
+    assert fleet.ingest(tele, encode(WINDOWS[0]))
+    applied = 0
+    for topic, payload in messages:
+        applied += fleet.ingest(topic, payload) is not None
+    assert applied + sum(fleet.rejected.values()) + sum(fleet.ignored.values()) == len(messages)
+    record = fleet.nodes[("s", NODE.name)]
+    assert record.windows[0] == WINDOWS[0]
+    # a good window after the storm is still accepted, unless the storm carried a valid later one
+    late = WINDOWS[1].model_copy(update={"seq": 10**9})
+    assert fleet.ingest(tele, encode(late)) is not None
