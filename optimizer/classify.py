@@ -69,7 +69,8 @@ def classify(f: WorkloadFeatures) -> Classification:
     multi = f.gpus > 1
     synced = multi and f.gpu_spread < 0.15
     grad = f.gpu_link_bps >= 5e9 or f.east_west_bps >= 1e9
-    ckpt = f.write_bursts >= 1 and f.checkpoint_windows <= 0.5
+    # Checkpoints are bursts: writes in most windows are something else, once there are enough windows to tell.
+    ckpt = f.write_bursts >= 1 and (f.checkpoint_windows <= 0.5 or f.windows < FULL_CONFIDENCE_WINDOWS)
     north = f.north_south_bps >= 50e6 and f.north_south_bps > f.east_west_bps
     mostly_zero = f.zero_seconds >= 0.5
 
@@ -104,7 +105,7 @@ def classify(f: WorkloadFeatures) -> Classification:
             f"busy without gradient traffic ({_gbps(f.gpu_link_bps)} per GPU)",
         )
     if ckpt:
-        vote(WorkloadClass.TRAINING, 1.5, f"checkpoint-sized write bursts in {f.write_bursts} window(s)")
+        vote(WorkloadClass.TRAINING, 2.5, f"checkpoint-sized write bursts in {f.write_bursts} window(s)")
     else:
         vote(WorkloadClass.INFERENCE, 0.5, "no checkpoint writes")
         if high:

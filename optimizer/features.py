@@ -160,6 +160,16 @@ def _window_load(window: Telemetry, gpu_ids: Sequence[int]) -> float:
     return sum(g.util.mean for g in window.gpus if g.index in ids and g.util is not None)
 
 
+def _trains_hard(window: Telemetry, gpu_ids: Sequence[int]) -> bool:
+    ids = set(gpu_ids)
+    utils = [g.util for g in window.gpus if g.index in ids and g.util is not None]
+    if not utils:
+        return False
+    mean = sum(u.mean for u in utils) / len(utils)
+    variation = sum(u.std / max(u.mean, 1.0) for u in utils) / len(utils)
+    return mean >= 60 and variation < 0.15
+
+
 def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> list[float]:
     """Non-negative least squares by coordinate descent: a ≥ 0 minimising |target - Σ a_j columns_j|²."""
     coef = [0.0] * len(columns)
@@ -218,10 +228,6 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         traffic = [_node_traffic(record, w) for w in windows]
         east = _attribute(loads, [t[0] for t in traffic]) if refs else {}
         north = _attribute(loads, [t[1] for t in traffic]) if refs else {}
-        busiest = [
-            max((loads[wid][i] / max(len(r.gpus), 1) for wid, r in refs.items()), default=0.0)
-            for i in range(len(windows))
-        ]
         for i, window in enumerate(windows):
             for ref in window.workloads:
                 acc = accs[ref.id]
@@ -233,9 +239,9 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                     gpu_memory_mib=first.memory_mib if first else 0,
                     gpus=tuple(ref.gpus),
                 )
-                # A checkpoint burst on a shared node belongs to a busy job (one computing hard enough to train).
-                per_gpu = loads[ref.id][i] / max(len(ref.gpus), 1)
-                ckpt = traffic[i][2] >= CHECKPOINT_BURST_BPS and (len(refs) == 1 or per_gpu >= min(60.0, busiest[i]))
+                # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
+                # does between checkpoints; a serving workload is bursty.
+                ckpt = traffic[i][2] >= CHECKPOINT_BURST_BPS and (len(refs) == 1 or _trains_hard(window, ref.gpus))
                 _fold_window(acc, window, set(ref.gpus), east[ref.id][i], north[ref.id][i], ckpt)
     digests: dict[str, list[Digest]] = defaultdict(list)
     for (rec_site, _), record in fleet.nodes.items():
