@@ -43,6 +43,10 @@ class GpuType(BaseModel):
     def rdma(self) -> bool:
         return self.fabric in ("infiniband", "roce")
 
+    @property
+    def fabric_name(self) -> str:
+        return {"infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet"}[self.fabric]
+
 
 class Defaults(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

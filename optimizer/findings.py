@@ -78,7 +78,7 @@ def detect(catalog: Catalog, subjects: Iterable[Subject]) -> list[Finding]:
                     FindingKind.SERVING_ON_TRAINING_HARDWARE,
                     saving,
                     conf,
-                    f"{cls.value} at {f.mean_util:.0f} % holds NVLink and {hw.fabric} GPUs; "
+                    f"{cls.value} at {f.mean_util:.0f} % holds NVLink and {hw.fabric_name} GPUs; "
                     f"{target.name} would serve it",
                 )
             )

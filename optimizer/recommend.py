@@ -18,7 +18,6 @@ from optimizer.findings import Subject, detect
 from optimizer.fleet import Fleet
 from optimizer.planner import Movable, NodeSlot, Problem, solve
 
-FABRIC_NAMES = {"infiniband": "InfiniBand", "roce": "RoCE", "ethernet": "Ethernet"}
 COLD_START_HOURS = 30 / 3600  # a large model takes 10-30 s to load
 LOST_TRAINING_HOURS = 0.5  # work lost on restart: half of an hourly checkpoint interval
 
@@ -59,7 +58,7 @@ def _reason(a: Assessed, target: GpuType) -> str:
     if cls not in THROUGHPUT_BOUND and hw.nvlink and hw.rdma:
         return (
             f"{cls.value.replace('_', ' ')} at {f.mean_util:.0f} % mean utilisation holds {f.gpus} × {hw.name} "
-            f"(training-class hardware: NVLink and {FABRIC_NAMES[hw.fabric]}); {target.name} serves the same load"
+            f"(training-class hardware: NVLink and {hw.fabric_name}); {target.name} serves the same load"
         )
     return f"{cls.value.replace('_', ' ')} runs cheaper per unit of work on {target.name} than on {hw.name}"
 

@@ -34,6 +34,15 @@ def render_table(plan: Plan) -> str:
         for w in sorted(plan.workloads, key=lambda v: (v.nodes, v.name))
     ]
     lines += _table(["WORKLOAD", "CLASS", "CONF", "NODES", "HARDWARE", "GPUS", "UTIL"], rows)
+    if plan.findings:
+        waste = sum(f.wasted_usd_per_hour for f in plan.findings)
+        lines.append("")
+        lines.append(f"misplacements, wasting ${waste:,.2f}/hour:")
+        for f in plan.findings:
+            lines.append(
+                f"  {f.workload_name} on {','.join(f.nodes)} [{f.hardware}]: {f.kind.value.replace('_', ' ')}, "
+                f"${f.wasted_usd_per_hour:,.2f}/hour ({f.detail})"
+            )
     if plan.recommendations:
         lines.append("")
         lines.append(f"recommended moves, saving ${plan.monthly_savings_usd:,.0f}/month:")
