@@ -29,12 +29,12 @@ from agent.protocol import (
     encode,
     node_topic,
 )
+from collectors.nic import DEFAULT_FABRIC_PATTERNS
 from optimizer.classify import Classification, classify
 from optimizer.features import WorkloadFeatures, workload_features
 from optimizer.fleet import Fleet
 
 PREFIX = "offline"
-FABRIC_NAMES = ("ib*", "rdma*", "roce*")
 
 # Ground-truth patterns as the classifier's classes: fine-tuning is training.
 PATTERN_CLASS = {
@@ -63,7 +63,7 @@ def _guess_birth(window: Telemetry) -> Birth:
     """An inventory for windows recorded without their node's birth: NIC roles from interface names."""
     nics = []
     for n in window.nics:
-        fabric = any(fnmatch.fnmatchcase(n.name, p) for p in FABRIC_NAMES)
+        fabric = any(fnmatch.fnmatchcase(n.name, p) for p in DEFAULT_FABRIC_PATTERNS)
         nics.append(
             NicInfo(
                 name=n.name,
