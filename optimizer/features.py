@@ -11,8 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from agent.protocol import NicRole, Telemetry
-from optimizer.fleet import Fleet, NodeRecord
+from optimizer.digest import WindowDigest
+from optimizer.fleet import Fleet
 from optimizer.history import Digest
 
 CHECKPOINT_BURST_BPS = 500e6  # a write second above this is a checkpoint-sized burst
@@ -110,30 +110,15 @@ class _Acc:
     windows: int = 0
 
 
-def _node_traffic(record: NodeRecord, window: Telemetry) -> tuple[float, float, float]:
-    """(east-west, north-south, peak write) bytes/s of a node in one window."""
-    roles = {n.name: n.role for n in record.birth.nics} if record.birth else {}
-    east = north = 0.0
-    for nic in window.nics:
-        rate = (nic.tx_bps.mean if nic.tx_bps else 0.0) + (nic.rx_bps.mean if nic.rx_bps else 0.0)
-        role = roles.get(nic.name, NicRole.OTHER)
-        if role is NicRole.EAST_WEST:
-            east += rate
-        elif role is NicRole.NORTH_SOUTH:
-            north += rate
-    peak_write = sum(d.write_bps.max for d in window.disks if d.write_bps)
-    return east, north, peak_write
-
-
-def _fold_window(acc: _Acc, window: Telemetry, gpu_ids: set[int], east: float, north: float, ckpt: bool) -> None:
-    gpus = [g for g in window.gpus if g.index in gpu_ids and g.util is not None]
+def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool) -> None:
+    gpus = [g for g in window.gpus if g.index in gpu_ids]
     if not gpus:
         return
     acc.windows += 1
-    acc.util_means.append(_mean(g.util.mean for g in gpus if g.util))
-    acc.util_p95.append(max(g.util.p95 for g in gpus if g.util))
-    acc.cvs.extend(_cv(g.util_series) for g in gpus if len(g.util_series) > 1)
-    series = [g.util_series for g in gpus if g.util_series]
+    acc.util_means.append(_mean(g.util_mean for g in gpus))
+    acc.util_p95.append(max(g.util_p95 for g in gpus))
+    acc.cvs.extend(_cv(g.series) for g in gpus if len(g.series) > 1)
+    series = [g.series for g in gpus if len(g.series)]
     if series:
         for i in range(min(len(s) for s in series)):
             column = [s[i] for s in series]
@@ -142,31 +127,28 @@ def _fold_window(acc: _Acc, window: Telemetry, gpu_ids: set[int], east: float, n
             if len(series) > 1:
                 acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
     for g in gpus:
-        acc.zeros.extend(1.0 if v < 2 else 0.0 for v in g.util_series)
-        if g.mem_used_mib:
-            acc.mem.append(g.mem_used_mib.max)
-        link = 0.0
-        for stats in (g.nvlink_tx_bps, g.nvlink_rx_bps, g.pcie_tx_bps, g.pcie_rx_bps):
-            link += stats.mean if stats else 0.0
-        acc.links.append(link)
+        acc.zeros.extend(1.0 if v < 2 else 0.0 for v in g.series)
+        if g.mem_max_mib is not None:
+            acc.mem.append(g.mem_max_mib)
+        acc.links.append(g.link_bps)
     acc.east.append(east)
     acc.north.append(north)
     acc.ckpt.append(1.0 if ckpt else 0.0)
 
 
-def _window_load(window: Telemetry, gpu_ids: Sequence[int]) -> float:
+def _window_load(window: WindowDigest, gpu_ids: Sequence[int]) -> float:
     """GPU-percent of work a workload did in a window: its GPUs' mean utilisation summed."""
     ids = set(gpu_ids)
-    return sum(g.util.mean for g in window.gpus if g.index in ids and g.util is not None)
+    return sum(g.util_mean for g in window.gpus if g.index in ids)
 
 
-def _trains_hard(window: Telemetry, gpu_ids: Sequence[int]) -> bool:
+def _trains_hard(window: WindowDigest, gpu_ids: Sequence[int]) -> bool:
     ids = set(gpu_ids)
-    utils = [g.util for g in window.gpus if g.index in ids and g.util is not None]
-    if not utils:
+    gpus = [g for g in window.gpus if g.index in ids]
+    if not gpus:
         return False
-    mean = sum(u.mean for u in utils) / len(utils)
-    variation = sum(u.std / max(u.mean, 1.0) for u in utils) / len(utils)
+    mean = sum(g.util_mean for g in gpus) / len(gpus)
+    variation = sum(g.util_std / max(g.util_mean, 1.0) for g in gpus) / len(gpus)
     return mean >= 60 and variation < 0.15
 
 
@@ -225,7 +207,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
         loads = {wid: [_window_load(w, ref.gpus) for w in windows] for wid, ref in refs.items()}
-        traffic = [_node_traffic(record, w) for w in windows]
+        traffic = [(w.east_bps, w.north_bps, w.peak_write_bps) for w in windows]
         east = _attribute(loads, [t[0] for t in traffic]) if refs else {}
         north = _attribute(loads, [t[1] for t in traffic]) if refs else {}
         for i, window in enumerate(windows):

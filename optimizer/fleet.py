@@ -18,9 +18,11 @@ from agent.protocol import (
     State,
     Telemetry,
     TopicKind,
+    WorkloadRef,
     decode,
     parse_topic,
 )
+from optimizer.digest import RefKey, WindowDigest, digest
 from optimizer.history import History
 
 log = logging.getLogger(__name__)
@@ -38,8 +40,9 @@ class NodeRecord:
     status: NodeStatus = NodeStatus.OFFLINE
     session: int = -1
     last_seq: dict[int, int] = field(default_factory=dict)  # per recent session: the last window seen
-    windows: deque[Telemetry] = field(default_factory=deque)
+    windows: deque[WindowDigest] = field(default_factory=deque)
     history: History = field(default_factory=History)
+    known_workloads: dict[RefKey, WorkloadRef] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.windows = deque(self.windows, maxlen=self.horizon)
@@ -140,5 +143,8 @@ class Fleet:
         while len(seen) > SESSIONS_TRACKED:
             del seen[min(seen)]
         record.session = max(record.session, window.session)
-        record.windows.append(window)
-        record.history.add(window)
+        if len(record.known_workloads) > 1000:
+            record.known_workloads.clear()  # workloads come and go; the interning table must not grow forever
+        kept = digest(window, record.birth, record.known_workloads)
+        record.windows.append(kept)
+        record.history.add(kept)

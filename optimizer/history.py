@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from agent.protocol import Telemetry
+from optimizer.digest import WindowDigest
 
 DIGEST_SECONDS = 600.0
 DIGESTS_KEPT = 144  # a day
@@ -35,14 +35,14 @@ class History:
     digests: dict[str, deque[Digest]] = field(default_factory=dict)
     _open: dict[str, _Open] = field(default_factory=dict)
 
-    def add(self, window: Telemetry) -> None:
+    def add(self, window: WindowDigest) -> None:
         for ref in window.workloads:
             ids = set(ref.gpus)
-            gpus = [g.util for g in window.gpus if g.index in ids and g.util is not None]
+            gpus = [g for g in window.gpus if g.index in ids]
             if not gpus:
                 continue
-            mean = sum(u.mean for u in gpus) / len(gpus)
-            p95 = max(u.p95 for u in gpus)
+            mean = sum(g.util_mean for g in gpus) / len(gpus)
+            p95 = max(g.util_p95 for g in gpus)
             current = self._open.get(ref.id)
             if current is None:
                 current = self._open[ref.id] = _Open(window.start)
