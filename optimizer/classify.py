@@ -116,6 +116,11 @@ def classify(f: WorkloadFeatures) -> Classification:
         vote(WorkloadClass.BATCH_INFERENCE, 0.5, line)
     elif high:
         vote(WorkloadClass.TRAINING, 0.5, "little north-south traffic")
+    if f.mem_stability >= 0.03 and not high:
+        vote(WorkloadClass.INFERENCE, 0.5, f"GPU memory follows the load (KV cache; variation {f.mem_stability:.0%})")
+    elif f.mem_stability < 0.01 and high:
+        vote(WorkloadClass.TRAINING, 0.25, "GPU memory flat")
+        vote(WorkloadClass.BATCH_INFERENCE, 0.25, "GPU memory flat")
     if f.diurnal_ratio is not None and f.diurnal_ratio >= 4 and f.mean_util < 60:
         vote(
             WorkloadClass.INFERENCE,
