@@ -403,7 +403,20 @@ class Recommendation(_Model):
     to_hardware: str
     monthly_savings_usd: float
     reason: str
+    performance_impact: str = ""
+    risk: Literal["low", "medium", "high"] = "medium"
     evidence: list[str] = Field(default_factory=list)
+
+
+class Blocked(_Model):
+    """A misplacement the plan does not move, and why: capacity teams plan purchases from these."""
+
+    workload: str = Field(max_length=200)
+    workload_name: str = Field(max_length=200)
+    node: str
+    hardware: str
+    reason: str
+    monthly_savings_usd: float = Field(ge=0, description="what moving it would save")
 
 
 class SolverReport(_Model):
@@ -424,6 +437,7 @@ class Plan(_Model):
     workloads: list[WorkloadView] = Field(default_factory=list)
     findings: list[Finding] = Field(default_factory=list)
     recommendations: list[Recommendation] = Field(default_factory=list)
+    blocked: list[Blocked] = Field(default_factory=list)
     monthly_savings_usd: float = 0.0
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)

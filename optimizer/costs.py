@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from agent.protocol import WorkloadClass
 from optimizer.catalog import Catalog, GpuType
-from optimizer.features import WorkloadFeatures
 
 THROUGHPUT_BOUND = frozenset({WorkloadClass.TRAINING, WorkloadClass.BATCH_INFERENCE})
 MEMORY_HEADROOM = 0.9  # of the target GPU's memory a workload may fill
@@ -32,12 +31,6 @@ class Demand:
     mem_mib_per_gpu: float
     mean_util: float
     p95_util: float
-
-
-def demand_of(f: WorkloadFeatures, workload_class: WorkloadClass) -> Demand:
-    """A workload's needs; a placement must carry its daily peak, not just the last hour's."""
-    p95 = max(f.p95_util, f.daily_peak_p95)
-    return Demand(workload_class, f.gpus, f.mem_used_mib, f.mean_util, p95)
 
 
 def throughput(catalog: Catalog, gpu: GpuType, demand: Demand) -> float:

@@ -4,23 +4,14 @@ planner can move it now (no free capacity, pinned, multi-node). Capacity teams p
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from agent.protocol import Finding, FindingKind, WorkloadClass
 from optimizer.catalog import Catalog, GpuType
-from optimizer.classify import Classification
-from optimizer.costs import Demand, demand_of, fit_problem, monthly_cost
-from optimizer.features import WorkloadFeatures
+from optimizer.costs import Demand, fit_problem, monthly_cost
+from optimizer.snapshot import Resolved
 
 MIN_WASTE_USD_PER_HOUR = 0.05
 SERVING = frozenset({WorkloadClass.INFERENCE, WorkloadClass.INTERACTIVE})
-
-
-@dataclass(frozen=True, slots=True)
-class Subject:
-    features: WorkloadFeatures
-    result: Classification
-    hardware: GpuType | None
 
 
 def cheapest_fit(catalog: Catalog, demand: Demand, current: GpuType) -> tuple[GpuType, float]:
@@ -34,83 +25,83 @@ def cheapest_fit(catalog: Catalog, demand: Demand, current: GpuType) -> tuple[Gp
     return best, best_cost
 
 
-def _finding(s: Subject, kind: FindingKind, waste: float, confidence: float, detail: str) -> Finding:
-    assert s.hardware is not None
+def _finding(r: Resolved, kind: FindingKind, waste: float, confidence: float, detail: str) -> Finding:
+    assert r.hardware is not None
     return Finding(
-        workload=s.features.id,
-        workload_name=s.features.name,
+        workload=r.w.id,
+        workload_name=r.w.name,
         kind=kind,
-        hardware=s.hardware.name,
-        nodes=s.features.nodes,
+        hardware=r.hardware.name,
+        nodes=r.w.nodes,
         wasted_usd_per_hour=round(waste, 3),
         confidence=round(confidence, 2),
         detail=detail,
     )
 
 
-def detect(catalog: Catalog, subjects: Iterable[Subject]) -> list[Finding]:
+def detect(catalog: Catalog, workloads: Iterable[Resolved]) -> list[Finding]:
     """Findings for classified workloads, most wasteful first."""
     hours = catalog.defaults.hours_per_month
     out = []
-    for s in subjects:
-        f, cls, hw = s.features, s.result.workload_class, s.hardware
+    for r in workloads:
+        w, hw, cls = r.w, r.hardware, r.w.workload_class
         if hw is None or cls is WorkloadClass.UNKNOWN:
             continue
-        conf = s.result.confidence
-        demand = demand_of(f, cls)
+        conf = w.confidence
+        demand = w.demand
         now = monthly_cost(catalog, demand, hw, hw) / hours
         target, cost = cheapest_fit(catalog, demand, hw)
         saving = now - cost / hours
         if cls is WorkloadClass.IDLE:
             out.append(
                 _finding(
-                    s,
+                    r,
                     FindingKind.IDLE_ALLOCATION,
                     now,
                     conf,
-                    f"{f.gpus} × {hw.name} held at {f.mean_util:.0f} % utilisation",
+                    f"{w.gpus} × {hw.name} held at {w.mean_util:.0f} % utilisation",
                 )
             )
         elif cls in SERVING and hw.nvlink and hw.rdma and saving >= MIN_WASTE_USD_PER_HOUR:
             out.append(
                 _finding(
-                    s,
+                    r,
                     FindingKind.SERVING_ON_TRAINING_HARDWARE,
                     saving,
                     conf,
-                    f"{cls.value} at {f.mean_util:.0f} % holds NVLink and {hw.fabric_name} GPUs; "
+                    f"{cls.value} at {w.mean_util:.0f} % holds NVLink and {hw.fabric_name} GPUs; "
                     f"{target.name} would serve it",
                 )
             )
-        elif cls is WorkloadClass.TRAINING and f.multi_node and not hw.rdma:
+        elif cls is WorkloadClass.TRAINING and r.multi_node and not hw.rdma:
             waste = now * (1 - catalog.defaults.pcie_training_scaling)
             out.append(
                 _finding(
-                    s,
+                    r,
                     FindingKind.MULTI_NODE_WITHOUT_RDMA,
                     waste,
                     conf,
-                    f"training across {len(f.nodes)} nodes without an RDMA fabric",
+                    f"training across {len(w.nodes)} nodes without an RDMA fabric",
                 )
             )
-        elif cls is WorkloadClass.TRAINING and f.gpus > 1 and not hw.nvlink and saving >= MIN_WASTE_USD_PER_HOUR:
+        elif cls is WorkloadClass.TRAINING and w.gpus > 1 and not hw.nvlink and saving >= MIN_WASTE_USD_PER_HOUR:
             out.append(
                 _finding(
-                    s,
+                    r,
                     FindingKind.TRAINING_WITHOUT_NVLINK,
                     saving,
                     conf,
-                    f"{f.gpus}-GPU training synchronises gradients over PCIe",
+                    f"{w.gpus}-GPU training synchronises gradients over PCIe",
                 )
             )
-        elif f.mem_fraction < 0.25 and f.mean_util < 30 and saving >= MIN_WASTE_USD_PER_HOUR:
+        elif r.mem_fraction < 0.25 and w.mean_util < 30 and saving >= MIN_WASTE_USD_PER_HOUR:
             out.append(
                 _finding(
-                    s,
+                    r,
                     FindingKind.OVERSIZED_GPU_MEMORY,
                     saving,
                     conf * 0.8,
-                    f"uses {f.mem_fraction:.0%} of each GPU's memory at {f.mean_util:.0f} %; {target.name} is enough",
+                    f"uses {r.mem_fraction:.0%} of each GPU's memory at {w.mean_util:.0f} %; {target.name} is enough",
                 )
             )
     out.sort(key=lambda x: -x.wasted_usd_per_hour)

@@ -1,23 +1,23 @@
-"""From fleet state to a plan: classify every workload, let the planner move the misplaced ones, and explain
-each move in words a capacity team acts on."""
+"""From a fleet snapshot to a plan: let the planner move the misplaced workloads, explain each move in words a
+capacity team acts on, and say why the misplacements it does not move stay where they are."""
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import time
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agent.protocol import Plan, Recommendation, WorkloadClass, WorkloadView
+from agent.protocol import Blocked, Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
-from optimizer.classify import classify
-from optimizer.costs import THROUGHPUT_BOUND, demand_of
-from optimizer.features import workload_features
-from optimizer.findings import Subject, detect
+from optimizer.costs import THROUGHPUT_BOUND, fit_problem, monthly_cost, throughput
+from optimizer.findings import cheapest_fit, detect
 from optimizer.fleet import Fleet
-from optimizer.planner import Movable, NodeSlot, Problem, solve
+from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
+from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
 
+Risk = Literal["low", "medium", "high"]
 COLD_START_HOURS = 30 / 3600  # a large model takes 10-30 s to load
 LOST_TRAINING_HOURS = 0.5  # work lost on restart: half of an hourly checkpoint interval
 
@@ -34,76 +34,113 @@ class PlanSettings(BaseModel):
     pinned: list[str] = Field(default_factory=list, description="workload ids or glob patterns never moved")
 
 
-Assessed = Subject
-
-
 def recommendation_id(workload: str, from_node: str, to_hardware: str) -> str:
     """Stable across solves: the same move keeps its id whichever free node of that hardware it lands on."""
     return hashlib.sha256(f"{workload}|{from_node}|{to_hardware}".encode()).hexdigest()[:16]
 
 
-def _reason(a: Assessed, target: GpuType) -> str:
-    f, cls, hw = a.features, a.result.workload_class, a.hardware
+def _label(cls: WorkloadClass) -> str:
+    return cls.value.replace("_", " ")
+
+
+def _reason(r: Resolved, target: GpuType) -> str:
+    w, hw, cls = r.w, r.hardware, r.w.workload_class
     assert hw is not None
     if cls is WorkloadClass.IDLE:
         return (
-            f"idle allocation: {f.gpus} × {hw.name} held at {f.mean_util:.0f} % — "
+            f"idle allocation: {w.gpus} × {hw.name} held at {w.mean_util:.0f} % — "
             f"release it or park it on {target.name}"
         )
-    if cls is WorkloadClass.TRAINING and f.gpus > 1 and not hw.nvlink and target.nvlink:
+    if cls is WorkloadClass.TRAINING and w.gpus > 1 and not hw.nvlink and target.nvlink:
         return (
-            f"{f.gpus}-GPU training on {hw.name} without NVLink synchronises gradients over PCIe; "
+            f"{w.gpus}-GPU training on {hw.name} without NVLink synchronises gradients over PCIe; "
             f"{target.name} does the same work for less"
         )
     if cls not in THROUGHPUT_BOUND and hw.nvlink and hw.rdma:
         return (
-            f"{cls.value.replace('_', ' ')} at {f.mean_util:.0f} % mean utilisation holds {f.gpus} × {hw.name} "
+            f"{_label(cls)} at {w.mean_util:.0f} % mean utilisation holds {w.gpus} × {hw.name} "
             f"(training-class hardware: NVLink and {hw.fabric_name}); {target.name} serves the same load"
         )
-    return f"{cls.value.replace('_', ' ')} runs cheaper per unit of work on {target.name} than on {hw.name}"
+    return f"{_label(cls)} runs cheaper per unit of work on {target.name} than on {hw.name}"
 
 
-def _move_cost(settings: PlanSettings, a: Assessed) -> float:
-    assert a.hardware is not None
-    hours = LOST_TRAINING_HOURS if a.result.workload_class in THROUGHPUT_BOUND else COLD_START_HOURS
-    return settings.move_cost_usd + a.features.gpus * a.hardware.price_per_gpu_hour * hours
+def _impact(catalog: Catalog, r: Resolved, target: GpuType) -> tuple[str, Risk]:
+    """(expected performance impact, risk) of moving ``r`` to ``target``."""
+    assert r.hardware is not None
+    d = r.w.demand
+    ratio = throughput(catalog, target, d) / throughput(catalog, r.hardware, d)
+    risk: Risk = "high" if r.w.confidence < 0.75 else "low"
+    if d.workload_class is WorkloadClass.IDLE:
+        return "none: the allocation is idle", risk
+    if d.workload_class in THROUGHPUT_BOUND:
+        impact = f"about {ratio:.1f}× the throughput" if ratio >= 1 else f"{1 - ratio:.0%} less throughput, for less"
+        return impact, "high" if risk == "high" else "medium"  # a restart from the last checkpoint
+    mean, p95 = d.mean_util / ratio, d.p95_util / ratio
+    if p95 > 85 and risk == "low":
+        risk = "medium"
+    return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {target.name}", risk
 
 
-def _pinned(settings: PlanSettings, workload: str) -> bool:
-    return any(fnmatch.fnmatchcase(workload, p) for p in settings.pinned)
+def _move_cost(settings: PlanSettings, r: Resolved) -> float:
+    assert r.hardware is not None
+    hours = LOST_TRAINING_HOURS if r.w.workload_class in THROUGHPUT_BOUND else COLD_START_HOURS
+    return settings.move_cost_usd + r.w.gpus * r.hardware.price_per_gpu_hour * hours
 
 
-def build_plan(fleet: Fleet, site: str, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
-    """Classify the site's workloads and plan moves for the misplaced ones."""
-    assessed = [
-        Assessed(f, classify(f), catalog.lookup(f.placements[0].gpu_model)) for f in workload_features(fleet, site)
-    ]
+def _why_stays(
+    catalog: Catalog, snapshot: Snapshot, settings: PlanSettings, r: Resolved, solution: Solution, moves: int
+) -> tuple[str, float] | None:
+    """Why a workload that would be cheaper elsewhere is not moved, and what moving it would save a month."""
+    if r.hardware is None or r.w.workload_class is WorkloadClass.UNKNOWN:
+        return None
+    d = r.w.demand
+    now = monthly_cost(catalog, d, r.hardware, r.hardware)
+    target, best = cheapest_fit(catalog, d, r.hardware)
+    saving = now - best
+    if target.key == r.hardware.key or saving < max(settings.min_monthly_savings, settings.min_savings_fraction * now):
+        return None
+    if r.w.pinned:
+        return "pinned", saving
+    if r.multi_node:
+        return "multi-node workloads are not moved automatically", saving
+    if r.w.confidence < settings.min_confidence:
+        return f"class uncertain (confidence {r.w.confidence:.2f} < {settings.min_confidence:.2f})", saving
+    if r.w.id in solution.blocked:
+        return solution.blocked[r.w.id], saving
+    present = {hw.key for n in snapshot.nodes if (hw := hardware_of(catalog, n.hardware)) is not None}
+    if target.key not in present:
+        return f"no {target.name} in site {snapshot.site}", saving
+    if moves >= settings.max_moves:
+        return f"the plan's {settings.max_moves} moves went to bigger savings", saving
+    fits = fit_problem(catalog, d, r.hardware, target) is None
+    return (f"no free {target.name} capacity in site {snapshot.site}" if fits else "no better fit"), saving
+
+
+def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
+    """Plan moves for a snapshot (live or offline)."""
+    resolved = resolve(catalog, snapshot)
     nodes = []
-    for (rec_site, name), record in sorted(fleet.nodes.items()):
-        if rec_site != site or record.birth is None or not record.birth.gpus:
-            continue
-        hw = catalog.lookup(record.birth.gpus[0].model)
+    for n in snapshot.nodes:
+        hw = hardware_of(catalog, n.hardware)
         if hw is not None:
-            nodes.append(NodeSlot(name=name, hardware=hw.key, gpus=len(record.birth.gpus)))
+            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus))
     known = {n.name for n in nodes}
     fixed: dict[str, int] = {}
     movable = []
-    for a in assessed:
-        f = a.features
+    for r in resolved:
         can_move = (
-            not f.multi_node
-            and a.hardware is not None
-            and f.nodes[0] in known
-            and a.result.workload_class is not WorkloadClass.UNKNOWN
-            and a.result.confidence >= settings.min_confidence
-            and not _pinned(settings, f.id)
+            not r.multi_node
+            and r.hardware is not None
+            and r.node in known
+            and r.w.workload_class is not WorkloadClass.UNKNOWN
+            and r.w.confidence >= settings.min_confidence
+            and not r.w.pinned
         )
         if can_move:
-            demand = demand_of(f, a.result.workload_class)
-            movable.append(Movable(f.id, f.nodes[0], demand, _move_cost(settings, a)))
+            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r)))
         else:
-            for p in f.placements:
-                fixed[p.node] = fixed.get(p.node, 0) + len(p.gpus)
+            for node in r.w.nodes:
+                fixed[node] = fixed.get(node, 0) + r.w.gpus // len(r.w.nodes)
     problem = Problem(
         nodes=nodes,
         fixed_usage=fixed,
@@ -115,52 +152,78 @@ def build_plan(fleet: Fleet, site: str, catalog: Catalog, settings: PlanSettings
     )
     solution = solve(catalog, problem)
     node_hw = {n.name: n.hardware for n in nodes}
-    by_id = {a.features.id: a for a in assessed}
     recommendations = []
-    for wid, target_node in sorted(solution.placement.items()):
-        a = by_id[wid]
-        if target_node == a.features.nodes[0] or a.hardware is None:
+    for r in resolved:
+        target_node = solution.placement.get(r.w.id)
+        if target_node is None or target_node == r.node or r.hardware is None:
             continue
         target = catalog.by_key(node_hw[target_node])
-        now_cost, planned = solution.monthly_cost[wid]
+        cost_now, planned = solution.monthly_cost[r.w.id]
+        impact, risk = _impact(catalog, r, target)
         recommendations.append(
             Recommendation(
-                id=recommendation_id(wid, a.features.nodes[0], target.key),
-                workload=wid,
-                workload_name=a.features.name,
-                workload_class=a.result.workload_class,
-                confidence=a.result.confidence,
-                gpus=a.features.gpus,
-                from_node=a.features.nodes[0],
-                from_hardware=a.hardware.name,
+                id=recommendation_id(r.w.id, r.node, target.key),
+                workload=r.w.id,
+                workload_name=r.w.name,
+                workload_class=r.w.workload_class,
+                confidence=r.w.confidence,
+                gpus=r.w.gpus,
+                from_node=r.node,
+                from_hardware=r.hardware.name,
                 to_node=target_node,
                 to_hardware=target.name,
-                monthly_savings_usd=round(now_cost - planned, 2),
-                reason=_reason(a, target),
-                evidence=list(a.result.evidence),
+                monthly_savings_usd=round(cost_now - planned, 2),
+                reason=_reason(r, target),
+                performance_impact=impact,
+                risk=risk,
+                evidence=list(r.w.evidence),
             )
         )
-    recommendations.sort(key=lambda r: -r.monthly_savings_usd)
+    recommendations.sort(key=lambda x: -x.monthly_savings_usd)
+    moved = {x.workload for x in recommendations}
+    blocked = []
+    for r in resolved:
+        if r.w.id in moved:
+            continue
+        why = _why_stays(catalog, snapshot, settings, r, solution, len(recommendations))
+        if why is not None and r.hardware is not None:
+            blocked.append(
+                Blocked(
+                    workload=r.w.id,
+                    workload_name=r.w.name,
+                    node=r.node,
+                    hardware=r.hardware.name,
+                    reason=why[0],
+                    monthly_savings_usd=round(why[1], 2),
+                )
+            )
+    blocked.sort(key=lambda b: -b.monthly_savings_usd)
     views = [
         WorkloadView(
-            id=a.features.id,
-            name=a.features.name,
-            workload_class=a.result.workload_class,
-            confidence=a.result.confidence,
-            nodes=a.features.nodes,
-            hardware=a.hardware.name if a.hardware else a.features.placements[0].gpu_model,
-            gpus=a.features.gpus,
-            mean_util=round(a.features.mean_util, 1),
-            evidence=list(a.result.evidence),
+            id=r.w.id,
+            name=r.w.name,
+            workload_class=r.w.workload_class,
+            confidence=r.w.confidence,
+            nodes=r.w.nodes,
+            hardware=r.hardware.name if r.hardware else next(n.hardware for n in snapshot.nodes if n.name == r.node),
+            gpus=r.w.gpus,
+            mean_util=round(r.w.mean_util, 1),
+            evidence=list(r.w.evidence),
         )
-        for a in assessed
+        for r in resolved
     ]
     return Plan(
-        site=site,
+        site=snapshot.site,
         generated_at=time.time() if now is None else now,
         solver=solution.report,
         workloads=views,
-        findings=detect(catalog, assessed),
+        findings=detect(catalog, resolved),
         recommendations=recommendations,
-        monthly_savings_usd=round(sum(r.monthly_savings_usd for r in recommendations), 2),
+        blocked=blocked,
+        monthly_savings_usd=round(sum(x.monthly_savings_usd for x in recommendations), 2),
     )
+
+
+def build_plan(fleet: Fleet, site: str, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
+    """Classify the site's workloads from telemetry and plan moves for the misplaced ones."""
+    return plan_snapshot(from_fleet(fleet, site, settings.pinned), catalog, settings, now)

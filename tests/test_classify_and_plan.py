@@ -72,13 +72,43 @@ def test_plan_moves_exactly_the_planted_misplacements() -> None:
     assert [r.id for r in again.recommendations] == [r.id for r in plan.recommendations]
 
 
-def test_pinned_workloads_and_move_budget_are_honoured() -> None:
+def test_pinned_workloads_and_move_budget_are_honoured_and_explained() -> None:
     fleet, _ = _fleet("demo", 10)
     plan = build_plan(fleet, "s1", load_catalog(), PlanSettings(max_moves=1, pinned=["*"]))
     assert plan.recommendations == []
+    assert {b.workload_name: b.reason for b in plan.blocked} == {
+        "chat-serving": "pinned",
+        "forgotten-notebook-alloc": "pinned",
+        "vision-finetune-ddp": "pinned",
+    }
     plan = build_plan(fleet, "s1", load_catalog(), PlanSettings(max_moves=1))
     assert len(plan.recommendations) == 1
     assert plan.recommendations[0].workload_name == "chat-serving"  # the biggest saving wins the one move
+    reasons = {b.workload_name: b.reason for b in plan.blocked}
+    assert reasons["vision-finetune-ddp"] == "the plan's 1 moves went to bigger savings"
+    assert all(b.monthly_savings_usd > 0 for b in plan.blocked)
+
+
+def test_recommendations_state_impact_and_risk() -> None:
+    fleet, _ = _fleet("demo", 10)
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())
+    by_name = {r.workload_name: r for r in plan.recommendations}
+    serving = by_name["chat-serving"]
+    assert serving.performance_impact.startswith("utilisation about") and "L40S" in serving.performance_impact
+    assert serving.risk in ("low", "medium")
+    training = by_name["vision-finetune-ddp"]
+    assert "the throughput" in training.performance_impact and training.risk == "medium"  # restarts from a checkpoint
+    assert by_name["forgotten-notebook-alloc"].performance_impact.startswith("none")
+
+
+def test_capacity_shortage_is_reported_as_blocked() -> None:
+    fleet, _ = _fleet("demo", 8)
+    for key in [k for k in fleet.nodes if k[1] in ("l40s-002", "h100-003", "a100-001")]:
+        del fleet.nodes[key]  # the spare L40S, H100 and A100 capacity is gone
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())
+    reasons = {b.workload_name: b.reason for b in plan.blocked}
+    assert "chat-serving" not in {r.workload_name for r in plan.recommendations}
+    assert reasons["chat-serving"] == "no free L40S 48GB capacity in site s1"
 
 
 def _inference(wid: str, node: str, gpus: int, util: float, mem_mib: float = 20_000) -> Movable:

@@ -1,0 +1,144 @@
+"""The fleet snapshot: what the planner needs to know, as a documented JSON format (docs/snapshot.md).
+
+The live optimizer builds one from telemetry every solve (and writes it to its state directory);
+``fleetfit plan FLEET.json`` plans from one written by hand or edited for a what-if question.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agent.protocol import Ident, WorkloadClass
+from optimizer.catalog import Catalog, GpuType
+from optimizer.classify import classify
+from optimizer.costs import Demand
+from optimizer.features import workload_features
+from optimizer.fleet import Fleet
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SnapshotNode(_Strict):
+    name: str = Field(min_length=1, max_length=128)
+    hardware: str = Field(min_length=1, description="a catalog key (h100) or the GPU name NVML reports")
+    gpus: int = Field(ge=1, le=64)
+
+
+class SnapshotWorkload(_Strict):
+    id: str = Field(min_length=1, max_length=200)
+    name: str = ""
+    workload_class: WorkloadClass = Field(alias="class")
+    confidence: float = Field(default=1.0, ge=0, le=1)
+    nodes: list[str] = Field(min_length=1, description="one node, or several for multi-node training")
+    gpus: int = Field(ge=1, description="in all, across its nodes")
+    mem_mib_per_gpu: float = Field(default=0.0, ge=0)
+    mean_util: float = Field(default=0.0, ge=0, le=100)
+    p95_util: float | None = Field(default=None, ge=0, le=100, description="default: mean_util")
+    pinned: bool = False
+    evidence: list[str] = Field(default_factory=list)
+
+    @property
+    def demand(self) -> Demand:
+        p95 = self.p95_util if self.p95_util is not None else self.mean_util
+        return Demand(self.workload_class, self.gpus, self.mem_mib_per_gpu, self.mean_util, p95)
+
+
+class Snapshot(_Strict):
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    site: Ident
+    nodes: list[SnapshotNode]
+    workloads: list[SnapshotWorkload] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Snapshot:
+        names = [n.name for n in self.nodes]
+        if len(names) != len(set(names)):
+            raise ValueError("node names must be unique")
+        ids = set()
+        for w in self.workloads:
+            if w.id in ids:
+                raise ValueError(f"workload {w.id} listed twice")
+            ids.add(w.id)
+            missing = set(w.nodes) - set(names)
+            if missing:
+                raise ValueError(f"workload {w.id} runs on unknown node {', '.join(sorted(missing))}")
+        return self
+
+    def overcommitted(self) -> list[str]:
+        """Nodes whose workloads hold more GPUs than they have (GPU sharing, or a snapshot typed wrong)."""
+        used = {n.name: 0 for n in self.nodes}
+        for w in self.workloads:
+            for node in w.nodes:
+                used[node] += w.gpus // len(w.nodes)
+        return [n.name for n in self.nodes if used[n.name] > n.gpus]
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """A snapshot workload with its hardware looked up in the catalog."""
+
+    w: SnapshotWorkload
+    hardware: GpuType | None
+
+    @property
+    def node(self) -> str:
+        return self.w.nodes[0]
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.w.nodes) > 1
+
+    @property
+    def mem_fraction(self) -> float:
+        if self.hardware is None:
+            return 0.0
+        return self.w.mem_mib_per_gpu / (self.hardware.memory_gib * 1024)
+
+
+def hardware_of(catalog: Catalog, name: str) -> GpuType | None:
+    try:
+        return catalog.by_key(name)
+    except KeyError:
+        return catalog.lookup(name)
+
+
+def resolve(catalog: Catalog, snapshot: Snapshot) -> list[Resolved]:
+    hw = {n.name: hardware_of(catalog, n.hardware) for n in snapshot.nodes}
+    return [Resolved(w, hw[w.nodes[0]]) for w in snapshot.workloads]
+
+
+def from_fleet(fleet: Fleet, site: str, pinned: list[str]) -> Snapshot:
+    """The live fleet as a snapshot: every node with an inventory, every workload classified."""
+    nodes = []
+    for (rec_site, name), record in sorted(fleet.nodes.items()):
+        if rec_site == site and record.birth is not None and record.birth.gpus:
+            physical = [g for g in record.birth.gpus if g.parent is None]
+            nodes.append(SnapshotNode(name=name, hardware=physical[0].model, gpus=len(physical)))
+    known = {n.name for n in nodes}
+    workloads = []
+    for f in workload_features(fleet, site):
+        if not set(f.nodes) <= known:
+            continue
+        result = classify(f)
+        workloads.append(
+            SnapshotWorkload(
+                id=f.id,
+                name=f.name,
+                workload_class=result.workload_class,
+                confidence=result.confidence,
+                nodes=f.nodes,
+                gpus=f.gpus,
+                mem_mib_per_gpu=round(f.mem_used_mib, 1),
+                mean_util=round(min(f.mean_util, 100.0), 2),
+                p95_util=round(min(max(f.p95_util, f.daily_peak_p95), 100.0), 2),
+                pinned=any(fnmatch.fnmatchcase(f.id, p) for p in pinned),
+                evidence=list(result.evidence),
+            )
+        )
+    return Snapshot(site=site, nodes=nodes, workloads=workloads)
