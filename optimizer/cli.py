@@ -139,6 +139,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from optimizer.catalog import CatalogError, load_catalog
+    from optimizer.recommend import PlanSettings, plan_snapshot
+    from optimizer.render import render_json, render_table
+    from optimizer.snapshot import Snapshot
+
+    try:
+        snapshot = Snapshot.model_validate_json(args.fleet.read_bytes())
+        catalog = load_catalog(args.catalog)
+    except OSError as exc:
+        return _fail(f"{args.fleet}: {exc.strerror}")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        return _fail(f"{args.fleet}: {where}: {first['msg']}")
+    except CatalogError as exc:
+        return _fail(str(exc))
+    over = snapshot.overcommitted()
+    if over:
+        return _fail(f"{args.fleet}: more GPUs in use than installed on {', '.join(over)}")
+    settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves)
+    plan = plan_snapshot(snapshot, catalog, settings)
+    print(render_json(plan) if args.format == "json" else render_table(plan))
+    return 0
+
+
 def _broker_settings(url: str, protocol: str) -> MqttSettings:
     from agent.config import MqttSettings
 
@@ -271,6 +299,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--horizon", type=int, default=100_000, help="latest windows per node to use")
     p.set_defaults(func=_cmd_classify)
+
+    p = sub.add_parser("plan", help="plan offline from a fleet snapshot (docs/snapshot.md)")
+    p.add_argument("fleet", type=Path, metavar="FLEET.json")
+    p.add_argument("--time-limit", type=float, default=10.0, help="solver seconds (default 10)")
+    p.add_argument("--max-moves", type=int, default=20)
+    p.add_argument("--catalog", type=Path, help="hardware catalog (default: the one shipped)")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="run simulated agents against a broker")
     p.add_argument("--broker", required=True, help="mqtt://[user:pass@]host[:port]")

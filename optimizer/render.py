@@ -53,9 +53,18 @@ def render_table(plan: Plan) -> str:
                 f"${r.monthly_savings_usd:,.0f}/month"
             )
             lines.append(f"      why: {r.reason}")
+            lines.append(f"      impact: {r.performance_impact}; risk {r.risk}")
     else:
         lines.append("")
         lines.append("no moves recommended")
+    if plan.blocked:
+        lines.append("")
+        lines.append("not moved:")
+        for b in plan.blocked:
+            lines.append(
+                f"  {b.workload_name} on {b.node} [{b.hardware}]: {b.reason} "
+                f"(would save ${b.monthly_savings_usd:,.0f}/month)"
+            )
     s = plan.solver
     lines.append(
         f"solver: {s.status}, objective ${s.objective:,.0f}, bound ${s.best_bound:,.0f}, "

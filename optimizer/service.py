@@ -18,7 +18,8 @@ from agent.protocol import Plan, Telemetry, encode, recommendations_topic, subsc
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet
-from optimizer.recommend import build_plan
+from optimizer.recommend import plan_snapshot
+from optimizer.snapshot import Snapshot, from_fleet
 from optimizer.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ class Optimizer:
         snapshot = self.fleet.snapshot()
         plans = []
         for site in snapshot.sites():
-            plan = await asyncio.to_thread(build_plan, snapshot, site, self.catalog, self.config.plan)
+            fleet_snapshot = from_fleet(snapshot, site, self.config.plan.pinned)
+            plan = await asyncio.to_thread(plan_snapshot, fleet_snapshot, self.catalog, self.config.plan)
+            self._export(fleet_snapshot)
             self.plans[site] = plan
             plans.append(plan)
             await self._publish(plan)
@@ -87,6 +90,19 @@ class Optimizer:
             if self.on_plan is not None:
                 self.on_plan(plan)
         return plans
+
+    def _export(self, fleet_snapshot: Snapshot) -> None:
+        """Leave the live snapshot in the state directory for `fleetfit plan` what-if runs (when it exists)."""
+        directory = self.config.optimizer.state_dir
+        if not directory.is_dir():
+            return
+        path = directory / f"snapshot-{fleet_snapshot.site}.json"
+        try:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(fleet_snapshot.model_dump_json(by_alias=True, indent=1))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
 
     async def _publish(self, plan: Plan) -> None:
         client = self._client

@@ -120,3 +120,25 @@ def test_agent_simulate_pairs_simulated_gpus_with_real_nics() -> None:
         [FLEETFIT, "agent", "--once", "--simulate", "h100"], capture_output=True, timeout=60, check=False
     )
     assert bad.returncode == 2 and b"MODELxN" in bad.stderr
+
+
+def test_plan_from_a_snapshot_and_refuse_a_broken_one(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "fleet.json"
+    result = subprocess.run(
+        [FLEETFIT, "plan", str(example), "--format", "json"], capture_output=True, timeout=60, check=True
+    )
+    plan = Plan.model_validate_json(result.stdout)
+    moves = {r.workload_name: (r.from_node, r.to_node) for r in plan.recommendations}
+    assert moves == {"chat-serving": ("h100-01", "l40s-01"), "vision-ddp": ("l4-01", "h100-02")}
+    assert "embeddings" not in moves  # pinned
+    broken = tmp_path / "fleet.json"
+    raw = json.loads(example.read_text())
+    raw["workloads"][0]["nodes"] = ["nowhere"]
+    broken.write_text(json.dumps(raw))
+    result = subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2 and b"unknown node nowhere" in result.stderr
+    raw = json.loads(example.read_text())
+    raw["workloads"][1]["gpus"] = 7  # 7 + 4 on an 8-GPU node
+    broken.write_text(json.dumps(raw))
+    result = subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2 and b"more GPUs in use than installed on l4-01" in result.stderr
