@@ -105,17 +105,23 @@ def _plan_printer(fmt: str) -> Callable[[Plan], None]:
 
 
 def _cmd_optimizer(args: argparse.Namespace) -> int:
+    import sqlite3
+
     from agent.config import ConfigError, load_config
     from optimizer.catalog import CatalogError, load_catalog
     from optimizer.config import OptimizerConfig
+    from optimizer.lifecycle import Lifecycle
     from optimizer.service import Optimizer, serve
 
     try:
         config = load_config(OptimizerConfig, args.config)
         catalog = load_catalog(config.optimizer.catalog)
-        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"))
+        lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir)
+        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle)
     except (ConfigError, CatalogError) as exc:
         return _fail(str(exc))
+    except (OSError, sqlite3.Error) as exc:
+        return _fail(f"state directory {config.optimizer.state_dir}: {exc}")
     asyncio.run(serve(optimizer))
     return 0
 
@@ -164,6 +170,94 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves)
     plan = plan_snapshot(snapshot, catalog, settings)
     print(render_json(plan) if args.format == "json" else render_table(plan))
+    return 0
+
+
+def _cmd_recommendations(args: argparse.Namespace) -> int:
+    import csv
+    import sqlite3
+
+    from agent.config import ConfigError, load_config
+    from optimizer.config import OptimizerConfig
+    from optimizer.lifecycle import DB_NAME, OPEN, Lifecycle, LifecycleError, RecState
+
+    try:
+        state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
+    except ConfigError as exc:
+        return _fail(str(exc))
+    if not (state_dir / DB_NAME).exists():
+        return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
+    try:
+        lifecycle = Lifecycle.in_state_dir(state_dir)
+        if args.action:
+            if not args.id:
+                return _fail(f"recommendations {args.action}: which recommendation? give its id")
+            target = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
+            tracked = lifecycle.set_state(args.id, target[args.action])
+            print(f"{tracked.recommendation.id} {tracked.state}")
+            return 0
+        rows = lifecycle.list(args.site, list(RecState) if args.all else OPEN)
+    except LifecycleError as exc:
+        return _fail(str(exc))
+    except sqlite3.Error as exc:
+        return _fail(f"{state_dir / DB_NAME}: {exc}")
+    if args.format == "json":
+        out = [
+            {
+                **t.recommendation.model_dump(mode="json"),
+                "site": t.site,
+                "state": t.state.value,
+                "first_seen": t.first_seen,
+                "last_seen": t.last_seen,
+            }
+            for t in rows
+        ]
+        print(json.dumps(out, indent=2))
+    elif args.format == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(
+            [
+                "id",
+                "state",
+                "site",
+                "workload",
+                "class",
+                "from_node",
+                "from_hardware",
+                "to_node",
+                "to_hardware",
+                "monthly_savings_usd",
+                "risk",
+                "reason",
+            ]
+        )
+        for t in rows:
+            r = t.recommendation
+            writer.writerow(
+                [
+                    r.id,
+                    t.state.value,
+                    t.site,
+                    r.workload_name,
+                    r.workload_class.value,
+                    r.from_node,
+                    r.from_hardware,
+                    r.to_node,
+                    r.to_hardware,
+                    r.monthly_savings_usd,
+                    r.risk,
+                    r.reason,
+                ]
+            )
+    else:
+        if not rows:
+            print("no recommendations" + ("" if args.all else " open (see --all)"))
+        for t in rows:
+            r = t.recommendation
+            print(
+                f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
+                f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
+            )
     return 0
 
 
@@ -245,12 +339,16 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     if args.format == "json":
         rows = [
             {
-                "workload": r.features.id, "name": r.features.name, "nodes": r.features.nodes,
-                "class": r.result.workload_class.value, "confidence": r.result.confidence,
-                "evidence": list(r.result.evidence), "label": r.truth.value if r.truth else None,
+                "workload": r.features.id,
+                "name": r.features.name,
+                "nodes": r.features.nodes,
+                "class": r.result.workload_class.value,
+                "confidence": r.result.confidence,
+                "evidence": list(r.result.evidence),
+                "label": r.truth.value if r.truth else None,
             }
             for r in results
-        ]  # fmt: skip
+        ]
         print(json.dumps(rows, indent=2))
     else:
         print(f"{len(results)} workload(s) from {rec.lines} line(s), {rec.rejected} rejected")
@@ -293,6 +391,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per real second")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("recommendations", help="list recommendations; acknowledge, dismiss or reopen one")
+    p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"])
+    p.add_argument("id", nargs="?")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--all", action="store_true", help="include dismissed, applied and expired ones")
+    p.add_argument("--site")
+    p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
+    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.set_defaults(func=_cmd_recommendations)
 
     p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
     p.add_argument("file", type=Path, metavar="FILE.jsonl")

@@ -18,6 +18,7 @@ from agent.protocol import Plan, Telemetry, encode, recommendations_topic, subsc
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet
+from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import plan_snapshot
 from optimizer.snapshot import Snapshot, from_fleet
 from optimizer.store import Store, plan_points, window_points
@@ -32,6 +33,7 @@ class Optimizer:
         catalog: Catalog,
         on_plan: Callable[[Plan], None] | None = None,
         store: Store | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog.with_prices(config.prices)
@@ -43,6 +45,7 @@ class Optimizer:
         self._client: aiomqtt.Client | None = None
         self._backoff = Backoff(cap=config.mqtt.reconnect_max_delay)
         self.store = store if store is not None else (Store(config.influxdb) if config.influxdb.url else None)
+        self.lifecycle = lifecycle
 
     async def _ingest(self) -> None:
         settings = self.config.mqtt
@@ -87,6 +90,8 @@ class Optimizer:
             await self._publish(plan)
             if self.store is not None:
                 self.store.add(plan_points(plan))
+            if self.lifecycle is not None:
+                self.lifecycle.record(plan, {w.id: w.hardware for w in plan.workloads})
             if self.on_plan is not None:
                 self.on_plan(plan)
         return plans

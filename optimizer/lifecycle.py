@@ -1,0 +1,141 @@
+"""The recommendation lifecycle, kept in SQLite in the optimizer's state directory.
+
+A recommendation is ``new`` when a plan first proposes it; a person ``acknowledged`` or ``dismissed`` it; it is
+``applied`` once the workload is seen on the recommended hardware; it ``expired`` when plans stop proposing it
+before that. Ids are stable across solves, so states survive re-planning and restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from agent.protocol import Plan, Recommendation
+
+DB_NAME = "fleetfit.db"
+
+
+class RecState(StrEnum):
+    NEW = "new"
+    ACKNOWLEDGED = "acknowledged"
+    DISMISSED = "dismissed"
+    APPLIED = "applied"
+    EXPIRED = "expired"
+
+
+OPEN = (RecState.NEW, RecState.ACKNOWLEDGED)
+CHANGEABLE = {RecState.ACKNOWLEDGED: OPEN, RecState.DISMISSED: OPEN, RecState.NEW: (RecState.DISMISSED,)}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS recommendations (
+    id TEXT PRIMARY KEY,
+    site TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    changed REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS recommendations_site_state ON recommendations (site, state);
+"""
+
+
+class LifecycleError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Tracked:
+    recommendation: Recommendation
+    site: str
+    state: RecState
+    first_seen: float
+    last_seen: float
+    changed: float
+
+
+class Lifecycle:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=10)
+        self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
+        self._db.executescript(_SCHEMA)
+
+    @classmethod
+    def in_state_dir(cls, state_dir: Path) -> Lifecycle:
+        return cls(state_dir / DB_NAME)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def record(self, plan: Plan, placements: dict[str, str], now: float | None = None) -> None:
+        """Fold a plan in. ``placements`` maps each workload seen to the hardware it runs on now."""
+        now = time.time() if now is None else now
+        proposed = {r.id: r for r in plan.recommendations}
+        with self._db:
+            for r in plan.recommendations:
+                self._db.execute(
+                    "INSERT INTO recommendations (id, site, workload, state, first_seen, last_seen, changed, body) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen, body = excluded.body, "
+                    "state = CASE WHEN recommendations.state IN ('expired', 'applied') THEN 'new' "
+                    "ELSE recommendations.state END",
+                    (r.id, plan.site, r.workload, RecState.NEW, now, now, now, r.model_dump_json()),
+                )
+            rows = self._db.execute(
+                "SELECT id, workload, body FROM recommendations WHERE site = ? AND state IN (?, ?)",
+                (plan.site, *OPEN),
+            ).fetchall()
+            for rec_id, workload, body in rows:
+                if rec_id in proposed:
+                    continue
+                target = Recommendation.model_validate_json(body).to_hardware
+                new_state = RecState.APPLIED if placements.get(workload) == target else RecState.EXPIRED
+                self._db.execute(
+                    "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?", (new_state, now, rec_id)
+                )
+
+    def set_state(self, rec_id: str, state: RecState, now: float | None = None) -> Tracked:
+        """A person's decision: acknowledge or dismiss (or reopen a dismissed one as acknowledged)."""
+        current = self.get(rec_id)
+        if current is None:
+            raise LifecycleError(f"no recommendation {rec_id}")
+        allowed = CHANGEABLE.get(state, ())
+        if current.state not in allowed and current.state != state:
+            raise LifecycleError(f"recommendation {rec_id} is {current.state}; it cannot become {state}")
+        with self._db:
+            self._db.execute(
+                "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?",
+                (state, time.time() if now is None else now, rec_id),
+            )
+        updated = self.get(rec_id)
+        assert updated is not None
+        return updated
+
+    def get(self, rec_id: str) -> Tracked | None:
+        rows = list(self._select("WHERE id = ?", (rec_id,)))
+        return rows[0] if rows else None
+
+    def list(self, site: str | None = None, states: Iterable[RecState] = OPEN) -> list[Tracked]:
+        """Recommendations in ``states`` (the open ones by default), biggest saving first."""
+        clauses, args = [], []
+        if site:
+            clauses.append("site = ?")
+            args.append(site)
+        wanted = list(states)
+        if wanted:
+            clauses.append(f"state IN ({', '.join('?' for _ in wanted)})")
+            args += [s.value for s in wanted]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        return sorted(self._select(where, tuple(args)), key=lambda t: -t.recommendation.monthly_savings_usd)
+
+    def _select(self, where: str, args: tuple[object, ...]) -> Iterable[Tracked]:
+        query = f"SELECT site, state, first_seen, last_seen, changed, body FROM recommendations {where}"
+        for site, state, first, last, changed, body in self._db.execute(query, args):
+            yield Tracked(Recommendation.model_validate(json.loads(body)), site, RecState(state), first, last, changed)

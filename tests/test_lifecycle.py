@@ -1,0 +1,99 @@
+"""Recommendation lifecycle in SQLite, and the CLI that reads and changes it."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FLEETFIT
+
+from agent.protocol import Plan, TopicKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from optimizer.catalog import load_catalog
+from optimizer.fleet import Fleet
+from optimizer.lifecycle import Lifecycle, LifecycleError, RecState
+from optimizer.recommend import PlanSettings, build_plan
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    fleet = Fleet("p")
+    for node in build_scenario("demo", 8, seed=1):
+        birth, windows = offline_windows(node, 8, site="s")
+        fleet.ingest(node_topic("p", "s", node.name, TopicKind.BIRTH), encode(birth))
+        for w in windows:
+            fleet.ingest(node_topic("p", "s", node.name, TopicKind.TELEMETRY), encode(w))
+    return build_plan(fleet, "s", load_catalog(), PlanSettings())
+
+
+def _placements(plan: Plan) -> dict[str, str]:
+    return {w.id: w.hardware for w in plan.workloads}
+
+
+def test_states_survive_replanning_and_restarts(tmp_path: Path, plan: Plan) -> None:
+    life = Lifecycle.in_state_dir(tmp_path)
+    life.record(plan, _placements(plan), now=100.0)
+    ids = [r.id for r in plan.recommendations]
+    assert len(ids) == 3 and {t.state for t in life.list()} == {RecState.NEW}
+    serving = next(r for r in plan.recommendations if r.workload_name == "chat-serving")
+    life.set_state(serving.id, RecState.ACKNOWLEDGED)
+    life.close()
+    life = Lifecycle.in_state_dir(tmp_path)  # an optimizer restart
+    life.record(plan, _placements(plan), now=200.0)
+    tracked = life.get(serving.id)
+    assert tracked is not None and tracked.state is RecState.ACKNOWLEDGED
+    assert (tracked.first_seen, tracked.last_seen) == (100.0, 200.0)
+    idle = next(r for r in plan.recommendations if r.workload_name == "forgotten-notebook-alloc")
+    life.set_state(idle.id, RecState.DISMISSED)
+    life.record(plan, _placements(plan), now=300.0)
+    assert life.get(idle.id).state is RecState.DISMISSED  # type: ignore[union-attr]
+    with pytest.raises(LifecycleError, match="no recommendation"):
+        life.set_state("nope", RecState.DISMISSED)
+
+
+def test_applied_when_the_workload_reached_its_target_else_expired(tmp_path: Path, plan: Plan) -> None:
+    life = Lifecycle.in_state_dir(tmp_path)
+    life.record(plan, _placements(plan))
+    serving = next(r for r in plan.recommendations if r.workload_name == "chat-serving")
+    later = plan.model_copy(update={"recommendations": []})
+    placements = _placements(plan) | {serving.workload: serving.to_hardware}  # it moved as recommended
+    life.record(later, placements)
+    states = {t.recommendation.workload_name: t.state for t in life.list(states=list(RecState))}
+    assert states["chat-serving"] is RecState.APPLIED
+    assert states["vision-finetune-ddp"] is RecState.EXPIRED
+    assert life.list() == []  # nothing open
+    with pytest.raises(LifecycleError, match="is expired"):
+        life.set_state(
+            next(r.id for r in plan.recommendations if r.workload_name == "vision-finetune-ddp"), RecState.ACKNOWLEDGED
+        )
+
+
+def test_cli_lists_and_changes_states(tmp_path: Path, plan: Plan) -> None:
+    life = Lifecycle.in_state_dir(tmp_path)
+    life.record(plan, _placements(plan))
+    life.close()
+    base = [FLEETFIT, "recommendations", "--state-dir", str(tmp_path)]
+    rows = json.loads(subprocess.run([*base, "--format", "json"], capture_output=True, check=True, timeout=60).stdout)
+    assert [r["state"] for r in rows] == ["new"] * 3
+    assert rows[0]["monthly_savings_usd"] >= rows[-1]["monthly_savings_usd"]
+    out = subprocess.run([*base, "dismiss", rows[0]["id"]], capture_output=True, check=True, timeout=60).stdout
+    assert out.decode().split() == [rows[0]["id"], "dismissed"]
+    text = subprocess.run([*base, "--format", "csv"], capture_output=True, check=True, timeout=60).stdout.decode()
+    table = list(csv.DictReader(io.StringIO(text)))
+    assert len(table) == 2 and rows[0]["id"] not in {r["id"] for r in table}
+    everything = subprocess.run([*base, "--all", "--format", "csv"], capture_output=True, check=True, timeout=60)
+    assert len(list(csv.DictReader(io.StringIO(everything.stdout.decode())))) == 3
+    bad = subprocess.run([*base, "ack", "0000"], capture_output=True, check=False, timeout=60)
+    assert bad.returncode == 2 and b"no recommendation 0000" in bad.stderr
+    missing = subprocess.run(
+        [FLEETFIT, "recommendations", "--state-dir", str(tmp_path / "none")],
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and b"no recommendations yet" in missing.stderr
