@@ -97,9 +97,9 @@ class Optimizer:
         return plans
 
     def _export(self, fleet_snapshot: Snapshot) -> None:
-        """Leave the live snapshot in the state directory for `fleetfit plan` what-if runs (when it exists)."""
+        """Leave the live snapshot in the state directory for `fleetfit plan` what-if runs (daemon only)."""
         directory = self.config.optimizer.state_dir
-        if not directory.is_dir():
+        if self.lifecycle is None or not directory.is_dir():
             return
         path = directory / f"snapshot-{fleet_snapshot.site}.json"
         try:
