@@ -56,15 +56,23 @@ async def collecting(settings: object, topic_filter: str) -> AsyncIterator[list[
                 await task
 
 
-async def test_simulated_fleet_through_mosquitto_to_a_plan(mosquitto: MosquittoServer, prefix: str) -> None:
+async def test_simulated_fleet_through_mosquitto_to_a_plan(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    from optimizer.lifecycle import Lifecycle
+    from optimizer.snapshot import Snapshot
+
     mqtt = mosquitto.settings(prefix)
     nodes = build_scenario("demo", 8, seed=3)
     planted = {w.id for n in nodes for w in n.workloads if w.id in n.misplaced}
     config = OptimizerConfig(
-        mqtt=mqtt, optimizer=OptimizerSettings(solve_interval=1.0), plan=PlanSettings(time_limit=5)
+        mqtt=mqtt,
+        optimizer=OptimizerSettings(solve_interval=1.0, state_dir=tmp_path),
+        plan=PlanSettings(time_limit=5),
     )
     plans: list[Plan] = []
-    optimizer = Optimizer(config, load_catalog(), on_plan=plans.append)
+    lifecycle = Lifecycle.in_state_dir(tmp_path)
+    optimizer = Optimizer(config, load_catalog(), on_plan=plans.append, lifecycle=lifecycle)
     opt_task = asyncio.create_task(optimizer.run())
     await asyncio.wait_for(optimizer.connected.wait(), 10)
     stop = asyncio.Event()
@@ -86,6 +94,10 @@ async def test_simulated_fleet_through_mosquitto_to_a_plan(mosquitto: MosquittoS
             plan = decode(TopicKind.RECOMMENDATIONS, message.payload)  # type: ignore[arg-type]
             assert isinstance(plan, Plan) and plan.site == "e2e"
             assert {r.workload for r in plan.recommendations} == planted
+        # the daemon tracks them, and leaves its snapshot for what-if planning
+        assert {t.recommendation.workload for t in lifecycle.list()} == planted
+        snapshot = Snapshot.model_validate_json((tmp_path / "snapshot-e2e.json").read_bytes())
+        assert {w.id for w in snapshot.workloads} >= planted
     finally:
         stop.set()
         await fleet_task
