@@ -17,8 +17,14 @@ import aiomqtt
 import pytest
 
 from agent.config import MqttSettings
+from agent.protocol import TopicKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from collectors.simulated import Pattern
+from optimizer.fleet import Fleet
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")  # the console command, as users run it
+FLEET_PREFIX = "fleetfit/v1"
 
 
 def free_port() -> int:
@@ -216,3 +222,18 @@ def write_agent_config(directory: Path, port: int, prefix: str, node: str, inter
         f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\nprefix = "{prefix}"\nkeepalive = 5\nreconnect_max_delay = 1.0\n'
     )
     return path
+
+
+def simulated_fleet(
+    scenario: str, nodes: int, windows: int = 18, seed: int = 1, site: str = "s1"
+) -> tuple[Fleet, dict[str, Pattern]]:
+    """A fleet state fed with ``windows`` simulated windows of every node (no broker), and the ground truth."""
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    truth = {}
+    for node in build_scenario(scenario, nodes, seed):
+        birth, telemetry = offline_windows(node, windows, site=site, seed=seed)
+        assert fleet.ingest(node_topic(FLEET_PREFIX, site, node.name, TopicKind.BIRTH), encode(birth))
+        for w in telemetry:
+            assert fleet.ingest(node_topic(FLEET_PREFIX, site, node.name, TopicKind.TELEMETRY), encode(w))
+        truth.update({w.id: w.pattern for w in node.workloads})
+    return fleet, truth

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from conftest import simulated_fleet
 
-from agent.protocol import TopicKind, WorkloadClass, encode, node_topic
-from agent.simulate import offline_windows
+from agent.protocol import WorkloadClass
 from collectors.scenarios import build_scenario
 from collectors.simulated import Pattern
 from optimizer.catalog import load_catalog
 from optimizer.classify import classify
 from optimizer.costs import Demand
 from optimizer.features import workload_features
-from optimizer.fleet import Fleet
 from optimizer.planner import Movable, NodeSlot, Problem, solve
 from optimizer.recommend import PlanSettings, build_plan
 
-PREFIX = "fleetfit/v1"
 EXPECTED = {
     Pattern.TRAINING: WorkloadClass.TRAINING,
     Pattern.INFERENCE: WorkloadClass.INFERENCE,
@@ -25,21 +23,9 @@ EXPECTED = {
 }
 
 
-def _fleet(scenario: str, nodes: int, windows: int = 18, seed: int = 1) -> tuple[Fleet, dict[str, Pattern]]:
-    fleet = Fleet(PREFIX, horizon_windows=60)
-    truth = {}
-    for node in build_scenario(scenario, nodes, seed):
-        birth, telemetry = offline_windows(node, windows, site="s1", seed=seed)
-        assert fleet.ingest(node_topic(PREFIX, "s1", node.name, TopicKind.BIRTH), encode(birth))
-        for w in telemetry:
-            assert fleet.ingest(node_topic(PREFIX, "s1", node.name, TopicKind.TELEMETRY), encode(w))
-        truth.update({w.id: w.pattern for w in node.workloads})
-    return fleet, truth
-
-
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_demo_workloads_are_classified_correctly(seed: int) -> None:
-    fleet, truth = _fleet("demo", 12, seed=seed)
+    fleet, truth = simulated_fleet("demo", 12, seed=seed)
     features = workload_features(fleet, "s1")
     assert {f.id for f in features} == set(truth)
     for f in features:
@@ -50,14 +36,14 @@ def test_demo_workloads_are_classified_correctly(seed: int) -> None:
 
 
 def test_too_little_data_is_unknown() -> None:
-    fleet, _ = _fleet("demo", 8, windows=2)
+    fleet, _ = simulated_fleet("demo", 8, windows=2)
     for f in workload_features(fleet, "s1"):
         result = classify(f)
         assert result.workload_class is WorkloadClass.UNKNOWN and result.confidence == 0.0
 
 
 def test_plan_moves_exactly_the_planted_misplacements() -> None:
-    fleet, _ = _fleet("demo", 10)
+    fleet, _ = simulated_fleet("demo", 10)
     planted = {w.id for n in build_scenario("demo", 10, 1) for w in n.workloads if w.id in n.misplaced}
     plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())
     assert {r.workload for r in plan.recommendations} == planted
@@ -73,7 +59,7 @@ def test_plan_moves_exactly_the_planted_misplacements() -> None:
 
 
 def test_pinned_workloads_and_move_budget_are_honoured_and_explained() -> None:
-    fleet, _ = _fleet("demo", 10)
+    fleet, _ = simulated_fleet("demo", 10)
     plan = build_plan(fleet, "s1", load_catalog(), PlanSettings(max_moves=1, pinned=["*"]))
     assert plan.recommendations == []
     assert {b.workload_name: b.reason for b in plan.blocked} == {
@@ -90,7 +76,7 @@ def test_pinned_workloads_and_move_budget_are_honoured_and_explained() -> None:
 
 
 def test_recommendations_state_impact_and_risk() -> None:
-    fleet, _ = _fleet("demo", 10)
+    fleet, _ = simulated_fleet("demo", 10)
     plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())
     by_name = {r.workload_name: r for r in plan.recommendations}
     serving = by_name["chat-serving"]
@@ -102,7 +88,7 @@ def test_recommendations_state_impact_and_risk() -> None:
 
 
 def test_capacity_shortage_is_reported_as_blocked() -> None:
-    fleet, _ = _fleet("demo", 8)
+    fleet, _ = simulated_fleet("demo", 8)
     for key in [k for k in fleet.nodes if k[1] in ("l40s-002", "h100-003", "a100-001")]:
         del fleet.nodes[key]  # the spare L40S, H100 and A100 capacity is gone
     plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())

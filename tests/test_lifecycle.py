@@ -9,25 +9,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FLEETFIT
+from conftest import FLEETFIT, simulated_fleet
 
-from agent.protocol import Plan, TopicKind, encode, node_topic
-from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
+from agent.protocol import Plan
 from optimizer.catalog import load_catalog
-from optimizer.fleet import Fleet
 from optimizer.lifecycle import Lifecycle, LifecycleError, RecState
 from optimizer.recommend import PlanSettings, build_plan
 
 
 @pytest.fixture(scope="module")
 def plan() -> Plan:
-    fleet = Fleet("p")
-    for node in build_scenario("demo", 8, seed=1):
-        birth, windows = offline_windows(node, 8, site="s")
-        fleet.ingest(node_topic("p", "s", node.name, TopicKind.BIRTH), encode(birth))
-        for w in windows:
-            fleet.ingest(node_topic("p", "s", node.name, TopicKind.TELEMETRY), encode(w))
+    fleet, _ = simulated_fleet("demo", 8, windows=8, site="s")
     return build_plan(fleet, "s", load_catalog(), PlanSettings())
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import simulated_fleet
 
-from agent.protocol import FindingKind, TopicKind, WorkloadClass, encode, node_topic
+from agent.protocol import FindingKind, WorkloadClass, encode
 from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from optimizer.catalog import load_catalog
-from optimizer.fleet import Fleet
 from optimizer.offline import RecordingError, classify_all, load, score
 from optimizer.recommend import PlanSettings, build_plan
 
@@ -54,12 +54,7 @@ def test_labelled_recording_scores_itself_and_bad_lines_are_reported() -> None:
 
 
 def test_findings_name_each_planted_misplacement_with_its_waste() -> None:
-    fleet = Fleet("p")
-    for node in build_scenario("demo", 8, seed=1):
-        birth, windows = offline_windows(node, 12, site="s")
-        fleet.ingest(node_topic("p", "s", node.name, TopicKind.BIRTH), encode(birth))
-        for w in windows:
-            fleet.ingest(node_topic("p", "s", node.name, TopicKind.TELEMETRY), encode(w))
+    fleet, _ = simulated_fleet("demo", 8, windows=12, site="s")
     plan = build_plan(fleet, "s", load_catalog(), PlanSettings(pinned=["*"]))  # nothing may move...
     assert plan.recommendations == []
     kinds = {f.workload_name: f.kind for f in plan.findings}  # ...yet the misplacements are reported
