@@ -46,6 +46,10 @@ class Problem:
     min_savings_fraction: float = 0.10
     time_limit_s: float = 10.0
     workers: int = 2
+    # Destination nodes offered per hardware type, which bounds the model at fleet scale; small fleets get
+    # every node (see _Targets.of).
+    candidates_per_type: int = 24
+    full_model_limit: int = 300_000  # movable workloads x nodes up to which every node is a candidate
 
 
 @dataclass(slots=True)
@@ -56,31 +60,85 @@ class Solution:
     blocked: dict[str, str] = field(default_factory=dict)  # workload id → why no better home was allowed
 
 
-def _candidates(catalog: Catalog, problem: Problem, w: Movable) -> tuple[dict[str, float], str | None]:
-    """Nodes ``w`` may run on with their monthly cost; also why nothing better qualified, if so."""
-    nodes = {n.name: n for n in problem.nodes}
-    here = nodes[w.node]
+@dataclass(slots=True)
+class _Targets:
+    """Per hardware type, the nodes worth offering as destinations, roomiest first."""
+
+    by_hardware: dict[str, list[tuple[int, str]]]
+    per_type: int
+
+    @classmethod
+    def of(cls, problem: Problem) -> _Targets:
+        room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
+        for w in problem.movable:
+            room[w.node] = room.get(w.node, 0) - w.demand.gpus
+        by_hardware: dict[str, list[tuple[int, str]]] = {}
+        for n in problem.nodes:
+            by_hardware.setdefault(n.hardware, []).append((room[n.name], n.name))
+        for nodes in by_hardware.values():
+            nodes.sort(key=lambda rn: (-rn[0], rn[1]))
+        small = len(problem.movable) * len(problem.nodes) <= problem.full_model_limit
+        return cls(by_hardware, len(problem.nodes) if small else problem.candidates_per_type)
+
+    def nodes(self, hardware: str, gpus: int) -> list[str]:
+        """Up to ``per_type`` nodes of ``hardware`` with room for ``gpus`` now, and the next fullest few: those
+        may free up when their own workloads move away."""
+        listed = self.by_hardware.get(hardware, [])
+        roomy = [name for free, name in listed if free >= gpus][: self.per_type]
+        tight = [name for free, name in listed if free < gpus][: max(2, self.per_type // 4)]
+        return roomy + tight if self.per_type < len(listed) else [name for _, name in listed]
+
+
+def _candidates(
+    catalog: Catalog, problem: Problem, targets: _Targets, w: Movable, slots: dict[str, NodeSlot]
+) -> tuple[dict[str, float], dict[str, float], str | None]:
+    """Nodes ``w`` may run on with their monthly cost, the worthwhile hardware types with theirs, and why
+    nothing better qualified, if so."""
+    here = slots[w.node]
     current = catalog.by_key(here.hardware)
     cost_now = monthly_cost(catalog, w.demand, current, current)
     options = {w.node: cost_now}
+    types: dict[str, float] = {}
     why_not: str | None = None
-    by_hardware: dict[str, float | None] = {}
-    for n in problem.nodes:
-        if n.name == w.node or n.hardware == here.hardware or n.gpus < w.demand.gpus:
+    for key in targets.by_hardware:
+        if key == here.hardware:
             continue
-        if n.hardware not in by_hardware:
-            target = catalog.by_key(n.hardware)
-            problem_text = fit_problem(catalog, w.demand, current, target)
-            cost = monthly_cost(catalog, w.demand, current, target)
-            saving = cost_now - cost
-            worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
-            by_hardware[n.hardware] = cost if problem_text is None and worth else None
-            if problem_text and worth:
-                why_not = problem_text
-        cost_there = by_hardware[n.hardware]
-        if cost_there is not None:
-            options[n.name] = cost_there
-    return options, why_not
+        target = catalog.by_key(key)
+        problem_text = fit_problem(catalog, w.demand, current, target)
+        cost = monthly_cost(catalog, w.demand, current, target)
+        saving = cost_now - cost
+        worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
+        if problem_text and worth:
+            why_not = problem_text
+        if problem_text is None and worth:
+            types[key] = cost
+            for name in targets.nodes(key, w.demand.gpus):
+                if slots[name].gpus >= w.demand.gpus:
+                    options[name] = cost
+    return options, types, why_not
+
+
+def _greedy(
+    problem: Problem, targets: _Targets, types: dict[str, dict[str, float]], now: dict[str, float]
+) -> dict[str, str]:
+    """The baseline and the solver's starting point: biggest saving first, each to the cheapest node with room
+    (room it leaves behind is reused)."""
+    room = {name: free for nodes in targets.by_hardware.values() for free, name in nodes}
+    placement = {w.id: w.node for w in problem.movable}
+    moved = 0
+    by_saving = sorted(problem.movable, key=lambda w: -(now[w.id] - min(types[w.id].values(), default=now[w.id])))
+    for w in by_saving:
+        if moved >= problem.max_moves or not types[w.id]:
+            continue
+        for key, _ in sorted(types[w.id].items(), key=lambda kv: kv[1]):
+            node = next((name for _, name in targets.by_hardware[key] if room[name] >= w.demand.gpus), None)
+            if node is not None:
+                room[node] -= w.demand.gpus
+                room[w.node] += w.demand.gpus
+                placement[w.id] = node
+                moved += 1
+                break
+    return placement
 
 
 def solve(catalog: Catalog, problem: Problem) -> Solution:
@@ -93,11 +151,20 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     costs: dict[str, dict[str, float]] = {}
     blocked: dict[str, str] = {}
     usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in problem.nodes}
+    targets = _Targets.of(problem)
+    slots = {n.name: n for n in problem.nodes}
+    types: dict[str, dict[str, float]] = {}
     for w in problem.movable:
-        options, why_not = _candidates(catalog, problem, w)
+        options, types[w.id], why_not = _candidates(catalog, problem, targets, w, slots)
         costs[w.id] = options
         if len(options) == 1 and why_not:
             blocked[w.id] = why_not
+    start = _greedy(problem, targets, types, {w.id: costs[w.id][w.node] for w in problem.movable})
+    for w in problem.movable:
+        options = costs[w.id]
+        if start[w.id] not in options:  # the greedy start is always among the choices
+            node = start[w.id]
+            options[node] = types[w.id][slots[node].hardware]
         row = []
         for node, cost in options.items():
             var = model.new_bool_var(f"x[{w.id}@{node}]")
@@ -106,7 +173,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             usage[node].append((w.demand.gpus, var))
             one_off = 0.0 if node == w.node else w.move_cost_usd
             objective.append(round((cost + one_off) * CENTS) * var)
-            model.add_hint(var, node == w.node)
+            model.add_hint(var, node == start[w.id])
             if node != w.node:
                 moves.append(var)
         model.add_exactly_one(row)
