@@ -121,3 +121,12 @@ def test_planner_respects_memory_and_load_fit() -> None:
         solution = solve(catalog, Problem(nodes, {}, [w]))
         assert solution.placement[w.id] == "h1"
         assert w.id in solution.blocked
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_a_well_placed_fleet_gets_no_recommendations(seed: int) -> None:
+    fleet, _ = simulated_fleet("well-placed", 14, windows=12, seed=seed)
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings())
+    assert plan.recommendations == [], [(r.workload_name, r.reason) for r in plan.recommendations]
+    # A notebook that ran nothing for these two minutes does look like an idle allocation; nothing else is flagged.
+    assert all(f.workload_name == "research-notebook" for f in plan.findings), plan.findings
