@@ -45,6 +45,8 @@ def test_demo_json_plan_names_the_planted_misplacements() -> None:
     assert classes["chat-serving"] == "inference" and classes["vision-finetune-ddp"] == "training"
     assert classes["forgotten-notebook-alloc"] == "idle"
     assert all(r.monthly_savings_usd > 0 and r.reason for r in plan.recommendations)
+    moves = {r.workload_name: r.to_hardware for r in plan.recommendations}
+    assert "L40S" in moves["chat-serving"] and "H100" in moves["vision-finetune-ddp"]
     assert b"embedded broker" in result.stderr
 
 
