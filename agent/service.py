@@ -185,6 +185,17 @@ class Agent:
             for c in self.collectors:
                 c.close()
             self.notifier.close()
+            log.info(
+                "stopped: %d window(s) closed, %d published, %d queued, %d dropped; %d tick(s) missed, "
+                "%d counter reset(s), %d collector error(s)",
+                self.windows_closed,
+                self.link.published,
+                len(self.queue),
+                self.queue.dropped,
+                self.ticks_missed,
+                self.builder.counter_resets,
+                self.collector_errors,
+            )
 
     async def _drain(self, limit: float) -> None:
         """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""

@@ -67,10 +67,6 @@ class SimulatedFleet:
 
         return write
 
-    @property
-    def misplaced(self) -> set[str]:
-        return {wid for n in self.nodes for wid in n.misplaced}
-
     async def run(self, stop: asyncio.Event) -> None:
         """Run every agent until ``stop`` is set, then shut them all down gracefully."""
         tasks = [asyncio.create_task(a.run(), name=f"agent-{a.settings.node}") for a in self.agents]

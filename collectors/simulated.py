@@ -129,9 +129,6 @@ class SimulatedNode:
             cuda_version="sim",
         )
 
-    def workloads_truth(self) -> dict[str, Pattern]:
-        return {w.id: w.pattern for w in self.specs}
-
     def workloads(self) -> list[WorkloadRef]:
         return [
             WorkloadRef(id=w.id, kind=WorkloadKind.KUBERNETES_POD, name=w.name, gpus=list(w.gpus), hint=w.hint)
