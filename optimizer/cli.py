@@ -117,7 +117,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         config = load_config(OptimizerConfig, args.config)
         catalog = load_catalog(config.optimizer.catalog)
         lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir)
-        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle)
+        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, api=config.api)
     except (ConfigError, CatalogError) as exc:
         return _fail(str(exc))
     except (OSError, sqlite3.Error) as exc:

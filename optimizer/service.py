@@ -15,6 +15,7 @@ import aiomqtt
 from agent.backoff import Backoff
 from agent.mqtt import make_client
 from agent.protocol import Plan, Telemetry, encode, recommendations_topic, subscription_filters
+from optimizer.api import Api, ApiSettings
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet
@@ -34,6 +35,7 @@ class Optimizer:
         on_plan: Callable[[Plan], None] | None = None,
         store: Store | None = None,
         lifecycle: Lifecycle | None = None,
+        api: ApiSettings | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog.with_prices(config.prices)
@@ -46,6 +48,8 @@ class Optimizer:
         self._backoff = Backoff(cap=config.mqtt.reconnect_max_delay)
         self.store = store if store is not None else (Store(config.influxdb) if config.influxdb.url else None)
         self.lifecycle = lifecycle
+        self.api = Api(self, api) if api is not None and api.listen else None
+        self.plans_made = 0
 
     async def _ingest(self) -> None:
         settings = self.config.mqtt
@@ -86,6 +90,7 @@ class Optimizer:
             plan = await asyncio.to_thread(plan_snapshot, fleet_snapshot, self.catalog, self.config.plan)
             self._export(fleet_snapshot)
             self.plans[site] = plan
+            self.plans_made += 1
             plans.append(plan)
             await self._publish(plan)
             if self.store is not None:
@@ -137,6 +142,8 @@ class Optimizer:
         ]
         if self.store is not None:
             tasks.append(asyncio.create_task(self.store.run(), name="optimizer-store"))
+        if self.api is not None:
+            await self.api.start()
         try:
             await self.should_exit.wait()
         finally:
@@ -145,6 +152,8 @@ class Optimizer:
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
+            if self.api is not None:
+                await self.api.stop()
             if self.store is not None:
                 await self.store.flush(5.0)
                 self.store.close()
