@@ -1,6 +1,6 @@
 # fleetfit: `make demo` runs the demo, `make test` runs lint, type checks and the whole test suite.
 # Each target bootstraps what it needs: a virtual environment in .venv, the package, and for the tests
-# Debian's mosquitto and victoria-metrics (installed with apt-get when missing).
+# Debian's mosquitto, victoria-metrics and chromium (installed with apt-get when missing).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -24,11 +24,12 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.runtime
 	$(BIN)/fleetfit demo
 
-# Real servers the tests start on free ports: Mosquitto (the broker) and VictoriaMetrics (the InfluxDB v2 write
-# API's stand-in). Installed once, with one apt-get update, when either is missing.
+# Real programs the tests start: Mosquitto (the broker), VictoriaMetrics (the InfluxDB v2 write API's stand-in)
+# and Chromium (renders the optimizer's page headless). Installed once, with one apt-get update, when missing.
 deps-test: $(VENV)/.test
-	@{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } && command -v victoria-metrics >/dev/null || \
-		{ $(APT) update && DEBIAN_FRONTEND=noninteractive $(APT) install -y --no-install-recommends mosquitto victoria-metrics; }
+	@{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } && command -v victoria-metrics >/dev/null \
+		&& command -v chromium >/dev/null || { $(APT) update && DEBIAN_FRONTEND=noninteractive \
+		$(APT) install -y --no-install-recommends mosquitto victoria-metrics chromium; }
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

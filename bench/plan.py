@@ -27,7 +27,8 @@ from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, hardware_of
 
 
-def fleet(nodes: int, seed: int) -> Snapshot:
+def fleet(nodes: int, seed: int, split: bool = True) -> Snapshot:
+    """A ``mixed`` fleet; with ``split``, jobs of 4 GPUs or more become two halves (about 2.5 workloads a node)."""
     scenario = build_scenario("mixed", nodes, seed)
     snapshot_nodes = [SnapshotNode(name=n.name, hardware=n.profile, gpus=PROFILES[n.profile].gpus) for n in scenario]
     workloads = []
@@ -36,19 +37,21 @@ def fleet(nodes: int, seed: int) -> Snapshot:
         for w in n.workloads:
             level = w.level * 100
             online = w.pattern is Pattern.INFERENCE
-            workloads.append(
-                SnapshotWorkload(
-                    id=w.id,
-                    name=w.name,
-                    workload_class=PATTERN_CLASS[w.pattern.value],
-                    confidence=0.95,
-                    nodes=[n.name],
-                    gpus=len(w.gpus),
-                    mem_mib_per_gpu=w.mem_fraction * memory,
-                    mean_util=level * (0.6 if online else 1.0),
-                    p95_util=min(100.0, level * (1.6 if online else 1.05)),
+            parts = 2 if split and len(w.gpus) >= 4 else 1
+            for part in range(parts):
+                workloads.append(
+                    SnapshotWorkload(
+                        id=f"{w.id}-{part}",
+                        name=w.name,
+                        workload_class=PATTERN_CLASS[w.pattern.value],
+                        confidence=0.95,
+                        nodes=[n.name],
+                        gpus=len(w.gpus) // parts,
+                        mem_mib_per_gpu=w.mem_fraction * memory,
+                        mean_util=level * (0.6 if online else 1.0),
+                        p95_util=min(100.0, level * (1.6 if online else 1.05)),
+                    )
                 )
-            )
     return Snapshot(site="bench", nodes=snapshot_nodes, workloads=workloads)
 
 

@@ -90,3 +90,45 @@ async def test_state_changes_are_off_without_a_token(tmp_path: Path) -> None:
                 assert r.status == 403
     finally:
         await optimizer.api.stop()
+
+
+async def test_the_page_renders_in_a_real_browser(tmp_path: Path) -> None:
+    import asyncio
+    import shutil
+
+    browser = shutil.which("chromium") or "/usr/bin/chromium"
+    fleet, _ = simulated_fleet("demo", 8, windows=8)
+    optimizer = Optimizer(
+        OptimizerConfig(), load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path), api=ApiSettings(port=0)
+    )
+    optimizer.fleet = fleet
+    await optimizer.plan_once()
+    assert optimizer.api is not None
+    await optimizer.api.start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'chromium'}",
+            f"--screenshot={tmp_path / 'page.png'}",
+            "--window-size=1400,600",
+            "--dump-dom",
+            f"http://127.0.0.1:{optimizer.api.port}/",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        dom, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await optimizer.api.stop()
+    text = dom.decode()
+    assert '<p id="summary">3 recommended move(s)' in text
+    rows = text.split("<tbody>")[1].split("</tbody>")[0].count("<tr>")
+    assert rows == 3
+    assert "chat-serving" in text and "L40S 48GB" in text
