@@ -54,6 +54,9 @@ def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuT
     target_mib = target.memory_gib * 1024
     if demand.mem_mib_per_gpu > MEMORY_HEADROOM * target_mib:
         return f"needs {demand.mem_mib_per_gpu / 1024:.0f} GiB per GPU, {target.name} has {target.memory_gib:.0f}"
+    if demand.workload_class is WorkloadClass.TRAINING and demand.gpus > 1 and current.nvlink and not target.nvlink:
+        # it may be tensor-parallel, which NVLink carries and PCIe cannot: never take NVLink away from it
+        return f"{demand.gpus}-GPU training needs NVLink, which {target.name} lacks"
     if demand.workload_class in THROUGHPUT_BOUND or demand.workload_class is WorkloadClass.IDLE:
         return None
     ratio = throughput(catalog, current, demand) / throughput(catalog, target, demand)

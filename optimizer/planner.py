@@ -34,6 +34,7 @@ class Movable:
     node: str
     demand: Demand
     move_cost_usd: float  # one-off: restart, cold start, lost work since the last checkpoint
+    service: str | None = None  # replicas of one inference service are kept on different nodes
 
 
 @dataclass(slots=True)
@@ -141,6 +142,28 @@ def _greedy(
     return placement
 
 
+def _spread_replicas(model: cp_model.CpModel, problem: Problem, choice: dict[tuple[str, str], cp_model.IntVar]) -> None:
+    """No node gets two replicas of one service that were not already sharing it."""
+    services: dict[str, list[Movable]] = {}
+    for w in problem.movable:
+        if w.service:
+            services.setdefault(w.service, []).append(w)
+    options: dict[str, list[tuple[str, cp_model.IntVar]]] = {}
+    for (wid, node), var in choice.items():
+        options.setdefault(wid, []).append((node, var))
+    for replicas in services.values():
+        if len(replicas) < 2:
+            continue
+        already = {w.node for w in replicas}
+        by_node: dict[str, list[cp_model.IntVar]] = {}
+        for w in replicas:
+            for node, var in options.get(w.id, []):
+                by_node.setdefault(node, []).append(var)
+        for node, variables in by_node.items():
+            if len(variables) > 1 and node not in already:
+                model.add(sum(variables) <= 1)
+
+
 def solve(catalog: Catalog, problem: Problem) -> Solution:
     """Find the cheapest placement reachable within the move budget."""
     started = time.perf_counter()
@@ -183,6 +206,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
     if moves:
         model.add(sum(moves) <= problem.max_moves)
+    _spread_replicas(model, problem, choice)
     model.minimize(sum(objective))
 
     solver = cp_model.CpSolver()

@@ -137,7 +137,8 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
             and not r.w.pinned
         )
         if can_move:
-            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r)))
+            service = r.w.name if r.w.workload_class is WorkloadClass.INFERENCE and r.w.name else None
+            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service))
         else:
             for node in r.w.nodes:
                 fixed[node] = fixed.get(node, 0) + r.w.gpus // len(r.w.nodes)

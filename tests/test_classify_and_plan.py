@@ -130,3 +130,21 @@ def test_a_well_placed_fleet_gets_no_recommendations(seed: int) -> None:
     assert plan.recommendations == [], [(r.workload_name, r.reason) for r in plan.recommendations]
     # A notebook that ran nothing for these two minutes does look like an idle allocation; nothing else is flagged.
     assert all(f.workload_name == "research-notebook" for f in plan.findings), plan.findings
+
+
+def test_replicas_spread_and_multi_gpu_training_keeps_nvlink() -> None:
+    catalog = load_catalog()
+    nodes = [NodeSlot("h1", "h100", 8), NodeSlot("h2", "h100", 8), NodeSlot("l1", "l40s", 8)]
+    replicas = [
+        Movable(f"r{i}", f"h{i + 1}", Demand(WorkloadClass.INFERENCE, 4, 20_000, 20, 32), 20, service="chat")
+        for i in range(2)
+    ]
+    solution = solve(catalog, Problem(nodes, {}, replicas))
+    # both would fit on the one L40S node, but two replicas of a service do not share a node they did not share
+    assert sorted(solution.placement.values()).count("l1") == 1
+    training = Movable("t", "h1", Demand(WorkloadClass.TRAINING, 8, 20_000, 90, 95), 20)
+    cheap = [NodeSlot("h1", "h100", 8), NodeSlot("l1", "l40s", 8)]
+    nearly_free = catalog.with_prices({"l40s": 0.01})  # cheaper per unit of work even without NVLink...
+    solution = solve(nearly_free, Problem(cheap, {}, [training]))
+    assert solution.placement["t"] == "h1"  # ...but multi-GPU training keeps its NVLink
+    assert "needs NVLink" in solution.blocked["t"]
