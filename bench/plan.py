@@ -75,6 +75,12 @@ def greedy(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings) -> floa
         options.append((now - best[0], w, current, now))
     saved = 0.0
     moves = 0
+    # the planner's rule, so the comparison is fair: no node gets two replicas of a service it did not have
+    already: dict[str, set[str]] = {}
+    for w in snapshot.workloads:
+        if w.workload_class.value == "inference":
+            already.setdefault(w.name, set()).add(w.nodes[0])
+    taken: set[tuple[str, str]] = set()
     for _, w, current, now in sorted(options, key=lambda o: -o[0]):
         if moves >= settings.max_moves:
             break
@@ -82,6 +88,8 @@ def greedy(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings) -> floa
         for name, room in free.items():
             g = hw[name]
             if g is None or g.key == current.key or room < w.gpus or fit_problem(catalog, w.demand, current, g):
+                continue
+            if w.name in already and name not in already[w.name] and (w.name, name) in taken:
                 continue
             cost = monthly_cost(catalog, w.demand, current, g)
             saving = now - cost
@@ -91,6 +99,8 @@ def greedy(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings) -> floa
             _, name = min(targets)
             free[name] -= w.gpus
             free[w.nodes[0]] += w.gpus
+            if w.name in already:
+                taken.add((w.name, name))
             saved += now - monthly_cost(catalog, w.demand, current, hw[name])  # type: ignore[arg-type]
             moves += 1
     return saved
@@ -102,6 +112,7 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--max-moves", type=int, default=200)
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--no-split", action="store_true", help="keep 8-GPU jobs whole (about 1.25 workloads a node)")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     catalog = load_catalog()
@@ -112,7 +123,7 @@ def main() -> int:
         f"{'CP-SAT $/mo':>13}{'greedy $/mo':>13}{'ratio':>7}"
     )
     for size in (int(s) for s in args.sizes.split(",")):
-        snapshot = fleet(size, seed)
+        snapshot = fleet(size, seed, split=not args.no_split)
         started = time.perf_counter()
         plan = plan_snapshot(snapshot, catalog, settings)
         wall = time.perf_counter() - started

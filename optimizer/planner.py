@@ -126,17 +126,32 @@ def _greedy(
     (room it leaves behind is reused)."""
     room = {name: free for nodes in targets.by_hardware.values() for free, name in nodes}
     placement = {w.id: w.node for w in problem.movable}
+    already: dict[str, set[str]] = {}
+    for w in problem.movable:
+        if w.service:
+            already.setdefault(w.service, set()).add(w.node)
+    taken: set[tuple[str, str]] = set()  # (service, node) that received a replica
     moved = 0
     by_saving = sorted(problem.movable, key=lambda w: -(now[w.id] - min(types[w.id].values(), default=now[w.id])))
     for w in by_saving:
         if moved >= problem.max_moves or not types[w.id]:
             continue
         for key, _ in sorted(types[w.id].items(), key=lambda kv: kv[1]):
-            node = next((name for _, name in targets.by_hardware[key] if room[name] >= w.demand.gpus), None)
+            node = next(
+                (
+                    name
+                    for _, name in targets.by_hardware[key]
+                    if room[name] >= w.demand.gpus
+                    and not (w.service and name not in already[w.service] and (w.service, name) in taken)
+                ),
+                None,
+            )
             if node is not None:
                 room[node] -= w.demand.gpus
                 room[w.node] += w.demand.gpus
                 placement[w.id] = node
+                if w.service:
+                    taken.add((w.service, node))
                 moved += 1
                 break
     return placement
