@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -15,81 +17,75 @@ from optimizer.lifecycle import Lifecycle
 from optimizer.service import Optimizer
 
 
-async def test_api_end_to_end(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def serving(state_dir: Path, token: str | None = None) -> AsyncIterator[tuple[Optimizer, str]]:
+    """An optimizer that planned the demo fleet, its API on a free port; no broker (health says so)."""
     fleet, _ = simulated_fleet("demo", 8, windows=8)
-    config = OptimizerConfig(mqtt=MqttSettings(port=free_port()))  # no broker there: health says so
-    settings = ApiSettings(port=0, token="s3cret")  # type: ignore[arg-type]
-    optimizer = Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path), api=settings)
+    config = OptimizerConfig(mqtt=MqttSettings(port=free_port()))
+    settings = ApiSettings(port=0, token=token)  # type: ignore[arg-type]
+    optimizer = Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(state_dir), api=settings)
     optimizer.fleet = fleet
     await optimizer.plan_once()
     assert optimizer.api is not None
     await optimizer.api.start()
-    base = f"http://127.0.0.1:{optimizer.api.port}"
     try:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{base}/healthz") as r:
-                assert r.status == 503 and (await r.json())["status"] == "broker unreachable"
-            async with http.get(f"{base}/api/v1/recommendations") as r:
-                recs = await r.json()
-            assert {x["workload_name"] for x in recs} == {
-                "chat-serving",
-                "vision-finetune-ddp",
-                "forgotten-notebook-alloc",
-            }
-            assert {x["state"] for x in recs} == {"new"}
-            target = recs[0]["id"]
-            url = f"{base}/api/v1/recommendations/{target}/ack"
-            async with http.post(url) as r:
-                assert r.status == 401
-            async with http.post(url, headers={"Authorization": "Bearer wrong"}) as r:
-                assert r.status == 401
-            auth = {"Authorization": "Bearer s3cret"}
-            async with http.post(url, headers=auth) as r:
-                assert r.status == 200 and (await r.json())["state"] == "acknowledged"
-            async with http.post(f"{base}/api/v1/recommendations/{target}/launch", headers=auth) as r:
-                assert r.status == 400
-            async with http.post(f"{base}/api/v1/recommendations/nope/dismiss", headers=auth) as r:
-                assert r.status == 404
-            async with http.post(url, headers=auth, data=b"x" * 10_000) as r:
-                assert r.status == 413  # oversize bodies are refused
-            async with http.get(f"{base}/api/v1/recommendations?state=acknowledged") as r:
-                assert [x["id"] for x in await r.json()] == [target]
-            async with http.get(f"{base}/api/v1/recommendations?state=bogus") as r:
-                assert r.status == 400
-            async with http.get(f"{base}/api/v1/workloads") as r:
-                classes = {w["name"]: w["workload_class"] for w in await r.json()}
-            assert classes["llm-pretrain"] == "training" and classes["chat-serving"] == "inference"
-            async with http.get(f"{base}/api/v1/nodes") as r:
-                nodes = await r.json()
-            assert len(nodes) == 8 and all(n["windows_held"] == 8 for n in nodes)
-            async with http.get(f"{base}/") as r:
-                page = await r.text()
-            assert "<table" in page and "chat-serving" in page and "3 recommended move(s)" in page
-            async with http.get(f"{base}/metrics") as r:
-                metrics = await r.text()
-            assert 'fleetfit_messages_accepted_total{kind="telemetry"} 64' in metrics
-            assert 'status="401"} 2' in metrics
-            assert "fleetfit_plans_total 1" in metrics
+        yield optimizer, f"http://127.0.0.1:{optimizer.api.port}"
     finally:
         await optimizer.api.stop()
+
+
+async def test_api_end_to_end(tmp_path: Path) -> None:
+    async with serving(tmp_path, token="s3cret") as (_, base), aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 503 and (await r.json())["status"] == "broker unreachable"
+        async with http.get(f"{base}/api/v1/recommendations") as r:
+            recs = await r.json()
+        assert {x["workload_name"] for x in recs} == {
+            "chat-serving",
+            "vision-finetune-ddp",
+            "forgotten-notebook-alloc",
+        }
+        assert {x["state"] for x in recs} == {"new"}
+        target = recs[0]["id"]
+        url = f"{base}/api/v1/recommendations/{target}/ack"
+        async with http.post(url) as r:
+            assert r.status == 401
+        async with http.post(url, headers={"Authorization": "Bearer wrong"}) as r:
+            assert r.status == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        async with http.post(url, headers=auth) as r:
+            assert r.status == 200 and (await r.json())["state"] == "acknowledged"
+        async with http.post(f"{base}/api/v1/recommendations/{target}/launch", headers=auth) as r:
+            assert r.status == 400
+        async with http.post(f"{base}/api/v1/recommendations/nope/dismiss", headers=auth) as r:
+            assert r.status == 404
+        async with http.post(url, headers=auth, data=b"x" * 10_000) as r:
+            assert r.status == 413  # oversize bodies are refused
+        async with http.get(f"{base}/api/v1/recommendations?state=acknowledged") as r:
+            assert [x["id"] for x in await r.json()] == [target]
+        async with http.get(f"{base}/api/v1/recommendations?state=bogus") as r:
+            assert r.status == 400
+        async with http.get(f"{base}/api/v1/workloads") as r:
+            classes = {w["name"]: w["workload_class"] for w in await r.json()}
+        assert classes["llm-pretrain"] == "training" and classes["chat-serving"] == "inference"
+        async with http.get(f"{base}/api/v1/nodes") as r:
+            nodes = await r.json()
+        assert len(nodes) == 8 and all(n["windows_held"] == 8 for n in nodes)
+        async with http.get(f"{base}/") as r:
+            page = await r.text()
+        assert "<table" in page and "chat-serving" in page and "3 recommended move(s)" in page
+        async with http.get(f"{base}/metrics") as r:
+            metrics = await r.text()
+        assert 'fleetfit_messages_accepted_total{kind="telemetry"} 64' in metrics
+        assert 'status="401"} 2' in metrics
+        assert "fleetfit_plans_total 1" in metrics
 
 
 async def test_state_changes_are_off_without_a_token(tmp_path: Path) -> None:
-    fleet, _ = simulated_fleet("demo", 8, windows=6)
-    optimizer = Optimizer(
-        OptimizerConfig(), load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path), api=ApiSettings(port=0)
-    )
-    optimizer.fleet = fleet
-    await optimizer.plan_once()
-    assert optimizer.api is not None
-    await optimizer.api.start()
-    try:
-        async with aiohttp.ClientSession() as http:
-            url = f"http://127.0.0.1:{optimizer.api.port}/api/v1/recommendations/x/ack"
-            async with http.post(url, headers={"Authorization": "Bearer anything"}) as r:
-                assert r.status == 403
-    finally:
-        await optimizer.api.stop()
+    async with serving(tmp_path) as (_, base), aiohttp.ClientSession() as http:
+        url = f"{base}/api/v1/recommendations/x/ack"
+        async with http.post(url, headers={"Authorization": "Bearer anything"}) as r:
+            assert r.status == 403
 
 
 async def test_the_page_renders_in_a_real_browser(tmp_path: Path) -> None:
@@ -97,15 +93,7 @@ async def test_the_page_renders_in_a_real_browser(tmp_path: Path) -> None:
     import shutil
 
     browser = shutil.which("chromium") or "/usr/bin/chromium"
-    fleet, _ = simulated_fleet("demo", 8, windows=8)
-    optimizer = Optimizer(
-        OptimizerConfig(), load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path), api=ApiSettings(port=0)
-    )
-    optimizer.fleet = fleet
-    await optimizer.plan_once()
-    assert optimizer.api is not None
-    await optimizer.api.start()
-    try:
+    async with serving(tmp_path) as (_, base):
         proc = await asyncio.create_subprocess_exec(
             browser,
             "--headless",
@@ -120,13 +108,11 @@ async def test_the_page_renders_in_a_real_browser(tmp_path: Path) -> None:
             f"--screenshot={tmp_path / 'page.png'}",
             "--window-size=1400,600",
             "--dump-dom",
-            f"http://127.0.0.1:{optimizer.api.port}/",
+            f"{base}/",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
         )
         dom, _ = await asyncio.wait_for(proc.communicate(), 60)
-    finally:
-        await optimizer.api.stop()
     text = dom.decode()
     assert '<p id="summary">3 recommended move(s)' in text
     rows = text.split("<tbody>")[1].split("</tbody>")[0].count("<tr>")
