@@ -86,8 +86,8 @@ class Optimizer:
         snapshot = self.fleet.snapshot()
         plans = []
         for site in snapshot.sites():
-            fleet_snapshot = from_fleet(snapshot, site, self.config.plan.pinned)
-            plan = await asyncio.to_thread(plan_snapshot, fleet_snapshot, self.catalog, self.config.plan)
+            # features, classification and the solve all run off the event loop, so ingest goes on meanwhile
+            fleet_snapshot, plan = await asyncio.to_thread(self._plan_site, snapshot, site)
             self._export(fleet_snapshot)
             self.plans[site] = plan
             self.plans_made += 1
@@ -100,6 +100,10 @@ class Optimizer:
             if self.on_plan is not None:
                 self.on_plan(plan)
         return plans
+
+    def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan]:
+        fleet_snapshot = from_fleet(fleet, site, self.config.plan.pinned)
+        return fleet_snapshot, plan_snapshot(fleet_snapshot, self.catalog, self.config.plan)
 
     def _export(self, fleet_snapshot: Snapshot) -> None:
         """Leave the live snapshot in the state directory for `fleetfit plan` what-if runs (daemon only)."""
