@@ -88,7 +88,13 @@ def _move_cost(settings: PlanSettings, r: Resolved) -> float:
 
 
 def _why_stays(
-    catalog: Catalog, snapshot: Snapshot, settings: PlanSettings, r: Resolved, solution: Solution, moves: int
+    catalog: Catalog,
+    snapshot: Snapshot,
+    present: set[str],
+    settings: PlanSettings,
+    r: Resolved,
+    solution: Solution,
+    moves: int,
 ) -> tuple[str, float] | None:
     """Why a workload that would be cheaper elsewhere is not moved, and what moving it would save a month."""
     if r.hardware is None or r.w.workload_class is WorkloadClass.UNKNOWN:
@@ -107,7 +113,6 @@ def _why_stays(
         return f"class uncertain (confidence {r.w.confidence:.2f} < {settings.min_confidence:.2f})", saving
     if r.w.id in solution.blocked:
         return solution.blocked[r.w.id], saving
-    present = {hw.key for n in snapshot.nodes if (hw := hardware_of(catalog, n.hardware)) is not None}
     if target.key not in present:
         return f"no {target.name} in site {snapshot.site}", saving
     if moves >= settings.max_moves:
@@ -182,11 +187,12 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         )
     recommendations.sort(key=lambda x: -x.monthly_savings_usd)
     moved = {x.workload for x in recommendations}
+    present = {n.hardware for n in nodes}  # catalog keys of the hardware this site has
     blocked = []
     for r in resolved:
         if r.w.id in moved:
             continue
-        why = _why_stays(catalog, snapshot, settings, r, solution, len(recommendations))
+        why = _why_stays(catalog, snapshot, present, settings, r, solution, len(recommendations))
         if why is not None and r.hardware is not None:
             blocked.append(
                 Blocked(
