@@ -8,7 +8,6 @@ scores itself.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -20,16 +19,12 @@ from pydantic import ValidationError
 from agent.protocol import (
     Birth,
     GpuInfo,
-    NicInfo,
-    NicKind,
-    NicRole,
     Telemetry,
     TopicKind,
     WorkloadClass,
     encode,
     node_topic,
 )
-from collectors.nic import DEFAULT_FABRIC_PATTERNS
 from optimizer.classify import Classification, classify
 from optimizer.features import WorkloadFeatures, workload_features
 from optimizer.fleet import Fleet
@@ -60,21 +55,12 @@ class Recording:
 
 
 def _guess_birth(window: Telemetry) -> Birth:
-    """An inventory for windows recorded without their node's birth: NIC roles from interface names."""
-    nics = []
-    for n in window.nics:
-        fabric = any(fnmatch.fnmatchcase(n.name, p) for p in DEFAULT_FABRIC_PATTERNS)
-        nics.append(
-            NicInfo(
-                name=n.name,
-                kind=NicKind.INFINIBAND if fabric else NicKind.ETHERNET,
-                role=NicRole.EAST_WEST if fabric else NicRole.NORTH_SOUTH,
-            )
-        )
+    """An inventory for windows recorded without their node's birth. It lists the GPUs only: NICs it does not
+    know get their role from their names when the window is digested (optimizer/digest.py)."""
     gpus = [GpuInfo(index=g.index, uuid=f"GPU-{g.index}", model="unknown", memory_mib=0) for g in window.gpus]
     return Birth(
         node=window.node, site=window.site, session=window.session, agent_version="unknown", hostname=window.node,
-        timestamp=window.start, gpus=gpus, nics=nics,
+        timestamp=window.start, gpus=gpus,
     )  # fmt: skip
 
 
