@@ -46,7 +46,8 @@ def _gbps(value: float) -> str:
 
 
 def _hint(f: WorkloadFeatures, names: frozenset[str]) -> bool:
-    return bool(f.hint) and any(f.hint.lower().startswith(n) for n in names)  # type: ignore[union-attr]
+    hint = (f.hint or "").lower()
+    return bool(hint) and any(hint.startswith(n) for n in names)
 
 
 def classify(f: WorkloadFeatures) -> Classification:
