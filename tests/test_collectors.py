@@ -50,9 +50,13 @@ def test_real_nics_disks_and_host_are_sampled() -> None:
     nic, disk, host = NicCollector(), StorageCollector(), HostCollector()
     assert all(n.kind not in (NicKind.LOOPBACK, NicKind.VIRTUAL) for n in nic.inventory().nics)
     assert all(not d.name.startswith(("loop", "ram")) for d in disk.inventory().disks)
-    for collector, entity in ((nic, Entity.NIC), (disk, Entity.DISK), (host, Entity.HOST)):
-        for sample in collector.sample():
-            assert sample.entity is entity
+    for collector, entity, names in (
+        (nic, Entity.NIC, {n.name for n in nic.inventory().nics}),
+        (disk, Entity.DISK, {d.name for d in disk.inventory().disks}),
+    ):
+        samples = collector.sample()
+        assert samples, f"this machine has a {entity.value}"
+        assert all(s.entity is entity and s.key in names and s.counters for s in samples)
     (h,) = host.sample()
     assert 0 <= h.gauges["mem_used_pct"] <= 100
 
