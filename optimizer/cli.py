@@ -108,6 +108,7 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     import sqlite3
 
     from agent.config import ConfigError, load_config
+    from optimizer.alerts.alerter import Alerter
     from optimizer.catalog import CatalogError, load_catalog
     from optimizer.config import OptimizerConfig
     from optimizer.lifecycle import Lifecycle
@@ -117,7 +118,10 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         config = load_config(OptimizerConfig, args.config)
         catalog = load_catalog(config.optimizer.catalog)
         lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir)
-        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, api=config.api)
+        alerter = Alerter.in_state_dir(config.alerts, config.optimizer.state_dir) if config.alerts.receivers else None
+        optimizer = Optimizer(
+            config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, api=config.api, alerter=alerter
+        )
     except (ConfigError, CatalogError) as exc:
         return _fail(str(exc))
     except (OSError, sqlite3.Error) as exc:
@@ -132,7 +136,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     if args.nodes < 8:
         return _fail("--nodes: the demo fleet needs at least 8 nodes")
-    options = DemoOptions(nodes=args.nodes, duration=args.duration, seed=args.seed, time_scale=args.time_scale)
+    webhooks = []
+    for spec in args.alert_webhook:
+        kind, sep, url = spec.partition("=")
+        if (
+            not sep
+            or kind not in ("slack", "mattermost", "teams", "generic")
+            or not url.startswith(("http://", "https://"))
+        ):
+            return _fail(f"--alert-webhook {kind}=…: use KIND=URL with KIND slack, mattermost, teams or generic")
+        webhooks.append((kind, url))
+    options = DemoOptions(
+        nodes=args.nodes, duration=args.duration, seed=args.seed, time_scale=args.time_scale, webhooks=tuple(webhooks)
+    )
     printer = _plan_printer(args.format)
     plan = asyncio.run(run_demo(options, on_plan=printer))
     if plan is None:
@@ -258,6 +274,39 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
                 f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
                 f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
             )
+    return 0
+
+
+def _cmd_alerts(args: argparse.Namespace) -> int:
+    from agent.config import ConfigError, load_config
+    from optimizer.alerts.delivery import Webhook
+    from optimizer.alerts.notice import sample_notice
+    from optimizer.alerts.payloads import render
+    from optimizer.config import OptimizerConfig
+
+    try:
+        settings = load_config(OptimizerConfig, args.config).alerts
+    except ConfigError as exc:
+        return _fail(str(exc))
+    receivers = {r.name: r for r in settings.receivers}
+    if args.receiver not in receivers:
+        known = ", ".join(sorted(receivers)) or "none configured"
+        return _fail(f"alerts test: no receiver {args.receiver!r} (receivers: {known})")
+    receiver = receivers[args.receiver]
+    notice = sample_notice()
+    notice.link = settings.link
+    body = render(receiver.kind, notice, receiver.byte_limit)
+
+    async def send() -> bool:
+        webhook = Webhook(receiver, settings)
+        try:
+            return await webhook.post(body)
+        finally:
+            await webhook.close()
+
+    if not asyncio.run(send()):
+        return _fail(f"alerts test: the sample message to {receiver.name} was not accepted (see the log above)")
+    print(f"sent a sample {receiver.kind} message to {receiver.name} ({len(body)} bytes)")
     return 0
 
 
@@ -390,7 +439,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per real second")
+    p.add_argument(
+        "--alert-webhook",
+        action="append",
+        default=[],
+        metavar="KIND=URL",
+        help="also post the recommendations to this webhook (KIND: slack, mattermost, teams, generic); repeatable",
+    )
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("alerts", help="chat alert hooks")
+    alerts = p.add_subparsers(dest="alerts_command", required=True)
+    t = alerts.add_parser("test", help="send a sample message to one receiver")
+    t.add_argument("--receiver", required=True, help="the receiver's name in [[alerts.receivers]]")
+    t.add_argument("--config", type=Path, help="the optimizer's config")
+    t.set_defaults(func=_cmd_alerts)
 
     p = sub.add_parser("recommendations", help="list recommendations; acknowledge, dismiss or reopen one")
     p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"])

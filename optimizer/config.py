@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from agent.config import MqttSettings, Section
+from optimizer.alerts.settings import AlertSettings
 from optimizer.api import ApiSettings
 from optimizer.recommend import PlanSettings
 from optimizer.store import StoreSettings
@@ -34,4 +35,5 @@ class OptimizerConfig(Section):
     plan: PlanSettings = Field(default_factory=PlanSettings)
     influxdb: StoreSettings = Field(default_factory=StoreSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
     prices: dict[str, float] = Field(default_factory=dict, description="price per GPU-hour by catalog key")

@@ -6,18 +6,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from agent.clock import Clock
 from agent.config import MqttSettings
 from agent.protocol import Plan
 from agent.simulate import SimulatedFleet
-from collectors.scenarios import build_scenario
+from collectors.scenarios import ScenarioNode, build_scenario
+from optimizer.alerts.alerter import Alerter
+from optimizer.alerts.settings import AlertSettings, ReceiverSettings
 from optimizer.broker import EmbeddedBroker
 from optimizer.catalog import load_catalog
 from optimizer.config import OptimizerConfig, OptimizerSettings
+from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import PlanSettings
 from optimizer.service import Optimizer
 
@@ -33,6 +39,23 @@ class DemoOptions:
     seed: int = 1
     time_scale: float = 10.0
     solve_interval: float = 5.0
+    webhooks: tuple[tuple[str, str], ...] = ()  # (kind, url) pairs the recommendations are posted to
+
+
+def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[Lifecycle | None, Alerter | None]:
+    """A lifecycle and alert hooks in a throw-away state directory when webhooks were given, else neither.
+
+    The URLs travel in this process's environment, as a configured receiver's would, so they never sit in
+    settings that could be printed."""
+    if not webhooks:
+        return None, None
+    receivers = []
+    for n, (kind, url) in enumerate(webhooks):
+        variable = f"FLEETFIT_DEMO_WEBHOOK_{n}"
+        os.environ[variable] = url
+        receivers.append(ReceiverSettings(name=f"demo-{kind}-{n}", kind=kind, url_env=variable))
+    settings = AlertSettings(receivers=receivers, group_wait=3.0, retry_initial=0.5, max_attempts=4)
+    return Lifecycle.in_state_dir(state_dir), Alerter.in_state_dir(settings, state_dir)
 
 
 async def run_demo(options: DemoOptions, on_plan: Callable[[Plan], None] | None = None) -> Plan | None:
@@ -43,34 +66,48 @@ async def run_demo(options: DemoOptions, on_plan: Callable[[Plan], None] | None 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with EmbeddedBroker() as broker:
-            log.info("embedded broker on %s:%d", broker.host, broker.port)
-            mqtt = MqttSettings(host=broker.host, port=broker.port, protocol="3.1.1", reconnect_max_delay=2.0)
-            config = OptimizerConfig(
-                mqtt=mqtt,
-                optimizer=OptimizerSettings(solve_interval=options.solve_interval, horizon_windows=60),
-                plan=PlanSettings(time_limit=5.0),
-            )
-            optimizer = Optimizer(config, load_catalog(), on_plan=on_plan)
-            optimizer_task = asyncio.create_task(optimizer.run(), name="optimizer")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(optimizer.connected.wait(), timeout=10)
-            fleet = SimulatedFleet(nodes, mqtt, site=DEMO_SITE, clock=Clock(options.time_scale), seed=options.seed)
-            log.info(
-                "simulating %d nodes at %gx real time; planted misplacements: %s",
-                len(nodes),
-                options.time_scale,
-                ", ".join(sorted(w.name for n in nodes for w in n.workloads if w.id in n.misplaced)),
-            )
-            fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=options.duration)
-            stop.set()
-            await fleet_task
-            await optimizer.plan_once()
-            optimizer.should_exit.set()
-            await optimizer_task
-            return optimizer.plans.get(DEMO_SITE)
+        with tempfile.TemporaryDirectory(prefix="fleetfit-demo-") as state:
+            return await _run(options, nodes, stop, Path(state), on_plan)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+async def _run(
+    options: DemoOptions,
+    nodes: list[ScenarioNode],
+    stop: asyncio.Event,
+    state_dir: Path,
+    on_plan: Callable[[Plan], None] | None,
+) -> Plan | None:
+    async with EmbeddedBroker() as broker:
+        log.info("embedded broker on %s:%d", broker.host, broker.port)
+        mqtt = MqttSettings(host=broker.host, port=broker.port, protocol="3.1.1", reconnect_max_delay=2.0)
+        config = OptimizerConfig(
+            mqtt=mqtt,
+            optimizer=OptimizerSettings(solve_interval=options.solve_interval, horizon_windows=60, state_dir=state_dir),
+            plan=PlanSettings(time_limit=5.0),
+        )
+        lifecycle, alerter = _alerting(options.webhooks, state_dir)
+        optimizer = Optimizer(config, load_catalog(), on_plan=on_plan, lifecycle=lifecycle, alerter=alerter)
+        optimizer_task = asyncio.create_task(optimizer.run(), name="optimizer")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(optimizer.connected.wait(), timeout=10)
+        fleet = SimulatedFleet(nodes, mqtt, site=DEMO_SITE, clock=Clock(options.time_scale), seed=options.seed)
+        log.info(
+            "simulating %d nodes at %gx real time; planted misplacements: %s",
+            len(nodes),
+            options.time_scale,
+            ", ".join(sorted(w.name for n in nodes for w in n.workloads if w.id in n.misplaced)),
+        )
+        fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=options.duration)
+        stop.set()
+        await fleet_task
+        await optimizer.plan_once()
+        optimizer.should_exit.set()
+        await optimizer_task  # posts the alerts still gathering
+        if lifecycle is not None:
+            lifecycle.close()
+        return optimizer.plans.get(DEMO_SITE)

@@ -74,9 +74,15 @@ class Lifecycle:
     def close(self) -> None:
         self._db.close()
 
-    def record(self, plan: Plan, placements: dict[str, str], now: float | None = None) -> None:
-        """Fold a plan in. ``placements`` maps each workload seen to the hardware it runs on now."""
+    def record(
+        self, plan: Plan, placements: dict[str, str], now: float | None = None
+    ) -> list[tuple[Recommendation, RecState]]:
+        """Fold a plan in. ``placements`` maps each workload seen to the hardware it runs on now.
+
+        Returns the open moves this plan resolved: applied (the workload is on the recommended hardware) or
+        expired (no longer proposed)."""
         now = time.time() if now is None else now
+        resolved: list[tuple[Recommendation, RecState]] = []
         proposed = {r.id: r for r in plan.recommendations}
         with self._db:
             for r in plan.recommendations:
@@ -95,11 +101,23 @@ class Lifecycle:
             for rec_id, workload, body in rows:
                 if rec_id in proposed:
                     continue
-                target = Recommendation.model_validate_json(body).to_hardware
-                new_state = RecState.APPLIED if placements.get(workload) == target else RecState.EXPIRED
+                rec = Recommendation.model_validate_json(body)
+                new_state = RecState.APPLIED if placements.get(workload) == rec.to_hardware else RecState.EXPIRED
                 self._db.execute(
                     "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?", (new_state, now, rec_id)
                 )
+                resolved.append((rec, new_state))
+        return resolved
+
+    def states(self, rec_ids: Iterable[str]) -> dict[str, RecState]:
+        """The current state of each of ``rec_ids`` that is tracked."""
+        ids = list(rec_ids)
+        out: dict[str, RecState] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            query = f"SELECT id, state FROM recommendations WHERE id IN ({', '.join('?' for _ in chunk)})"
+            out.update((rec_id, RecState(state)) for rec_id, state in self._db.execute(query, chunk))
+        return out
 
     def set_state(self, rec_id: str, state: RecState, now: float | None = None) -> Tracked:
         """A person's decision: acknowledge or dismiss (or reopen a dismissed one as acknowledged)."""

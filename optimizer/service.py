@@ -14,12 +14,13 @@ import aiomqtt
 
 from agent.backoff import Backoff
 from agent.mqtt import make_client
-from agent.protocol import Plan, Telemetry, encode, recommendations_topic, subscription_filters
+from agent.protocol import Plan, Recommendation, Telemetry, encode, recommendations_topic, subscription_filters
+from optimizer.alerts.alerter import Alerter
 from optimizer.api import Api, ApiSettings
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet
-from optimizer.lifecycle import Lifecycle
+from optimizer.lifecycle import Lifecycle, RecState
 from optimizer.recommend import plan_snapshot
 from optimizer.snapshot import Snapshot, from_fleet
 from optimizer.store import Store, plan_points, window_points
@@ -36,6 +37,7 @@ class Optimizer:
         store: Store | None = None,
         lifecycle: Lifecycle | None = None,
         api: ApiSettings | None = None,
+        alerter: Alerter | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog.with_prices(config.prices)
@@ -49,6 +51,7 @@ class Optimizer:
         self.store = store if store is not None else (Store(config.influxdb) if config.influxdb.url else None)
         self.lifecycle = lifecycle
         self.api = Api(self, api) if api is not None and api.listen else None
+        self.alerter = alerter
         self.plans_made = 0
 
     async def _ingest(self) -> None:
@@ -95,11 +98,20 @@ class Optimizer:
             await self._publish(plan)
             if self.store is not None:
                 self.store.add(plan_points(plan))
-            if self.lifecycle is not None:
-                self.lifecycle.record(plan, {w.id: w.hardware for w in plan.workloads})
+            self._track(plan)
             if self.on_plan is not None:
                 self.on_plan(plan)
         return plans
+
+    def _track(self, plan: Plan) -> None:
+        """Fold the plan into the recommendation lifecycle and hand what changed to the alert hooks."""
+        resolved: list[tuple[Recommendation, RecState]] = []
+        states: dict[str, RecState] = {}
+        if self.lifecycle is not None:
+            resolved = self.lifecycle.record(plan, {w.id: w.hardware for w in plan.workloads})
+            states = self.lifecycle.states(r.id for r in plan.recommendations)
+        if self.alerter is not None:
+            self.alerter.observe(plan, states, resolved)
 
     def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan]:
         fleet_snapshot = from_fleet(fleet, site, self.config.plan.pinned)
@@ -146,6 +158,8 @@ class Optimizer:
         ]
         if self.store is not None:
             tasks.append(asyncio.create_task(self.store.run(), name="optimizer-store"))
+        if self.alerter is not None:
+            tasks.append(asyncio.create_task(self.alerter.run(), name="optimizer-alerts"))
         if self.api is not None:
             await self.api.start()
         try:
@@ -158,6 +172,12 @@ class Optimizer:
                     await t
             if self.api is not None:
                 await self.api.stop()
+            if self.alerter is not None:
+                try:  # what was gathered but not yet posted goes out now, within bounds
+                    await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)
+                except TimeoutError:
+                    log.warning("alerts still unsent at shutdown: %d move(s)", self.alerter.pending)
+                await self.alerter.close()
             if self.store is not None:
                 await self.store.flush(5.0)
                 self.store.close()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from conftest import FLEETFIT
+from webhook_server import webhook_server
 
 from agent.protocol import Plan, Telemetry, TopicKind, decode
 from collectors.scenarios import build_scenario
@@ -32,13 +33,33 @@ def test_demo_json_plan_names_the_planted_misplacements() -> None:
     planted = {w.name for n in build_scenario("demo", 8, seed=1) for w in n.workloads if w.id in n.misplaced}
     assert planted == {"chat-serving", "vision-finetune-ddp", "forgotten-notebook-alloc"}
     started = time.monotonic()
-    result = subprocess.run(
-        [FLEETFIT, "demo", "--nodes", "8", "--duration", "20", "--format", "json"],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
+    with webhook_server() as hooks:
+        result = subprocess.run(
+            [
+                FLEETFIT,
+                "demo",
+                "--nodes",
+                "8",
+                "--duration",
+                "20",
+                "--format",
+                "json",
+                "--alert-webhook",
+                f"generic={hooks.url('/generic/s3cr3t')}",
+                "--alert-webhook",
+                f"slack={hooks.url('/slack/s3cr3t')}",
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+        posted = hooks.delivered
     assert time.monotonic() - started < 60
+    # the demo's moves reached both webhooks, each once, and the URLs stayed out of the output
+    generic = [g.json() for g in posted if g.path.startswith("/generic/")]
+    assert sorted(m["workload_name"] for b in generic for m in b["firing"]) == sorted(planted)
+    assert any(g.path.startswith("/slack/") and g.json()["blocks"][0]["type"] == "header" for g in posted)
+    assert b"s3cr3t" not in result.stderr + result.stdout
     plan = Plan.model_validate_json(result.stdout)  # stdout holds the plan and nothing else
     assert {r.workload_name for r in plan.recommendations} == planted
     classes = {w.name: w.workload_class.value for w in plan.workloads}

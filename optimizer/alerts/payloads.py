@@ -1,0 +1,282 @@
+"""Message bodies per platform, each fitted under its size limit by listing fewer moves and saying
+"and N more".
+
+- Slack: incoming webhook with Block Kit (``blocks`` + ``text`` fallback; at most 50 blocks).
+- Mattermost: its Slack-compatible ``attachments``.
+- Microsoft Teams Workflows: an Adaptive Card in a message attachment.
+- Generic: :class:`GenericAlert`, a documented and versioned JSON schema (docs/alerts.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from optimizer.alerts.notice import Item, Notice
+from optimizer.alerts.settings import ReceiverKind, Severity
+
+Json = dict[str, Any]
+
+SLACK_MAX_BLOCKS = 50
+SLACK_MAX_ITEMS = 44  # header, summary, 44 moves, "more", resolved, footer: 49 blocks
+MAX_RESOLVED_LINES = 25
+COLOURS = {Severity.CRITICAL: "#d00000", Severity.WARNING: "#e8a200", Severity.INFO: "#439fe0"}
+RESOLVED_COLOUR = "#2eb67d"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _headline(item: Item) -> str:
+    r = item.recommendation
+    tag = " (reminder)" if item.status == "reminder" else ""
+    return f"{r.workload_name}: {r.workload_class.value}, {r.confidence:.0%} sure{tag}"
+
+
+def _facts(item: Item) -> list[tuple[str, str]]:
+    r = item.recommendation
+    return [
+        ("From", f"{r.from_node} ({r.from_hardware}, {r.gpus} GPU)"),
+        ("To", f"{r.to_node} ({r.to_hardware})"),
+        ("Saving", f"${r.monthly_savings_usd:,.0f}/month"),
+        ("Risk", f"{r.risk} · {item.severity.value}"),
+        ("Impact", _clip(r.performance_impact or "none expected", 300)),
+    ]
+
+
+def _resolved_line(item: Item) -> str:
+    r = item.recommendation
+    how = f"applied: now on {r.to_hardware}" if item.status == "applied" else "expired: no longer proposed"
+    return f"{r.workload_name} ({r.from_node} → {r.to_node}): {how}"
+
+
+def _more(n: int) -> str:
+    return f"and {n} more"
+
+
+def _slack_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    md = _slack_escape
+    blocks: list[Json] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _clip(notice.title(), 150)}},
+    ]
+    if notice.firing:
+        blocks.append(
+            {
+                "type": "section",
+                "text": {
+                    "type": "mrkdwn",
+                    "text": f"*{len(notice.firing)}* recommended move(s) in *{md(notice.site)}*, "
+                    f"*${notice.monthly_savings:,.0f}/month* in all.",
+                },
+            }
+        )
+    for item in firing:
+        r = item.recommendation
+        blocks.append(
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": _clip(f"*{md(_headline(item))}*\n{md(r.reason)}", 3000)},
+                "fields": [{"type": "mrkdwn", "text": _clip(f"*{k}*\n{md(v)}", 2000)} for k, v in _facts(item)],
+            }
+        )
+    if resolved:
+        lines = "\n".join(f"• {md(_resolved_line(i))}" for i in resolved)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(f"*Resolved*\n{lines}", 3000)}})
+    footer = [{"type": "mrkdwn", "text": f"fleetfit plan of {_when(notice.generated_at)}"}]
+    if omitted:
+        footer.insert(0, {"type": "mrkdwn", "text": f"*{_more(omitted)}*"})
+    if notice.link:
+        footer.append({"type": "mrkdwn", "text": f"<{notice.link}|all recommendations>"})
+    blocks.append({"type": "context", "elements": footer})
+    return {"text": notice.title(), "blocks": blocks}
+
+
+def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    attachments: list[Json] = []
+    for item in firing:
+        r = item.recommendation
+        attachments.append(
+            {
+                "fallback": f"{_headline(item)}: {r.from_hardware} → {r.to_hardware}, "
+                f"${r.monthly_savings_usd:,.0f}/month",
+                "color": COLOURS[item.severity],
+                "title": _headline(item),
+                "text": _clip(r.reason, 2000),
+                "fields": [{"short": k != "Impact", "title": k, "value": v} for k, v in _facts(item)],
+            }
+        )
+    if resolved:
+        attachments.append(
+            {
+                "fallback": f"{len(resolved)} resolved",
+                "color": RESOLVED_COLOUR,
+                "title": "Resolved",
+                "text": "\n".join(f"- {_resolved_line(i)}" for i in resolved),
+            }
+        )
+    text = f"**{notice.title()}**"
+    if omitted:
+        text += f"\n_{_more(omitted)}_"
+    if notice.link:
+        text += f"\n[all recommendations]({notice.link})"
+    return {"username": "fleetfit", "text": text, "attachments": attachments}
+
+
+def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    body: list[Json] = [
+        {"type": "TextBlock", "text": notice.title(), "size": "Large", "weight": "Bolder", "wrap": True},
+        {"type": "TextBlock", "text": f"fleetfit plan of {_when(notice.generated_at)}", "isSubtle": True},
+    ]
+    for item in firing:
+        body.append(
+            {
+                "type": "Container",
+                "separator": True,
+                "items": [
+                    {"type": "TextBlock", "text": _headline(item), "weight": "Bolder", "wrap": True},
+                    {"type": "TextBlock", "text": _clip(item.recommendation.reason, 1000), "wrap": True},
+                    {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in _facts(item)]},
+                ],
+            }
+        )
+    if resolved:
+        lines = "\n".join(f"- {_resolved_line(i)}" for i in resolved)
+        body.append({"type": "TextBlock", "text": f"**Resolved**\n\n{lines}", "wrap": True, "separator": True})
+    if omitted:
+        body.append({"type": "TextBlock", "text": _more(omitted), "isSubtle": True})
+    card: Json = {
+        "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+        "type": "AdaptiveCard",
+        "version": "1.4",
+        "msteams": {"width": "Full"},
+        "body": body,
+    }
+    if notice.link:
+        card["actions"] = [{"type": "Action.OpenUrl", "title": "All recommendations", "url": notice.link}]
+    return {
+        "type": "message",
+        "attachments": [
+            {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}
+        ],
+    }
+
+
+class GenericMove(BaseModel):
+    id: str
+    status: Literal["new", "reminder", "applied", "expired"]
+    severity: Severity
+    workload: str
+    workload_name: str
+    workload_class: str
+    confidence: float
+    gpus: int
+    from_node: str
+    from_hardware: str
+    to_node: str
+    to_hardware: str
+    monthly_savings_usd: float
+    risk: str
+    reason: str
+    performance_impact: str
+    evidence: list[str]
+
+
+class GenericAlert(BaseModel):
+    """The generic webhook body (``schema`` ``fleetfit.alert``, ``version`` 1)."""
+
+    schema_: Literal["fleetfit.alert"] = Field(default="fleetfit.alert", alias="schema")
+    version: Literal[1] = 1
+    site: str
+    generated_at: datetime
+    title: str
+    severity: Severity = Field(description="the highest severity among the firing moves")
+    monthly_savings_usd: float = Field(description="all firing moves together, including omitted ones")
+    firing: list[GenericMove]
+    resolved: list[GenericMove]
+    omitted: int = Field(ge=0, description="moves left out to stay under the receiver's size limit")
+    link: str | None = None
+
+
+def _generic_move(item: Item) -> GenericMove:
+    r = item.recommendation
+    return GenericMove(
+        id=r.id,
+        status=item.status.value,
+        severity=item.severity,
+        workload=r.workload,
+        workload_name=r.workload_name,
+        workload_class=r.workload_class.value,
+        confidence=r.confidence,
+        gpus=r.gpus,
+        from_node=r.from_node,
+        from_hardware=r.from_hardware,
+        to_node=r.to_node,
+        to_hardware=r.to_hardware,
+        monthly_savings_usd=r.monthly_savings_usd,
+        risk=r.risk,
+        reason=r.reason,
+        performance_impact=r.performance_impact,
+        evidence=r.evidence,
+    )
+
+
+def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    alert = GenericAlert(
+        site=notice.site,
+        generated_at=datetime.fromtimestamp(notice.generated_at, UTC),
+        title=notice.title(),
+        severity=notice.severity,
+        monthly_savings_usd=round(notice.monthly_savings, 2),
+        firing=[_generic_move(i) for i in firing],
+        resolved=[_generic_move(i) for i in resolved],
+        omitted=omitted,
+        link=notice.link,
+    )
+    return alert.model_dump(mode="json", by_alias=True)
+
+
+Renderer = Callable[[Notice, list[Item], list[Item], int], Json]
+RENDERERS: dict[str, Renderer] = {"slack": slack, "mattermost": mattermost, "teams": teams, "generic": generic}
+
+
+def _encode(body: Json) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def render(kind: ReceiverKind, notice: Notice, max_bytes: int) -> bytes:
+    """The body for ``kind``, listing as many moves (firing first, then resolved) as fit in ``max_bytes``."""
+    renderer = RENDERERS[kind]
+    firing, resolved = notice.firing, notice.resolved
+    cap_firing = SLACK_MAX_ITEMS if kind == "slack" else len(firing)
+
+    def build(shown: int) -> bytes:
+        f = firing[: min(shown, cap_firing)]
+        r = resolved[: max(0, min(shown - len(f), MAX_RESOLVED_LINES))]
+        return _encode(renderer(notice, f, r, len(firing) + len(resolved) - len(f) - len(r)))
+
+    lo, hi = 0, len(firing) + len(resolved)
+    best = build(hi)
+    if len(best) <= max_bytes:
+        return best
+    best = build(0)
+    while lo < hi:  # the most moves that fit
+        mid = (lo + hi + 1) // 2
+        body = build(mid)
+        if len(body) <= max_bytes:
+            lo, best = mid, body
+        else:
+            hi = mid - 1
+    return best
