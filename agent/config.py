@@ -64,6 +64,10 @@ class AgentSettings(Section):
     fabric_interfaces: list[str] = Field(default_factory=lambda: list(DEFAULT_FABRIC_PATTERNS))
     mounts: list[str] = Field(default_factory=list, description="mount points whose usage each window reports")
     shutdown_timeout: float = Field(default=5.0, gt=0, le=120)
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="serve Prometheus self-metrics on this port; none: off"
+    )
+    metrics_listen: str = Field(default="127.0.0.1", description="address the metrics endpoint binds")
 
     @model_validator(mode="after")
     def _window_holds_samples(self) -> AgentSettings:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig
+from agent.metrics import Family, MetricsServer, counter, gauge
 from agent.mqtt import Link
 from agent.notify import Notifier
 from agent.protocol import Birth, Telemetry, encode
@@ -62,6 +63,12 @@ class Agent:
         self.windows_closed = 0
         self.ticks_missed = 0
         self.collector_errors = 0
+        self.samples_taken = 0
+        self.metrics = (
+            MetricsServer(self.settings.metrics_listen, self.settings.metrics_port, self.self_metrics)
+            if self.settings.metrics_port is not None
+            else None
+        )
         self._inventory: Inventory | None = None
         self._failing: set[str] = set()
         self._window_start = self.clock.wall()
@@ -112,6 +119,7 @@ class Agent:
                 self._failing.discard(c.name)
                 log.info("collector %s recovered", c.name)
         self.builder.add(samples, self.clock.monotonic())
+        self.samples_taken += 1
 
     def close_window(self) -> Telemetry | None:
         """Close the open window; None when it holds no sample."""
@@ -163,12 +171,34 @@ class Agent:
                 due = t0 + k * interval
             await self.clock.sleep_until(due)
 
+    def self_metrics(self) -> list[Family]:
+        link, queue = self.link, self.queue
+        return [
+            counter("fleetfit_agent_samples_total", "Sampling rounds over all collectors.", self.samples_taken),
+            counter("fleetfit_agent_ticks_missed_total", "Sampling rounds skipped under load.", self.ticks_missed),
+            counter("fleetfit_agent_windows_total", "Windows closed.", self.windows_closed),
+            counter("fleetfit_agent_windows_published_total", "Windows the broker acknowledged.", link.published),
+            gauge("fleetfit_agent_windows_spooled", "Windows waiting in the spool for the broker.", len(queue)),
+            counter("fleetfit_agent_windows_dropped_total", "Windows dropped from a full spool.", queue.dropped),
+            counter("fleetfit_agent_collector_errors_total", "Collector failures.", self.collector_errors),
+            counter("fleetfit_agent_counter_resets_total", "Counter resets seen.", self.builder.counter_resets),
+            gauge("fleetfit_agent_broker_connected", "1 while connected to the broker.", link.connected.is_set()),
+            counter("fleetfit_agent_broker_connects_total", "Broker connections made.", link.connects),
+            gauge("fleetfit_agent_session", "This run's session number.", self.session),
+        ]
+
     # ------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
         """Run until ``should_exit`` is set, then flush the open window and leave cleanly."""
         link_task = asyncio.create_task(self.link.run(), name=f"link-{self.settings.node}")
         sampler = asyncio.create_task(self.sample_loop(), name=f"sampler-{self.settings.node}")
+        if self.metrics is not None:
+            try:
+                await self.metrics.start()
+            except OSError as exc:  # telemetry matters more than its self-metrics
+                log.error("metrics endpoint on port %s unavailable (%s); running without it", self.metrics.port, exc)
+                self.metrics = None
         try:
             await self.should_exit.wait()
         finally:
@@ -184,6 +214,8 @@ class Agent:
                 await link_task
             for c in self.collectors:
                 c.close()
+            if self.metrics is not None:
+                await self.metrics.stop()
             self.notifier.close()
             log.info(
                 "stopped: %d window(s) closed, %d published, %d queued, %d dropped; %d tick(s) missed, "

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from agent.metrics import Family, render
 from optimizer.lifecycle import OPEN, LifecycleError, RecState
 
 if TYPE_CHECKING:
@@ -142,51 +143,16 @@ class Api:
         return web.json_response(body, status=200 if ok else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        fleet, store = self.optimizer.fleet, self.optimizer.store
-        lines = [
-            "# HELP fleetfit_messages_accepted_total Messages accepted by kind.",
-            "# TYPE fleetfit_messages_accepted_total counter",
-            *(f'fleetfit_messages_accepted_total{{kind="{k}"}} {v}' for k, v in sorted(fleet.accepted.items())),
-            "# HELP fleetfit_messages_rejected_total Messages rejected by reason.",
-            "# TYPE fleetfit_messages_rejected_total counter",
-            *(f'fleetfit_messages_rejected_total{{reason="{k}"}} {v}' for k, v in sorted(fleet.rejected.items())),
-            "# HELP fleetfit_nodes Nodes known.",
-            "# TYPE fleetfit_nodes gauge",
-            f"fleetfit_nodes {len(fleet.nodes)}",
-            "# HELP fleetfit_plans_total Plans made.",
-            "# TYPE fleetfit_plans_total counter",
-            f"fleetfit_plans_total {self.optimizer.plans_made}",
-            "# HELP fleetfit_solve_seconds Solve time of the last plan per site.",
-            "# TYPE fleetfit_solve_seconds gauge",
-            *(
-                f'fleetfit_solve_seconds{{site="{s}"}} {p.solver.solve_seconds}'
-                for s, p in sorted(self.optimizer.plans.items())
-            ),
-            "# HELP fleetfit_recommendations Recommended moves in the last plan per site.",
-            "# TYPE fleetfit_recommendations gauge",
-            *(
-                f'fleetfit_recommendations{{site="{s}"}} {len(p.recommendations)}'
-                for s, p in sorted(self.optimizer.plans.items())
-            ),
-            "# HELP fleetfit_http_requests_total HTTP requests by route and status.",
-            "# TYPE fleetfit_http_requests_total counter",
-            *(
-                f'fleetfit_http_requests_total{{route="{r}",status="{c}"}} {n}'
-                for (r, c), n in sorted(self.requests.items())
-            ),
-        ]
-        if store is not None:
-            lines += [
-                "# TYPE fleetfit_store_points_written_total counter",
-                f"fleetfit_store_points_written_total {store.written}",
-                "# TYPE fleetfit_store_points_dropped_total counter",
-                f"fleetfit_store_points_dropped_total {store.dropped}",
-                "# TYPE fleetfit_store_write_failures_total counter",
-                f"fleetfit_store_write_failures_total {store.failures}",
-                "# TYPE fleetfit_store_buffered_points gauge",
-                f"fleetfit_store_buffered_points {len(store)}",
-            ]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+        families = [*self.optimizer.self_metrics(), self._request_metrics()]
+        return web.Response(text=render(families), content_type="text/plain", charset="utf-8")
+
+    def _request_metrics(self) -> Family:
+        return Family(
+            "fleetfit_http_requests_total",
+            "counter",
+            "HTTP requests by route and status.",
+            [({"route": r, "status": str(c)}, n) for (r, c), n in sorted(self.requests.items())],
+        )
 
     async def page(self, request: web.Request) -> web.Response:
         rows = []

@@ -389,3 +389,24 @@ url_env = "OPS_WEBHOOK"
     )
     assert result.returncode == 2 and "not accepted" in result.stderr
     assert "s3cr3t-token" not in result.stderr and f"127.0.0.1:{port}" not in result.stderr
+
+
+async def test_optimizer_metrics_count_alerts_per_receiver(tmp_path: Path) -> None:
+    from agent.metrics import render as render_metrics
+    from optimizer.config import OptimizerConfig
+    from optimizer.service import Optimizer
+
+    with webhook_server([(500, {})] * 4) as server:
+        ok, broken = receiver(server, name="ok"), receiver(server, name="broken")
+        alerter = Alerter(settings(ok, broken, max_attempts=2), Journal(tmp_path / "a.db"))
+        optimizer = Optimizer(OptimizerConfig(), load_catalog(), alerter=alerter)
+        alerter.observe(plan_of([rec(1)]), {})
+        await alerter.flush()
+        text = render_metrics(optimizer.self_metrics())
+        await alerter.close()
+    # two attempts each, four 500s: both receivers gave up, counted by reason
+    assert 'fleetfit_alerts_sent_total{receiver="ok"} 0' in text
+    assert 'fleetfit_alerts_failed_total{receiver="broken",reason="server_error"} 1' in text
+    assert 'fleetfit_alerts_failed_total{receiver="ok",reason="server_error"} 1' in text
+    assert 'fleetfit_alert_retries_total{receiver="ok"} 1' in text
+    assert "fleetfit_alerts_pending 0" in text
