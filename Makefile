@@ -28,8 +28,9 @@ demo: $(VENV)/.runtime
 # and Chromium (renders the optimizer's page headless). Installed once, with one apt-get update, when missing.
 deps-test: $(VENV)/.test
 	@{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } && command -v victoria-metrics >/dev/null \
-		&& command -v chromium >/dev/null || { $(APT) update && DEBIAN_FRONTEND=noninteractive \
-		$(APT) install -y --no-install-recommends mosquitto victoria-metrics chromium; }
+		&& command -v chromium >/dev/null && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
+		|| { $(APT) update && DEBIAN_FRONTEND=noninteractive \
+		$(APT) install -y --no-install-recommends mosquitto victoria-metrics chromium systemd openssl; }
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

@@ -29,6 +29,34 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def credential_path(path: Path) -> Path:
+    """``path``; a relative one is looked up in ``$CREDENTIALS_DIRECTORY`` when systemd passed credentials
+    (``LoadCredential=``), so configs can name a credential rather than where it lives."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    return Path(directory) / path if directory and not path.is_absolute() else path
+
+
+def read_secret(path: Path) -> SecretStr:
+    """The first line of a secret file (a password, token or URL); ValueError when missing or empty."""
+    where = credential_path(path)
+    try:
+        value = where.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read {where}: {exc.strerror}") from None
+    if not value:
+        raise ValueError(f"{where} is empty")
+    return SecretStr(value)
+
+
+def secret_or_file(secret: SecretStr | None, path: Path | None, what: str) -> SecretStr | None:
+    """The secret given inline (or by environment), else read from ``path``; both at once is a mistake."""
+    if path is None:
+        return secret
+    if secret is not None:
+        raise ValueError(f"{what} and {what}_file exclude each other")
+    return read_secret(path)
+
+
 class MqttSettings(Section):
     host: str = "localhost"
     port: int = Field(default=1883, ge=1, le=65535)
@@ -36,6 +64,7 @@ class MqttSettings(Section):
     prefix: str = Field(default=DEFAULT_PREFIX, pattern=r"^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$")
     username: str | None = None
     password: SecretStr | None = None
+    password_file: Path | None = Field(default=None, description="file holding the password (a credential)")
     tls: bool = False
     ca_file: Path | None = None
     cert_file: Path | None = None
@@ -50,6 +79,11 @@ class MqttSettings(Section):
     def _client_cert_pair(self) -> MqttSettings:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file go together")
+        self.password = secret_or_file(self.password, self.password_file, "password")
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, credential_path(value))
         return self
 
 
@@ -79,6 +113,13 @@ class AgentSettings(Section):
 class AgentConfig(Section):
     agent: AgentSettings = Field(default_factory=AgentSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
+
+    @model_validator(mode="after")
+    def _node_is_the_username(self) -> AgentConfig:
+        """With a password and no username, log in as the node id: what the broker ACL confines."""
+        if self.mqtt.password is not None and self.mqtt.username is None:
+            self.mqtt.username = self.agent.node
+        return self
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

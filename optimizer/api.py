@@ -9,11 +9,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from agent.config import secret_or_file
 from agent.metrics import Family, render
 from optimizer.lifecycle import OPEN, LifecycleError, RecState
 
@@ -31,6 +33,12 @@ class ApiSettings(BaseModel):
     listen: str = Field(default="127.0.0.1", description="address to bind; empty: no HTTP API")
     port: int = Field(default=8470, ge=0, le=65535)
     token: SecretStr | None = Field(default=None, description="bearer token for state changes (FLEETFIT_API_TOKEN)")
+    token_file: Path | None = Field(default=None, description="file holding the bearer token (a credential)")
+
+    @model_validator(mode="after")
+    def _token_file(self) -> ApiSettings:
+        self.token = secret_or_file(self.token, self.token_file, "token")
+        return self
 
 
 class Api:

@@ -12,14 +12,16 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from influxdb_client.client.influxdb_client import InfluxDBClient
 from influxdb_client.client.write.point import Point
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.domain.write_precision import WritePrecision
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from agent.backoff import Backoff
+from agent.config import secret_or_file
 from agent.protocol import Birth, NicRole, Plan, Stats, Telemetry
 from optimizer import series
 from optimizer.series import Measurement
@@ -34,6 +36,7 @@ class StoreSettings(BaseModel):
 
     url: str | None = Field(default=None, description="e.g. http://influxdb:8086; none: no store")
     token: SecretStr | None = None
+    token_file: Path | None = Field(default=None, description="file holding the token (a credential)")
     org: str = "fleetfit"
     bucket: str = "fleetfit"
     batch_size: int = Field(default=5000, ge=1)
@@ -41,6 +44,11 @@ class StoreSettings(BaseModel):
     max_buffer_points: int = Field(default=1_000_000, ge=1)
     timeout: float = Field(default=10.0, gt=0)
     retry_max_delay: float = Field(default=30.0, gt=0)
+
+    @model_validator(mode="after")
+    def _token_file(self) -> StoreSettings:
+        self.token = secret_or_file(self.token, self.token_file, "token")
+        return self
 
 
 def point(m: Measurement, tags: Mapping[str, str | None], fields: Mapping[str, float | None], ts: float) -> Point:

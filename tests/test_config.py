@@ -70,9 +70,17 @@ def test_cli_fails_at_start_with_one_line(tmp_path: Path) -> None:
     assert "plan.min_confidence" in result.stderr
 
 
-def test_shipped_example_configs_are_valid() -> None:
+def test_shipped_example_configs_are_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = Path(__file__).resolve().parent.parent / "systemd"
-    agent = load_config(AgentConfig, root / "agent.toml", environ={})
+    (tmp_path / "mqtt-password").write_text("s3cret\n")  # what LoadCredential= puts in place
+    (tmp_path / "mqtt-ca").write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    agent = load_config(AgentConfig, root / "agent.toml", environ={"FLEETFIT_AGENT_NODE": "gpu-017"})
     assert agent.agent.site == "eu-west-1" and agent.mqtt.tls
+    assert agent.mqtt.password is not None and agent.mqtt.password.get_secret_value() == "s3cret"
+    assert agent.mqtt.username == "gpu-017" and agent.mqtt.ca_file == tmp_path / "mqtt-ca"
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY")
+    with pytest.raises(ConfigError, match="mqtt: Value error, cannot read mqtt-password"):
+        load_config(AgentConfig, root / "agent.toml", environ={})
     optimizer = load_config(OptimizerConfig, root / "optimizer.toml", environ={})
     assert optimizer.plan.max_moves == 20

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from agent.config import Section
+from agent.config import Section, read_secret
 from agent.protocol import WorkloadClass
 
 ReceiverKind = Literal["slack", "mattermost", "teams", "generic"]
@@ -66,17 +66,10 @@ class ReceiverSettings(Section):
                 raise ValueError(f"receiver {self.name}: environment variable {self.url_env} is empty or unset")
             return SecretStr(value)
         assert self.url_file is not None
-        path = self.url_file
-        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
-        if not path.is_absolute() and credentials:
-            path = Path(credentials) / path
         try:
-            value = path.read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"receiver {self.name}: cannot read {path}: {exc.strerror}") from None
-        if not value:
-            raise ValueError(f"receiver {self.name}: {path} is empty")
-        return SecretStr(value)
+            return read_secret(self.url_file)
+        except ValueError as exc:
+            raise ValueError(f"receiver {self.name}: {exc}") from None
 
 
 class AlertSettings(Section):
