@@ -8,6 +8,8 @@ import contextlib
 import gc
 import logging
 import signal
+import time
+from collections import deque
 from collections.abc import Callable
 
 import aiomqtt
@@ -27,6 +29,22 @@ from optimizer.snapshot import Snapshot, from_fleet
 from optimizer.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
+
+
+class Lag:
+    """Seconds from a window's end to its ingest, over the latest ``size`` windows."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._seconds: deque[float] = deque(maxlen=size)
+
+    def add(self, seconds: float) -> None:
+        self._seconds.append(max(0.0, seconds))
+
+    def quantiles(self) -> dict[str, float]:
+        if not self._seconds:
+            return {}
+        ordered = sorted(self._seconds)
+        return {q: ordered[min(len(ordered) - 1, int(float(q) * len(ordered)))] for q in ("0.5", "0.95", "1")}
 
 
 class Optimizer:
@@ -54,6 +72,7 @@ class Optimizer:
         self.api = Api(self, api) if api is not None and api.listen else None
         self.alerter = alerter
         self.plans_made = 0
+        self.lag = Lag()
 
     async def _ingest(self) -> None:
         settings = self.config.mqtt
@@ -75,6 +94,8 @@ class Optimizer:
                         if not isinstance(payload, bytes | bytearray):
                             payload = str(payload).encode() if payload is not None else b""
                         accepted = self.fleet.ingest(str(message.topic), payload)
+                        if isinstance(accepted, Telemetry):
+                            self.lag.add(time.time() - accepted.end)
                         if isinstance(accepted, Telemetry) and self.store is not None:
                             record = self.fleet.record(accepted.site, accepted.node)
                             self.store.add(window_points(record.birth if record else None, accepted))
@@ -114,6 +135,13 @@ class Optimizer:
                 "fleetfit_messages_rejected_total", "counter", "Messages rejected by reason.", "reason", fleet.rejected
             ),
             gauge("fleetfit_nodes", "Nodes known.", len(fleet.nodes)),
+            labelled(
+                "fleetfit_ingest_lag_seconds",
+                "gauge",
+                "Window end to ingest, latest 4096 windows.",
+                "quantile",
+                self.lag.quantiles(),
+            ),
             gauge("fleetfit_broker_connected", "1 while subscribed to the broker.", self.connected.is_set()),
             counter("fleetfit_plans_total", "Plans made.", self.plans_made),
             labelled(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,25 @@ from optimizer.fleet import Fleet
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")  # the console command, as users run it
 FLEET_PREFIX = "fleetfit/v1"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full-faults",
+        action="store_true",
+        help="run the fault-injection tests (-m fault) at full length: 120 s broker and 60 s store outages, "
+        "10,000 fuzzed messages",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--full-faults"):
+        os.environ["FLEETFIT_FULL_FAULTS"] = "1"
+
+
+def fault_size(short: int, full: int) -> int:
+    """The short figure in the everyday suite, the full one under ``--full-faults``."""
+    return full if os.environ.get("FLEETFIT_FULL_FAULTS") == "1" else short
 
 
 def free_port() -> int:

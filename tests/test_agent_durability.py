@@ -147,6 +147,7 @@ async def test_sd_notify_ready_watchdog_stopping(mosquitto: MosquittoServer, pre
 
 
 @pytest.mark.slow
+@pytest.mark.fault
 async def test_outage_then_kill_9_then_restart_loses_no_completed_window(tmp_path: Path, prefix: str) -> None:
     port = free_port()
     conf = write_mosquitto_config(tmp_path, port)
@@ -174,6 +175,7 @@ async def test_outage_then_kill_9_then_restart_loses_no_completed_window(tmp_pat
         await wait_until(lambda: any(json.loads(p)["session"] == 2 for p in payloads), 30, "the new session")
         received = [json.loads(p) for p in payloads]
         old = [r for r in received if r["session"] == 1]
+        print(f"windows spooled before SIGKILL {len(expected)}, replayed after restart {len(old)}")
         assert [r["seq"] for r in old] == expected == list(range(len(expected)))
         starts = [r["start"] for r in old]
         assert starts == sorted(starts)  # original timestamps, in order

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 import pytest
-from conftest import VictoriaMetrics
+from conftest import VictoriaMetrics, fault_size
 
 from agent.protocol import TopicKind, encode, node_topic
 from agent.simulate import offline_windows
@@ -53,14 +53,17 @@ async def test_windows_and_plans_round_trip_through_victoria_metrics(victoria: V
 
 
 @pytest.mark.slow
-async def test_a_30_s_outage_loses_nothing(victoria: VictoriaMetrics) -> None:
+@pytest.mark.fault
+async def test_a_store_outage_loses_nothing(victoria: VictoriaMetrics) -> None:
+    outage = fault_size(30, 60)  # seconds without the server
+    rounds = outage + 10
     nodes = build_scenario("mixed", 4, seed=5)
-    produced = [(birth, windows) for birth, windows in (offline_windows(n, 40, site="s1") for n in nodes)]
+    produced = [(birth, windows) for birth, windows in (offline_windows(n, rounds, site="s1") for n in nodes)]
     store = Store(_settings(victoria.url, retry_max_delay=2.0))
     writer = asyncio.create_task(store.run())
     expected = 0
     try:
-        for i in range(40):
+        for i in range(rounds):
             for birth, windows in produced:
                 pts = window_points(birth, windows[i])
                 expected += sum(1 for p in pts for _ in p._fields)  # one series value per field
@@ -68,10 +71,10 @@ async def test_a_30_s_outage_loses_nothing(victoria: VictoriaMetrics) -> None:
             if i == 5:
                 victoria.stop()
                 print("VictoriaMetrics stopped")
-            if i == 35:
+            if i == 5 + outage:
                 victoria.start()
-                print("VictoriaMetrics restarted")
-            await asyncio.sleep(1.0)  # 40 s in all, 30 of them without the server
+                print(f"VictoriaMetrics restarted after {outage} s")
+            await asyncio.sleep(1.0)
         await store.flush(30)
     finally:
         writer.cancel()

@@ -1,0 +1,195 @@
+"""End to end at fleet size on one machine: Mosquitto + ``fleetfit simulate --nodes N`` + ``fleetfit optimizer``
++ VictoriaMetrics, for several minutes of real time.
+
+Prints, from what each process reports and what /proc says about it: windows published by the simulator and
+accepted by the optimizer, ingest lag (window end → optimizer, from its /metrics), points written to and read
+back from VictoriaMetrics, solve time and recommendations per plan, CPU (share of one core) and peak RSS of
+every process, and the headroom left on this machine.
+
+    .venv/bin/python bench/e2e.py [--nodes 2000] [--duration 300] [--solve-interval 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import cpu_seconds, free_port, mosquitto_command, raise_open_files_limit, rss_mib
+
+FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
+
+
+def scrape(port: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_http(url: str, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def vm_series_count(port: int, metric: str) -> int:
+    query = urllib.parse.urlencode({"match[]": f'{{__name__=~"{metric}"}}'})
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/export?{query}", timeout=60) as r:
+        return sum(len(json.loads(line)["values"]) for line in r.read().decode().splitlines() if line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds of real time (default 300)")
+    parser.add_argument("--solve-interval", type=float, default=60.0)
+    parser.add_argument("--scenario", default="mixed")
+    args = parser.parse_args()
+    raise_open_files_limit()
+    vm_binary = shutil.which("victoria-metrics")
+    if vm_binary is None:
+        sys.exit("victoria-metrics is not installed (apt-get install victoria-metrics)")
+    with tempfile.TemporaryDirectory(prefix="fleetfit-e2e-") as tmp:
+        work = Path(tmp)
+        mqtt_port, vm_port, api_port = free_port(), free_port(), free_port()
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        procs["mosquitto"] = subprocess.Popen(
+            mosquitto_command(work, mqtt_port, "max_queued_messages 200000", "max_connections -1")
+        )
+        procs["victoria-metrics"] = subprocess.Popen(
+            [
+                vm_binary,
+                f"-httpListenAddr=127.0.0.1:{vm_port}",
+                f"-storageDataPath={work / 'vm'}",
+                "-loggerLevel=ERROR",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_http(f"http://127.0.0.1:{vm_port}/health")
+        config = work / "optimizer.toml"
+        config.write_text(
+            f'[optimizer]\nstate_dir = "{work / "state"}"\nsolve_interval = {args.solve_interval}\n'
+            f"horizon_windows = 60\n"
+            f'[mqtt]\nhost = "127.0.0.1"\nport = {mqtt_port}\nsession_expiry = 3600\n'
+            f'[influxdb]\nurl = "http://127.0.0.1:{vm_port}"\n'
+            f'[api]\nlisten = "127.0.0.1"\nport = {api_port}\n'
+        )
+        (work / "state").mkdir()
+        procs["optimizer"] = subprocess.Popen(
+            [FLEETFIT, "--log-level", "warning", "optimizer", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=(work / "optimizer.log").open("wb"),
+        )
+        wait_http(f"http://127.0.0.1:{api_port}/healthz")
+        procs["simulator"] = subprocess.Popen(
+            [FLEETFIT, "--log-level", "warning", "simulate", "--broker", f"mqtt://127.0.0.1:{mqtt_port}",
+             "--nodes", str(args.nodes), "--scenario", args.scenario, "--site", "e2e", "--time-scale", "1",
+             "--duration", str(args.duration)],
+            stdout=subprocess.DEVNULL,
+            stderr=(work / "simulate.log").open("wb"),
+        )  # fmt: skip
+        started = time.monotonic()
+        cpu0 = {k: cpu_seconds(p.pid) for k, p in procs.items()}
+        peak = dict.fromkeys(procs, 0.0)
+        last_cpu = dict(cpu0)
+        lag_p50: list[float] = []
+        lag_p95: list[float] = []
+        solves: dict[float, tuple[float, float]] = {}
+        while procs["simulator"].poll() is None:
+            time.sleep(5)
+            for k, p in procs.items():
+                if p.poll() is None:
+                    peak[k] = max(peak[k], rss_mib(p.pid))
+                    last_cpu[k] = cpu_seconds(p.pid)
+            m = scrape(api_port)
+            if time.monotonic() - started > 60:  # past the first windows' start-up burst
+                lag_p50.append(m.get('fleetfit_ingest_lag_seconds{quantile="0.5"}', float("nan")))
+                lag_p95.append(m.get('fleetfit_ingest_lag_seconds{quantile="0.95"}', float("nan")))
+            plans = m.get("fleetfit_plans_total", 0)
+            if plans and plans not in solves:
+                solves[plans] = (
+                    m.get('fleetfit_solve_seconds{site="e2e"}', 0),
+                    m.get('fleetfit_recommendations{site="e2e"}', 0),
+                )
+        elapsed = time.monotonic() - started
+        cpu = {k: (cpu_seconds(p.pid) if p.poll() is None else last_cpu[k]) - cpu0[k] for k, p in procs.items()}
+        time.sleep(15)  # the optimizer drains and the store flushes
+        m = scrape(api_port)
+        for k in ("optimizer", "victoria-metrics", "mosquitto"):
+            procs[k].send_signal(signal.SIGTERM)
+        for k in ("optimizer", "mosquitto"):
+            procs[k].wait(timeout=60)
+        written = m.get("fleetfit_store_points_written_total", 0)
+        time.sleep(2)
+        procs["victoria-metrics"].wait(timeout=30)
+        # read back after a restart of the store, from disk
+        vm = subprocess.Popen(
+            [
+                vm_binary,
+                f"-httpListenAddr=127.0.0.1:{vm_port}",
+                f"-storageDataPath={work / 'vm'}",
+                "-loggerLevel=ERROR",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_http(f"http://127.0.0.1:{vm_port}/health")
+            urllib.request.urlopen(f"http://127.0.0.1:{vm_port}/internal/force_flush", timeout=30).close()
+            read_back = vm_series_count(vm_port, "fleetfit_.*")
+        finally:
+            vm.terminate()
+            vm.wait(timeout=30)
+
+    windows = m.get('fleetfit_messages_accepted_total{kind="telemetry"}', 0)
+    rejected = sum(v for k, v in m.items() if k.startswith("fleetfit_messages_rejected_total"))
+    expected = args.nodes * int(args.duration // 10)
+    print(f"fleet: {args.nodes} simulated nodes ({args.scenario}), {elapsed:.0f} s at time-scale 1, 10 s windows")
+    print(f"windows: ~{expected} expected, {windows:.0f} accepted by the optimizer, {rejected:.0f} rejected")
+    print(
+        f"ingest lag (window end -> optimizer), median over the run of its p50 / p95: "
+        f"{statistics.median(lag_p50):.2f} s / {statistics.median(lag_p95):.2f} s (worst p95 {max(lag_p95):.2f} s)"
+    )
+    print(f"store: {written:.0f} points written, {read_back} read back from VictoriaMetrics after its restart, "
+          f"{m.get('fleetfit_store_points_dropped_total', 0):.0f} dropped")  # fmt: skip
+    for plans, (solve, recs) in sorted(solves.items()):
+        print(f"plan {plans:.0f}: solve {solve:.2f} s, {recs:.0f} recommendations")
+    total = 0.0
+    for k in ("simulator", "optimizer", "mosquitto", "victoria-metrics"):
+        share = cpu[k] / elapsed
+        total += share
+        print(f"{k:17} CPU {share * 100:5.1f} % of one core, peak RSS {peak[k]:6.0f} MiB")
+    cores = os.cpu_count() or 1
+    print(f"all four together: {total * 100:.0f} % of one core, of {cores} cores; "
+          f"the optimizer alone would ingest ~{args.nodes / max(cpu['optimizer'] / elapsed, 1e-9):,.0f} nodes "
+          f"per core at 10 s windows")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
