@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
-.PHONY: demo test lint typecheck pytest bench deps-test clean
+.PHONY: demo test lint typecheck pytest faults bench deps-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { $(APT) update && $(APT) install -y python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -43,6 +43,9 @@ pytest: deps-test
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+faults: deps-test  # the fault-injection tests at full length (about 6 minutes)
+	$(BIN)/pytest -m fault --full-faults -s
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

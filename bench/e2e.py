@@ -146,6 +146,7 @@ def main() -> None:
         for k in ("optimizer", "mosquitto"):
             procs[k].wait(timeout=60)
         written = m.get("fleetfit_store_points_written_total", 0)
+        values = m.get("fleetfit_store_values_written_total", 0)
         time.sleep(2)
         procs["victoria-metrics"].wait(timeout=30)
         # read back after a restart of the store, from disk
@@ -176,8 +177,9 @@ def main() -> None:
         f"ingest lag (window end -> optimizer), median over the run of its p50 / p95: "
         f"{statistics.median(lag_p50):.2f} s / {statistics.median(lag_p95):.2f} s (worst p95 {max(lag_p95):.2f} s)"
     )
-    print(f"store: {written:.0f} points written, {read_back} read back from VictoriaMetrics after its restart, "
-          f"{m.get('fleetfit_store_points_dropped_total', 0):.0f} dropped")  # fmt: skip
+    dropped = m.get("fleetfit_store_points_dropped_total", 0)
+    print(f"store: {written:.0f} points ({values:.0f} field values) written, {read_back} values read back from "
+          f"VictoriaMetrics after its restart, {dropped:.0f} points dropped")  # fmt: skip
     for plans, (solve, recs) in sorted(solves.items()):
         print(f"plan {plans:.0f}: solve {solve:.2f} s, {recs:.0f} recommendations")
     total = 0.0

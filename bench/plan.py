@@ -113,11 +113,13 @@ def main() -> int:
     parser.add_argument("--max-moves", type=int, default=200)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--no-split", action="store_true", help="keep 8-GPU jobs whole (about 1.25 workloads a node)")
+    parser.add_argument("--no-pools", action="store_true", help="solve node by node, without pooling identical nodes")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     catalog = load_catalog()
-    settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves)
-    print(f"seed {seed}; time limit {args.time_limit:g} s; at most {args.max_moves} moves")
+    settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves, pools=not args.no_pools)
+    pools = "node by node" if args.no_pools else "identical nodes pooled"
+    print(f"seed {seed}; time limit {args.time_limit:g} s; at most {args.max_moves} moves; {pools}")
     print(
         f"{'nodes':>6}{'GPUs':>7}{'workloads':>10}{'moves':>7}{'status':>10}{'solve s':>9}{'gap':>8}"
         f"{'CP-SAT $/mo':>13}{'greedy $/mo':>13}{'ratio':>7}"

@@ -10,15 +10,17 @@ feasible starting point.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
 from agent.protocol import SolverReport
 from optimizer.catalog import Catalog
 from optimizer.costs import Demand, fit_problem, monthly_cost
+from optimizer.pools import Pool, assign, build_pools
 
 CENTS = 100
+MAX_PACKING_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class Problem:
     # every node (see _Targets.of).
     candidates_per_type: int = 24
     full_model_limit: int = 300_000  # movable workloads x nodes up to which every node is a candidate
+    pools: bool = True  # identical idle-room nodes solved as pools (optimizer/pools.py)
 
 
 @dataclass(slots=True)
@@ -157,8 +160,13 @@ def _greedy(
     return placement
 
 
-def _spread_replicas(model: cp_model.CpModel, problem: Problem, choice: dict[tuple[str, str], cp_model.IntVar]) -> None:
-    """No node gets two replicas of one service that were not already sharing it."""
+def _spread_replicas(
+    model: cp_model.CpModel,
+    problem: Problem,
+    choice: dict[tuple[str, str], cp_model.IntVar],
+    pools: dict[str, Pool],
+) -> None:
+    """No node gets two replicas of one service that were not already sharing it (a pool: one per member)."""
     services: dict[str, list[Movable]] = {}
     for w in problem.movable:
         if w.service:
@@ -175,8 +183,31 @@ def _spread_replicas(model: cp_model.CpModel, problem: Problem, choice: dict[tup
             for node, var in options.get(w.id, []):
                 by_node.setdefault(node, []).append(var)
         for node, variables in by_node.items():
-            if len(variables) > 1 and node not in already:
-                model.add(sum(variables) <= 1)
+            limit = pools[node].size if node in pools else 1
+            if len(variables) > limit and node not in already:
+                model.add(sum(variables) <= limit)
+
+
+def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, cp_model.IntVar]]) -> None:
+    """What a pool of identical nodes can take (see optimizer/pools.py)."""
+    sizes = sorted({g for g, _ in terms})
+    for s, capacity in pool.capacity_by_size(sizes).items():
+        if all(g % s == 0 for g in sizes if g >= s):  # exact for divisible sizes
+            model.add(sum(g * v for g, v in terms if g >= s) <= capacity)
+    model.add(sum(g * v for g, v in terms) <= pool.size * pool.room)  # always valid
+    model.add(sum(v for g, v in terms if 2 * g > pool.room) <= pool.size)  # one large workload per member
+
+
+def _pooled(problem: Problem) -> tuple[list[NodeSlot], dict[str, Pool], dict[str, Pool]]:
+    """The nodes the model sees (pools in place of their members), pools by key, and each member's pool."""
+    if not problem.pools:
+        return problem.nodes, {}, {}
+    hosting = {w.node for w in problem.movable}
+    free = ((n.name, n.hardware, n.gpus - problem.fixed_usage.get(n.name, 0)) for n in problem.nodes)
+    pools = build_pools(free, hosting)
+    member_of = {m: p for p in pools for m in p.members}
+    nodes = [n for n in problem.nodes if n.name not in member_of] + [NodeSlot(p.key, p.hardware, p.room) for p in pools]
+    return nodes, {p.key: p for p in pools}, member_of
 
 
 def solve(catalog: Catalog, problem: Problem) -> Solution:
@@ -188,19 +219,22 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     objective = []
     costs: dict[str, dict[str, float]] = {}
     blocked: dict[str, str] = {}
-    usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in problem.nodes}
-    targets = _Targets.of(problem)
-    slots = {n.name: n for n in problem.nodes}
+    model_nodes, pools, member_of = _pooled(problem)
+    usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in model_nodes}
+    targets = _Targets.of(replace(problem, nodes=model_nodes))
+    slots = {n.name: n for n in model_nodes}
     types: dict[str, dict[str, float]] = {}
     for w in problem.movable:
         options, types[w.id], why_not = _candidates(catalog, problem, targets, w, slots)
         costs[w.id] = options
         if len(options) == 1 and why_not:
             blocked[w.id] = why_not
-    start = _greedy(problem, targets, types, {w.id: costs[w.id][w.node] for w in problem.movable})
+    # the greedy pass sees every concrete node; its placement, pooled, is the hint and always a choice
+    greedy = _greedy(problem, _Targets.of(problem), types, {w.id: costs[w.id][w.node] for w in problem.movable})
+    start = {wid: member_of[node].key if node in member_of else node for wid, node in greedy.items()}
     for w in problem.movable:
         options = costs[w.id]
-        if start[w.id] not in options:  # the greedy start is always among the choices
+        if start[w.id] not in options:
             node = start[w.id]
             options[node] = types[w.id][slots[node].hardware]
         row = []
@@ -215,13 +249,15 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             if node != w.node:
                 moves.append(var)
         model.add_exactly_one(row)
-    for n in problem.nodes:
+    for n in model_nodes:
         terms = usage[n.name]
-        if terms:
+        if n.name in pools and terms:
+            _pool_capacity(model, pools[n.name], terms)
+        elif terms:
             model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
     if moves:
         model.add(sum(moves) <= problem.max_moves)
-    _spread_replicas(model, problem, choice)
+    _spread_replicas(model, problem, choice, pools)
     model.minimize(sum(objective))
 
     solver = cp_model.CpSolver()
@@ -232,16 +268,30 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     # kills the daemon instead of shutting it down.
     solver.parameters.catch_sigint_signal = False
     status = solver.solve(model)
-    elapsed = time.perf_counter() - started
+    home = {w.id: w.node for w in problem.movable}
+    for _ in range(MAX_PACKING_ROUNDS):  # a pool's share that will not pack: forbid it there and solve again
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        chosen = {w.id: next(n for n in costs[w.id] if solver.value(choice[w.id, n])) for w in problem.movable}
+        misfits = _misfits(problem, chosen, pools)
+        if not misfits:
+            break
+        model.clear_hints()  # type: ignore[no-untyped-call]
+        for (wid, node), var in choice.items():
+            model.add_hint(var, node == (home[wid] if wid in misfits else chosen[wid]))
+        for wid in misfits:
+            model.add(choice[wid, chosen[wid]] == 0)
+        status = solver.solve(model)
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # Infeasible only if the current placement itself overflows a node (stale telemetry): keep it.
         placement = {w.id: w.node for w in problem.movable}
+        elapsed = time.perf_counter() - started
         report = SolverReport(status=name, objective=0.0, best_bound=0.0, gap=0.0, solve_seconds=elapsed)
         return Solution(placement, report, blocked=blocked)
-    placement = {}
-    for w in problem.movable:
-        placement[w.id] = next(n for n in costs[w.id] if solver.value(choice[w.id, n]))
+    chosen = {w.id: next(n for n in costs[w.id] if solver.value(choice[w.id, n])) for w in problem.movable}
+    placement = _concrete(problem, chosen, pools, blocked)
+    elapsed = time.perf_counter() - started
     value = solver.objective_value / CENTS
     bound = solver.best_objective_bound / CENTS
     report = SolverReport(
@@ -251,5 +301,36 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         gap=round(abs(value - bound) / max(abs(value), 1e-9), 6) if value else 0.0,
         solve_seconds=round(elapsed, 4),
     )
-    monthly = {w.id: (costs[w.id][w.node], costs[w.id][placement[w.id]]) for w in problem.movable}
+    monthly = {
+        w.id: (costs[w.id][w.node], costs[w.id][chosen[w.id]] if placement[w.id] != w.node else costs[w.id][w.node])
+        for w in problem.movable
+    }
     return Solution(placement, report, monthly, blocked)
+
+
+def _misfits(problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]) -> set[str]:
+    """Workloads the plan sent to a pool that first-fit decreasing cannot give a member."""
+    by_pool: dict[str, list[tuple[str, int, str | None]]] = {}
+    for w in problem.movable:
+        if chosen[w.id] in pools:
+            by_pool.setdefault(chosen[w.id], []).append((w.id, w.demand.gpus, w.service))
+    return {wid for key, work in by_pool.items() for wid in assign(pools[key], work)[1]}
+
+
+def _concrete(
+    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool], blocked: dict[str, str]
+) -> dict[str, str]:
+    """Each workload the plan sent to a pool gets a member; one that cannot be packed stays where it is."""
+    placement = {wid: node for wid, node in chosen.items() if node not in pools}
+    by_pool: dict[str, list[tuple[str, int, str | None]]] = {}
+    for w in problem.movable:
+        if chosen[w.id] in pools:
+            by_pool.setdefault(chosen[w.id], []).append((w.id, w.demand.gpus, w.service))
+    home = {w.id: w.node for w in problem.movable}
+    for key, workloads in by_pool.items():
+        placed, unplaced = assign(pools[key], workloads)
+        placement.update(placed)
+        for wid in unplaced:
+            placement[wid] = home[wid]
+            blocked[wid] = f"no single {pools[key].hardware} node left with room after packing"
+    return placement

@@ -32,6 +32,7 @@ class PlanSettings(BaseModel):
     move_cost_usd: float = Field(default=20.0, ge=0, description="fixed disruption cost of any move")
     time_limit: float = Field(default=10.0, gt=0, le=600)
     pinned: list[str] = Field(default_factory=list, description="workload ids or glob patterns never moved")
+    pools: bool = Field(default=True, description="solve identical nodes with free room as pools")
 
 
 def recommendation_id(workload: str, from_node: str, to_hardware: str) -> str:
@@ -155,6 +156,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         min_monthly_savings=settings.min_monthly_savings,
         min_savings_fraction=settings.min_savings_fraction,
         time_limit_s=settings.time_limit,
+        pools=settings.pools,
     )
     solution = solve(catalog, problem)
     node_hw = {n.name: n.hardware for n in nodes}

@@ -170,6 +170,7 @@ class Optimizer:
             store = self.store
             families += [
                 counter("fleetfit_store_points_written_total", "Points the time-series store accepted.", store.written),
+                counter("fleetfit_store_values_written_total", "Field values in those points.", store.values_written),
                 counter("fleetfit_store_points_dropped_total", "Points dropped from a full buffer.", store.dropped),
                 counter("fleetfit_store_write_failures_total", "Failed write attempts.", store.failures),
                 gauge("fleetfit_store_buffered_points", "Points waiting for the store.", len(store)),

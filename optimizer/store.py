@@ -178,11 +178,13 @@ class Store:
     def __init__(self, settings: StoreSettings, writer: Writer | None = None) -> None:
         self.settings = settings
         self._buffer: deque[str] = deque()
+        self._values: deque[int] = deque()  # field values per buffered point
         self._ready = asyncio.Event()
         self._client: InfluxDBClient | None = None
         self._writer = writer or self._influx_writer()
         self._backoff = Backoff(base=0.5, cap=settings.retry_max_delay)
         self.written = 0
+        self.values_written = 0  # field values: what a Prometheus-style store counts as samples
         self.dropped = 0
         self.failures = 0
         self.healthy = True
@@ -210,10 +212,12 @@ class Store:
         for p in points:
             if len(self._buffer) >= self.settings.max_buffer_points:
                 self._buffer.popleft()
+                self._values.popleft()
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 10_000 == 0:
                     log.warning("store buffer full: dropped the oldest point (%d so far)", self.dropped)
             self._buffer.append(p.to_line_protocol())  # type: ignore[no-untyped-call]
+            self._values.append(len(p._fields))
         if len(self._buffer) >= self.settings.batch_size:
             self._ready.set()
 
@@ -239,6 +243,7 @@ class Store:
             return False
         for _ in batch:
             self._buffer.popleft()
+            self.values_written += self._values.popleft()
         self.written += len(batch)
         if not self.healthy:
             log.info("store writes resumed; %d point(s) still buffered", len(self._buffer))
