@@ -13,6 +13,7 @@ import argparse
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -27,9 +28,14 @@ from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, hardware_of
 
 
-def fleet(nodes: int, seed: int, split: bool = True) -> Snapshot:
-    """A ``mixed`` fleet; with ``split``, jobs of 4 GPUs or more become two halves (about 2.5 workloads a node)."""
+def fleet(nodes: int, seed: int, split: bool = True, spare: float = 0.0) -> Snapshot:
+    """A ``mixed`` fleet; with ``split``, jobs of 4 GPUs or more become two halves (about 2.5 workloads a node);
+    ``spare``: the share of nodes emptied (identical idle nodes are what pools aggregate)."""
     scenario = build_scenario("mixed", nodes, seed)
+    emptied = set(random.Random(seed).sample(range(len(scenario)), int(spare * len(scenario))))
+    scenario = [
+        n if i not in emptied else replace(n, workloads=(), misplaced=frozenset()) for i, n in enumerate(scenario)
+    ]
     snapshot_nodes = [SnapshotNode(name=n.name, hardware=n.profile, gpus=PROFILES[n.profile].gpus) for n in scenario]
     workloads = []
     for n in scenario:
@@ -113,6 +119,7 @@ def main() -> int:
     parser.add_argument("--max-moves", type=int, default=200)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--no-split", action="store_true", help="keep 8-GPU jobs whole (about 1.25 workloads a node)")
+    parser.add_argument("--spare", type=float, default=0.0, help="share of nodes left empty (default 0)")
     parser.add_argument("--no-pools", action="store_true", help="solve node by node, without pooling identical nodes")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
@@ -125,7 +132,7 @@ def main() -> int:
         f"{'CP-SAT $/mo':>13}{'greedy $/mo':>13}{'ratio':>7}"
     )
     for size in (int(s) for s in args.sizes.split(",")):
-        snapshot = fleet(size, seed, split=not args.no_split)
+        snapshot = fleet(size, seed, split=not args.no_split, spare=args.spare)
         started = time.perf_counter()
         plan = plan_snapshot(snapshot, catalog, settings)
         wall = time.perf_counter() - started
