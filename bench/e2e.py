@@ -120,7 +120,7 @@ def main() -> None:
         last_cpu = dict(cpu0)
         lag_p50: list[float] = []
         lag_p95: list[float] = []
-        solves: dict[float, tuple[float, float]] = {}
+        solves: dict[float, tuple[float, float, float, float]] = {}
         while procs["simulator"].poll() is None:
             time.sleep(5)
             for k, p in procs.items():
@@ -136,6 +136,8 @@ def main() -> None:
                 solves[plans] = (
                     m.get('fleetfit_solve_seconds{site="e2e"}', 0),
                     m.get('fleetfit_recommendations{site="e2e"}', 0),
+                    m.get('fleetfit_solve_gap{site="e2e"}', 0),
+                    m.get('fleetfit_solve_optimal{site="e2e"}', 0),
                 )
         elapsed = time.monotonic() - started
         cpu = {k: (cpu_seconds(p.pid) if p.poll() is None else last_cpu[k]) - cpu0[k] for k, p in procs.items()}
@@ -180,8 +182,9 @@ def main() -> None:
     dropped = m.get("fleetfit_store_points_dropped_total", 0)
     print(f"store: {written:.0f} points ({values:.0f} field values) written, {read_back} values read back from "
           f"VictoriaMetrics after its restart, {dropped:.0f} points dropped")  # fmt: skip
-    for plans, (solve, recs) in sorted(solves.items()):
-        print(f"plan {plans:.0f}: solve {solve:.2f} s, {recs:.0f} recommendations")
+    for plans, (solve, recs, gap, optimal) in sorted(solves.items()):
+        status = "OPTIMAL" if optimal else "FEASIBLE"
+        print(f"plan {plans:.0f}: {status}, solve {solve:.2f} s, gap {gap:.2%}, {recs:.0f} recommendations")
     total = 0.0
     for k in ("simulator", "optimizer", "mosquitto", "victoria-metrics"):
         share = cpu[k] / elapsed
@@ -189,8 +192,8 @@ def main() -> None:
         print(f"{k:17} CPU {share * 100:5.1f} % of one core, peak RSS {peak[k]:6.0f} MiB")
     cores = os.cpu_count() or 1
     print(f"all four together: {total * 100:.0f} % of one core, of {cores} cores; "
-          f"the optimizer alone would ingest ~{args.nodes / max(cpu['optimizer'] / elapsed, 1e-9):,.0f} nodes "
-          f"per core at 10 s windows")  # fmt: skip
+          f"the optimizer's whole load (ingest, store writes, a plan every {args.solve_interval:g} s) comes to "
+          f"~{args.nodes / max(cpu['optimizer'] / elapsed, 1e-9):,.0f} nodes per core at 10 s windows")  # fmt: skip
 
 
 if __name__ == "__main__":
