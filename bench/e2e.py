@@ -57,6 +57,14 @@ def wait_http(url: str, limit: float = 30.0) -> None:
     raise RuntimeError(f"{url} did not answer")
 
 
+def start_victoria_metrics(binary: str, work: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [binary, f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={work / 'vm'}", "-loggerLevel=ERROR"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def vm_series_count(port: int, metric: str) -> int:
     query = urllib.parse.urlencode({"match[]": f'{{__name__=~"{metric}"}}'})
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/export?{query}", timeout=60) as r:
@@ -81,16 +89,7 @@ def main() -> None:
         procs["mosquitto"] = subprocess.Popen(
             mosquitto_command(work, mqtt_port, "max_queued_messages 200000", "max_connections -1")
         )
-        procs["victoria-metrics"] = subprocess.Popen(
-            [
-                vm_binary,
-                f"-httpListenAddr=127.0.0.1:{vm_port}",
-                f"-storageDataPath={work / 'vm'}",
-                "-loggerLevel=ERROR",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        procs["victoria-metrics"] = start_victoria_metrics(vm_binary, work, vm_port)
         wait_http(f"http://127.0.0.1:{vm_port}/health")
         config = work / "optimizer.toml"
         config.write_text(
@@ -152,16 +151,7 @@ def main() -> None:
         time.sleep(2)
         procs["victoria-metrics"].wait(timeout=30)
         # read back after a restart of the store, from disk
-        vm = subprocess.Popen(
-            [
-                vm_binary,
-                f"-httpListenAddr=127.0.0.1:{vm_port}",
-                f"-storageDataPath={work / 'vm'}",
-                "-loggerLevel=ERROR",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        vm = start_victoria_metrics(vm_binary, work, vm_port)
         try:
             wait_http(f"http://127.0.0.1:{vm_port}/health")
             urllib.request.urlopen(f"http://127.0.0.1:{vm_port}/internal/force_flush", timeout=30).close()

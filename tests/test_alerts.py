@@ -337,30 +337,21 @@ url_file = "hook-url"
     return config
 
 
+def _alerts_test(receiver: str, config: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [FLEETFIT, "alerts", "test", "--receiver", receiver, "--config", str(config)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
+
+
 def test_alerts_test_sends_a_sample_through_a_credential_file(tmp_path: Path) -> None:
     with webhook_server() as server:
         config = _optimizer_config(tmp_path, server)
         env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "PATH": "/usr/bin:/bin"}
-        result = subprocess.run(
-            [FLEETFIT, "alerts", "test", "--receiver", "team-chat", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-            check=False,
-        )
+        result = _alerts_test("team-chat", config, env)
         assert result.returncode == 0, result.stderr
         body = server.wait_for(1)[0].json()
         assert body["blocks"][0]["type"] == "header" and "sample" in json.dumps(body)
         assert "s3cr3t-token" not in result.stdout + result.stderr
-        missing = subprocess.run(
-            [FLEETFIT, "alerts", "test", "--receiver", "nope", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-            check=False,
-        )
+        missing = _alerts_test("nope", config, env)
     assert missing.returncode == 2 and "team-chat" in missing.stderr
 
 
@@ -379,13 +370,8 @@ kind = "teams"
 url_env = "OPS_WEBHOOK"
 """
     )
-    result = subprocess.run(
-        [FLEETFIT, "alerts", "test", "--receiver", "ops", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"OPS_WEBHOOK": f"http://127.0.0.1:{port}/workflows/s3cr3t-token", "PATH": "/usr/bin:/bin"},
-        check=False,
+    result = _alerts_test(
+        "ops", config, {"OPS_WEBHOOK": f"http://127.0.0.1:{port}/workflows/s3cr3t-token", "PATH": "/usr/bin:/bin"}
     )
     assert result.returncode == 2 and "not accepted" in result.stderr
     assert "s3cr3t-token" not in result.stderr and f"127.0.0.1:{port}" not in result.stderr

@@ -211,26 +211,8 @@ class GenericAlert(BaseModel):
 
 
 def _generic_move(item: Item) -> GenericMove:
-    r = item.recommendation
-    return GenericMove(
-        id=r.id,
-        status=item.status.value,
-        severity=item.severity,
-        workload=r.workload,
-        workload_name=r.workload_name,
-        workload_class=r.workload_class.value,
-        confidence=r.confidence,
-        gpus=r.gpus,
-        from_node=r.from_node,
-        from_hardware=r.from_hardware,
-        to_node=r.to_node,
-        to_hardware=r.to_hardware,
-        monthly_savings_usd=r.monthly_savings_usd,
-        risk=r.risk,
-        reason=r.reason,
-        performance_impact=r.performance_impact,
-        evidence=r.evidence,
-    )
+    fields = item.recommendation.model_dump(mode="json")
+    return GenericMove(**fields, status=item.status.value, severity=item.severity)
 
 
 def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
