@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -48,10 +49,24 @@ def fault_size(short: int, full: int) -> int:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A free port outside the kernel's ephemeral range.
+
+    Servers here are stopped and restarted on the same port while clients keep retrying. A retrying client's
+    source port comes from the ephemeral range, and TCP will even connect a socket to itself when source and
+    destination coincide; either way the port is taken and the restart fails with "Address already in use".
+    Ports below the range are never handed out as source ports."""
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    pool = range(10_000, low) if low > 11_000 else range(high + 1, 65_536)
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.choice(pool)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral range")
 
 
 @dataclass
