@@ -54,6 +54,7 @@ class Problem:
     candidates_per_type: int = 24
     full_model_limit: int = 300_000  # movable workloads x nodes up to which every node is a candidate
     pools: bool = True  # identical idle-room nodes solved as pools (optimizer/pools.py)
+    pool_min_members: int = 4  # smaller groups stay separate nodes: pooling them saves nothing
 
 
 @dataclass(slots=True)
@@ -192,10 +193,12 @@ def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, c
     """What a pool of identical nodes can take (see optimizer/pools.py)."""
     sizes = sorted({g for g, _ in terms})
     for s, capacity in pool.capacity_by_size(sizes).items():
-        if all(g % s == 0 for g in sizes if g >= s):  # exact for divisible sizes
+        if all(g % s == 0 for g in sizes if g >= s) and s > 1:  # exact for divisible sizes
             model.add(sum(g * v for g, v in terms if g >= s) <= capacity)
-    model.add(sum(g * v for g, v in terms) <= pool.size * pool.room)  # always valid
-    model.add(sum(v for g, v in terms if 2 * g > pool.room) <= pool.size)  # one large workload per member
+    model.add(sum(g * v for g, v in terms) <= pool.size * pool.room)  # always valid (the size-1 case)
+    large = [v for g, v in terms if 2 * g > pool.room]
+    if large:
+        model.add(sum(large) <= pool.size)  # one large workload per member
 
 
 def _pooled(problem: Problem) -> tuple[list[NodeSlot], dict[str, Pool], dict[str, Pool]]:
@@ -204,7 +207,7 @@ def _pooled(problem: Problem) -> tuple[list[NodeSlot], dict[str, Pool], dict[str
         return problem.nodes, {}, {}
     hosting = {w.node for w in problem.movable}
     free = ((n.name, n.hardware, n.gpus - problem.fixed_usage.get(n.name, 0)) for n in problem.nodes)
-    pools = build_pools(free, hosting)
+    pools = build_pools(free, hosting, problem.pool_min_members)
     member_of = {m: p for p in pools for m in p.members}
     nodes = [n for n in problem.nodes if n.name not in member_of] + [NodeSlot(p.key, p.hardware, p.room) for p in pools]
     return nodes, {p.key: p for p in pools}, member_of
