@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -85,4 +86,4 @@ def sample_notice(site: str = "example") -> Notice:
         risk="low",
         evidence=["steady serving traffic, 9x daily swing", "28 % mean SM busy, peak 61 %"],
     )
-    return Notice(site=site, generated_at=0.0, items=[Item(rec, Status.NEW, Severity.WARNING)])
+    return Notice(site=site, generated_at=time.time(), items=[Item(rec, Status.NEW, Severity.WARNING)])
