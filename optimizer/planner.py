@@ -224,7 +224,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     blocked: dict[str, str] = {}
     model_nodes, pools, member_of = _pooled(problem)
     usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in model_nodes}
-    targets = _Targets.of(replace(problem, nodes=model_nodes))
+    targets = _Targets.of(replace(problem, nodes=model_nodes)) if pools else _Targets.of(problem)
     slots = {n.name: n for n in model_nodes}
     types: dict[str, dict[str, float]] = {}
     for w in problem.movable:
@@ -233,7 +233,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         if len(options) == 1 and why_not:
             blocked[w.id] = why_not
     # the greedy pass sees every concrete node; its placement, pooled, is the hint and always a choice
-    greedy = _greedy(problem, _Targets.of(problem), types, {w.id: costs[w.id][w.node] for w in problem.movable})
+    concrete = _Targets.of(problem) if pools else targets
+    greedy = _greedy(problem, concrete, types, {w.id: costs[w.id][w.node] for w in problem.movable})
     start = {wid: member_of[node].key if node in member_of else node for wid, node in greedy.items()}
     for w in problem.movable:
         options = costs[w.id]

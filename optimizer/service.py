@@ -9,13 +9,12 @@ import gc
 import logging
 import signal
 import time
-from collections import deque
 from collections.abc import Callable
 
 import aiomqtt
 
 from agent.backoff import Backoff
-from agent.metrics import Family, counter, gauge, labelled
+from agent.metrics import Family
 from agent.mqtt import make_client
 from agent.protocol import Plan, Recommendation, Telemetry, encode, recommendations_topic, subscription_filters
 from optimizer.alerts.alerter import Alerter
@@ -25,26 +24,11 @@ from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet
 from optimizer.lifecycle import Lifecycle, RecState
 from optimizer.recommend import plan_snapshot
+from optimizer.selfmetrics import Lag, optimizer_metrics
 from optimizer.snapshot import Snapshot, from_fleet
 from optimizer.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
-
-
-class Lag:
-    """Seconds from a window's end to its ingest, over the latest ``size`` windows."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self._seconds: deque[float] = deque(maxlen=size)
-
-    def add(self, seconds: float) -> None:
-        self._seconds.append(max(0.0, seconds))
-
-    def quantiles(self) -> dict[str, float]:
-        if not self._seconds:
-            return {}
-        ordered = sorted(self._seconds)
-        return {q: ordered[min(len(ordered) - 1, int(float(q) * len(ordered)))] for q in ("0.5", "0.95", "1")}
 
 
 class Optimizer:
@@ -96,9 +80,9 @@ class Optimizer:
                         accepted = self.fleet.ingest(str(message.topic), payload)
                         if isinstance(accepted, Telemetry):
                             self.lag.add(time.time() - accepted.end)
-                        if isinstance(accepted, Telemetry) and self.store is not None:
-                            record = self.fleet.record(accepted.site, accepted.node)
-                            self.store.add(window_points(record.birth if record else None, accepted))
+                            if self.store is not None:
+                                record = self.fleet.record(accepted.site, accepted.node)
+                                self.store.add(window_points(record.birth if record else None, accepted))
             except aiomqtt.MqttError as exc:
                 self.connected.clear()
                 self._client = None
@@ -126,81 +110,7 @@ class Optimizer:
         return plans
 
     def self_metrics(self) -> list[Family]:
-        fleet, plans = self.fleet, sorted(self.plans.items())
-        families = [
-            labelled(
-                "fleetfit_messages_accepted_total", "counter", "Messages accepted by kind.", "kind", fleet.accepted
-            ),
-            labelled(
-                "fleetfit_messages_rejected_total", "counter", "Messages rejected by reason.", "reason", fleet.rejected
-            ),
-            gauge("fleetfit_nodes", "Nodes known.", len(fleet.nodes)),
-            labelled(
-                "fleetfit_ingest_lag_seconds",
-                "gauge",
-                "Window end to ingest, latest 4096 windows.",
-                "quantile",
-                self.lag.quantiles(),
-            ),
-            gauge("fleetfit_broker_connected", "1 while subscribed to the broker.", self.connected.is_set()),
-            counter("fleetfit_plans_total", "Plans made.", self.plans_made),
-            labelled(
-                "fleetfit_solve_seconds",
-                "gauge",
-                "Solve time of the last plan per site.",
-                "site",
-                {s: p.solver.solve_seconds for s, p in plans},
-            ),
-            labelled(
-                "fleetfit_recommendations",
-                "gauge",
-                "Recommended moves in the last plan per site.",
-                "site",
-                {s: len(p.recommendations) for s, p in plans},
-            ),
-            labelled(
-                "fleetfit_monthly_savings_usd",
-                "gauge",
-                "US$ a month the last plan per site would save.",
-                "site",
-                {s: p.monthly_savings_usd for s, p in plans},
-            ),
-        ]
-        if self.store is not None:
-            store = self.store
-            families += [
-                counter("fleetfit_store_points_written_total", "Points the time-series store accepted.", store.written),
-                counter("fleetfit_store_values_written_total", "Field values in those points.", store.values_written),
-                counter("fleetfit_store_points_dropped_total", "Points dropped from a full buffer.", store.dropped),
-                counter("fleetfit_store_write_failures_total", "Failed write attempts.", store.failures),
-                gauge("fleetfit_store_buffered_points", "Points waiting for the store.", len(store)),
-            ]
-        if self.alerter is not None:
-            hooks = sorted(self.alerter.webhooks.values(), key=lambda w: w.name)
-            families += [
-                labelled(
-                    "fleetfit_alerts_sent_total",
-                    "counter",
-                    "Alert messages a receiver accepted.",
-                    "receiver",
-                    {w.name: w.sent for w in hooks},
-                ),
-                Family(
-                    "fleetfit_alerts_failed_total",
-                    "counter",
-                    "Alert messages given up, by receiver and reason.",
-                    [({"receiver": w.name, "reason": r}, n) for w in hooks for r, n in sorted(w.failed.items())],
-                ),
-                labelled(
-                    "fleetfit_alert_retries_total",
-                    "counter",
-                    "Alert delivery retries.",
-                    "receiver",
-                    {w.name: w.retries for w in hooks},
-                ),
-                gauge("fleetfit_alerts_pending", "Moves gathering for the next alert message.", self.alerter.pending),
-            ]
-        return families
+        return optimizer_metrics(self)
 
     def _track(self, plan: Plan) -> None:
         """Fold the plan into the recommendation lifecycle and hand what changed to the alert hooks."""

@@ -1,0 +1,103 @@
+"""The optimizer's self-metrics (served on ``/metrics``): ingest, planning, the store and the alert hooks."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from agent.metrics import Family, counter, gauge, labelled
+
+if TYPE_CHECKING:
+    from optimizer.service import Optimizer
+
+
+class Lag:
+    """Seconds from a window's end to its ingest, over the latest ``size`` windows."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._seconds: deque[float] = deque(maxlen=size)
+
+    def add(self, seconds: float) -> None:
+        self._seconds.append(max(0.0, seconds))
+
+    def quantiles(self) -> dict[str, float]:
+        if not self._seconds:
+            return {}
+        ordered = sorted(self._seconds)
+        return {q: ordered[min(len(ordered) - 1, int(float(q) * len(ordered)))] for q in ("0.5", "0.95", "1")}
+
+
+def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
+    fleet, plans = optimizer.fleet, sorted(optimizer.plans.items())
+    families = [
+        labelled("fleetfit_messages_accepted_total", "counter", "Messages accepted by kind.", "kind", fleet.accepted),
+        labelled(
+            "fleetfit_messages_rejected_total", "counter", "Messages rejected by reason.", "reason", fleet.rejected
+        ),
+        gauge("fleetfit_nodes", "Nodes known.", len(fleet.nodes)),
+        labelled(
+            "fleetfit_ingest_lag_seconds",
+            "gauge",
+            "Window end to ingest, latest 4096 windows.",
+            "quantile",
+            optimizer.lag.quantiles(),
+        ),
+        gauge("fleetfit_broker_connected", "1 while subscribed to the broker.", optimizer.connected.is_set()),
+        counter("fleetfit_plans_total", "Plans made.", optimizer.plans_made),
+        labelled(
+            "fleetfit_solve_seconds",
+            "gauge",
+            "Solve time of the last plan per site.",
+            "site",
+            {s: p.solver.solve_seconds for s, p in plans},
+        ),
+        labelled(
+            "fleetfit_recommendations",
+            "gauge",
+            "Recommended moves in the last plan per site.",
+            "site",
+            {s: len(p.recommendations) for s, p in plans},
+        ),
+        labelled(
+            "fleetfit_monthly_savings_usd",
+            "gauge",
+            "US$ a month the last plan per site would save.",
+            "site",
+            {s: p.monthly_savings_usd for s, p in plans},
+        ),
+    ]
+    if optimizer.store is not None:
+        store = optimizer.store
+        families += [
+            counter("fleetfit_store_points_written_total", "Points the time-series store accepted.", store.written),
+            counter("fleetfit_store_values_written_total", "Field values in those points.", store.values_written),
+            counter("fleetfit_store_points_dropped_total", "Points dropped from a full buffer.", store.dropped),
+            counter("fleetfit_store_write_failures_total", "Failed write attempts.", store.failures),
+            gauge("fleetfit_store_buffered_points", "Points waiting for the store.", len(store)),
+        ]
+    if optimizer.alerter is not None:
+        hooks = sorted(optimizer.alerter.webhooks.values(), key=lambda w: w.name)
+        families += [
+            labelled(
+                "fleetfit_alerts_sent_total",
+                "counter",
+                "Alert messages a receiver accepted.",
+                "receiver",
+                {w.name: w.sent for w in hooks},
+            ),
+            Family(
+                "fleetfit_alerts_failed_total",
+                "counter",
+                "Alert messages given up, by receiver and reason.",
+                [({"receiver": w.name, "reason": r}, n) for w in hooks for r, n in sorted(w.failed.items())],
+            ),
+            labelled(
+                "fleetfit_alert_retries_total",
+                "counter",
+                "Alert delivery retries.",
+                "receiver",
+                {w.name: w.retries for w in hooks},
+            ),
+            gauge("fleetfit_alerts_pending", "Moves gathering for the next alert message.", optimizer.alerter.pending),
+        ]
+    return families
