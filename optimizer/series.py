@@ -7,7 +7,7 @@ Dashboards and tests read these names from here; the store builds its points fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +15,15 @@ class Measurement:
     name: str
     tags: tuple[str, ...]
     fields: tuple[str, ...]
+    tag_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    field_set: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = (self.name, *self.tags, *self.fields)
+        if not all(n.replace("_", "").isalnum() and n.isascii() for n in names):
+            raise ValueError(f"{self.name}: names must be plain identifiers (written to line protocol unescaped)")
+        object.__setattr__(self, "tag_set", frozenset(self.tags))
+        object.__setattr__(self, "field_set", frozenset(self.fields))
 
 
 GPU = Measurement(

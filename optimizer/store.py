@@ -15,15 +15,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from influxdb_client.client.influxdb_client import InfluxDBClient
-from influxdb_client.client.write.point import Point
 from influxdb_client.client.write_api import SYNCHRONOUS
-from influxdb_client.domain.write_precision import WritePrecision
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from agent.backoff import Backoff
 from agent.config import secret_or_file
 from agent.protocol import Birth, NicRole, Plan, Stats, Telemetry
 from optimizer import series
+from optimizer.lineproto import Line, encode_line
 from optimizer.series import Measurement
 
 log = logging.getLogger(__name__)
@@ -51,27 +50,20 @@ class StoreSettings(BaseModel):
         return self
 
 
-def point(m: Measurement, tags: Mapping[str, str | None], fields: Mapping[str, float | None], ts: float) -> Point:
-    """A point of measurement ``m``; names outside ``m`` are a programming error, caught here."""
-    unknown = (set(tags) - set(m.tags)) | (set(fields) - set(m.fields))
-    if unknown:
+def point(m: Measurement, tags: Mapping[str, str | None], fields: Mapping[str, float | None], ts: float) -> Line:
+    """A line of measurement ``m``; names outside ``m`` are a programming error, caught here."""
+    if not (tags.keys() <= m.tag_set and fields.keys() <= m.field_set):
+        unknown = (set(tags) - m.tag_set) | (set(fields) - m.field_set)
         raise KeyError(f"{m.name} has no {', '.join(sorted(unknown))}")
-    p = Point(m.name)
-    p.time(int(ts * 1e9), WritePrecision.NS)
-    for k, v in tags.items():
-        if v:
-            p.tag(k, v)
-    for k, fv in fields.items():
-        if fv is not None:
-            p.field(k, float(fv))
-    return p
+    line = encode_line(m.name, tags, fields, ts)
+    return line if line is not None else Line("", 0)
 
 
 def _mean(s: Stats | None) -> float | None:
     return s.mean if s is not None else None
 
 
-def window_points(birth: Birth | None, w: Telemetry) -> list[Point]:
+def window_points(birth: Birth | None, w: Telemetry) -> list[Line]:
     """Points for one telemetry window, tagged with site, node and GPU model."""
     models = {g.index: g.model for g in birth.gpus} if birth else {}
     roles = {n.name: n.role for n in birth.nics} if birth else {}
@@ -112,7 +104,7 @@ def window_points(birth: Birth | None, w: Telemetry) -> list[Point]:
     return out
 
 
-def plan_points(plan: Plan) -> list[Point]:
+def plan_points(plan: Plan) -> list[Line]:
     """Points for a plan: each workload's class, each finding and recommendation, and the plan's summary."""
     t, site = plan.generated_at, plan.site
     out = [
@@ -208,16 +200,18 @@ class Store:
     def __len__(self) -> int:
         return len(self._buffer)
 
-    def add(self, points: Iterable[Point]) -> None:
+    def add(self, points: Iterable[Line]) -> None:
         for p in points:
+            if not p.values:
+                continue
             if len(self._buffer) >= self.settings.max_buffer_points:
                 self._buffer.popleft()
                 self._values.popleft()
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 10_000 == 0:
                     log.warning("store buffer full: dropped the oldest point (%d so far)", self.dropped)
-            self._buffer.append(p.to_line_protocol())  # type: ignore[no-untyped-call]
-            self._values.append(len(p._fields))
+            self._buffer.append(p.text)
+            self._values.append(p.values)
         if len(self._buffer) >= self.settings.batch_size:
             self._ready.set()
 

@@ -66,7 +66,7 @@ async def test_a_store_outage_loses_nothing(victoria: VictoriaMetrics) -> None:
         for i in range(rounds):
             for birth, windows in produced:
                 pts = window_points(birth, windows[i])
-                expected += sum(1 for p in pts for _ in p._fields)  # one series value per field
+                expected += sum(p.values for p in pts)  # one series value per field
                 store.add(pts)
             if i == 5:
                 victoria.stop()
@@ -106,3 +106,21 @@ async def test_past_the_buffer_the_oldest_points_are_dropped_and_counted() -> No
 def test_points_only_use_declared_names() -> None:
     with pytest.raises(KeyError, match="fleetfit_host has no gpu"):
         point(series.HOST, {"site": "s", "gpu": "0"}, {}, 1.0)
+
+
+def test_lines_are_what_influxdb_client_would_write() -> None:
+    from influxdb_client.client.write.point import Point
+    from influxdb_client.domain.write_precision import WritePrecision
+
+    tags = {"site": "eu 1", "node": "n,1", "model": "NVIDIA H100=80GB", "workload": "odd\\", "gpu": "0"}
+    fields = {"util": 1.0, "mem_util": 1e-7, "power_w": 1.5e20, "temp_c": float("nan"), "sm_clock_mhz": None}
+    line = point(series.GPU, tags, fields, 1_700_000_000.25)
+    reference = Point(series.GPU.name).time(1_700_000_000_250_000_000, WritePrecision.NS)
+    for k, v in tags.items():
+        reference.tag(k, v)
+    for k, f in fields.items():
+        if f is not None:
+            reference.field(k, f)
+    assert line.text == reference.to_line_protocol()  # type: ignore[no-untyped-call]
+    assert line.values == 3  # NaN and None are not written
+    assert point(series.HOST, {"site": "s"}, {"cpu_util": None}, 1.0).values == 0  # no line without a value
