@@ -3,7 +3,8 @@
 influxdb-client's ``Point`` builds each line through generic, per-value type dispatch; for a telemetry window
 (about 20 points, 170 values) that cost several times the window's validation. This encoder writes the same
 text — tags and fields sorted, the library's escaping, whole floats without ``.0``, non-finite values left out,
-nanosecond timestamps rounded to the microsecond — and influxdb-client still sends it (``write_api.write(record=lines)``).
+nanosecond timestamps (rounded to the microsecond) — and influxdb-client still sends it
+(``write_api.write(record=lines)``).
 """
 
 from __future__ import annotations
