@@ -1,7 +1,8 @@
 """InfluxDB line protocol, encoded directly.
 
 influxdb-client's ``Point`` builds each line through generic, per-value type dispatch; for a telemetry window
-(about 20 points, 170 values) that cost several times the window's validation. This encoder writes the same
+(20 points, 130–170 values) that cost more than validating the window (``bench/store_lines.py``: 346 µs against
+186 µs for this encoder, points built in both). It writes the same
 text — tags and fields sorted, the library's escaping, whole floats without ``.0``, non-finite values left out,
 nanosecond timestamps (rounded to the microsecond) — and influxdb-client still sends it
 (``write_api.write(record=lines)``).
