@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +37,14 @@ class SimulatedFleet:
         publish_interval: float = 10.0,
         seed: int = 0,
         record: IO[str] | None = None,
+        stagger: bool = True,
     ) -> None:
         self.clock = clock or Clock()
+        # Real agents boot at different moments, so their windows close at different moments; without a spread
+        # every simulated node would publish in the same instant, a burst no real fleet sends.
+        rng = random.Random(f"stagger:{seed}")
+        spread = publish_interval / self.clock.scale if stagger else 0.0
+        self._delays = [rng.uniform(0, spread) for _ in nodes]
         self.nodes = nodes
         self._record = record
         session = int(time.time())
@@ -69,7 +76,10 @@ class SimulatedFleet:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run every agent until ``stop`` is set, then shut them all down gracefully."""
-        tasks = [asyncio.create_task(a.run(), name=f"agent-{a.settings.node}") for a in self.agents]
+        tasks = [
+            asyncio.create_task(self._start(a, delay), name=f"agent-{a.settings.node}")
+            for a, delay in zip(self.agents, self._delays, strict=True)
+        ]
         try:
             await stop.wait()
         finally:
@@ -84,6 +94,12 @@ class SimulatedFleet:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*pending, return_exceptions=True)
             log.info("%s", self.summary())
+
+    @staticmethod
+    async def _start(agent: Agent, delay: float) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await agent.run()
 
     def summary(self) -> str:
         agents = self.agents
