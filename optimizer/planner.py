@@ -312,13 +312,20 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     return Solution(placement, report, monthly, blocked)
 
 
-def _misfits(problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]) -> set[str]:
-    """Workloads the plan sent to a pool that first-fit decreasing cannot give a member."""
-    by_pool: dict[str, list[tuple[str, int, str | None]]] = {}
+def _pool_shares(
+    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]
+) -> dict[str, list[tuple[str, int, str | None]]]:
+    """The workloads the plan sent to each pool, as ``(id, gpus, service)``."""
+    shares: dict[str, list[tuple[str, int, str | None]]] = {}
     for w in problem.movable:
         if chosen[w.id] in pools:
-            by_pool.setdefault(chosen[w.id], []).append((w.id, w.demand.gpus, w.service))
-    return {wid for key, work in by_pool.items() for wid in assign(pools[key], work)[1]}
+            shares.setdefault(chosen[w.id], []).append((w.id, w.demand.gpus, w.service))
+    return shares
+
+
+def _misfits(problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]) -> set[str]:
+    """Workloads the plan sent to a pool that first-fit decreasing cannot give a member."""
+    return {wid for key, work in _pool_shares(problem, chosen, pools).items() for wid in assign(pools[key], work)[1]}
 
 
 def _concrete(
@@ -326,12 +333,8 @@ def _concrete(
 ) -> dict[str, str]:
     """Each workload the plan sent to a pool gets a member; one that cannot be packed stays where it is."""
     placement = {wid: node for wid, node in chosen.items() if node not in pools}
-    by_pool: dict[str, list[tuple[str, int, str | None]]] = {}
-    for w in problem.movable:
-        if chosen[w.id] in pools:
-            by_pool.setdefault(chosen[w.id], []).append((w.id, w.demand.gpus, w.service))
     home = {w.id: w.node for w in problem.movable}
-    for key, workloads in by_pool.items():
+    for key, workloads in _pool_shares(problem, chosen, pools).items():
         placed, unplaced = assign(pools[key], workloads)
         placement.update(placed)
         for wid in unplaced:

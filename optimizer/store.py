@@ -169,8 +169,7 @@ class Store:
 
     def __init__(self, settings: StoreSettings, writer: Writer | None = None) -> None:
         self.settings = settings
-        self._buffer: deque[str] = deque()
-        self._values: deque[int] = deque()  # field values per buffered point
+        self._buffer: deque[Line] = deque()
         self._ready = asyncio.Event()
         self._client: InfluxDBClient | None = None
         self._writer = writer or self._influx_writer()
@@ -206,12 +205,10 @@ class Store:
                 continue
             if len(self._buffer) >= self.settings.max_buffer_points:
                 self._buffer.popleft()
-                self._values.popleft()
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 10_000 == 0:
                     log.warning("store buffer full: dropped the oldest point (%d so far)", self.dropped)
-            self._buffer.append(p.text)
-            self._values.append(p.values)
+            self._buffer.append(p)
         if len(self._buffer) >= self.settings.batch_size:
             self._ready.set()
 
@@ -226,7 +223,7 @@ class Store:
                     await asyncio.sleep(self._backoff.next_delay())
 
     async def _write_batch(self) -> bool:
-        batch = [self._buffer[i] for i in range(min(self.settings.batch_size, len(self._buffer)))]
+        batch = [self._buffer[i].text for i in range(min(self.settings.batch_size, len(self._buffer)))]
         try:
             await asyncio.to_thread(self._writer, batch)
         except Exception as exc:
@@ -236,8 +233,7 @@ class Store:
             self.healthy = False
             return False
         for _ in batch:
-            self._buffer.popleft()
-            self.values_written += self._values.popleft()
+            self.values_written += self._buffer.popleft().values
         self.written += len(batch)
         if not self.healthy:
             log.info("store writes resumed; %d point(s) still buffered", len(self._buffer))
