@@ -116,25 +116,41 @@ def _wait_listening(host: str, port: int, process: subprocess.Popen[bytes], log:
     raise RuntimeError("mosquitto did not start listening")
 
 
-def write_mosquitto_config(directory: Path, port: int, extra: str = "") -> Path:
+def write_mosquitto_config(directory: Path, port: int, persistent: bool = False) -> Path:
+    """An anonymous loopback broker; ``persistent`` keeps sessions and retained messages across its restarts."""
     config = directory / "mosquitto.conf"
+    persistence = ["persistence true", f"persistence_location {directory}/"] if persistent else ["persistence false"]
     config.write_text(
         "\n".join(
             [
                 f"listener {port} 127.0.0.1",
                 "allow_anonymous true",
-                "persistence false",
+                *persistence,
                 "user root",
                 # The optimizer's subscription must not lose QoS 1 messages when it falls behind.
                 "max_queued_messages 100000",
                 "log_type error",
                 "log_type warning",
-                extra,
             ]
         )
         + "\n"
     )
     return config
+
+
+def private_broker(directory: Path, persistent: bool = False) -> MosquittoServer:
+    """A broker of the test's own (not yet started), for tests that stop and restart it."""
+    port = free_port()
+    return MosquittoServer(
+        "127.0.0.1", port, write_mosquitto_config(directory, port, persistent), directory / "mosquitto.log"
+    )
+
+
+async def start_agent(
+    config: Path, stderr: int = asyncio.subprocess.DEVNULL, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """``fleetfit agent --config CONFIG`` as its own process, as systemd would run it."""
+    return await asyncio.create_subprocess_exec(FLEETFIT, "agent", "--config", str(config), stderr=stderr, env=env)
 
 
 @pytest.fixture(scope="session")

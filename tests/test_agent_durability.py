@@ -10,15 +10,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from conftest import (
-    FLEETFIT,
-    MosquittoServer,
-    durable_subscriber,
-    free_port,
-    wait_until,
-    write_agent_config,
-    write_mosquitto_config,
-)
+from conftest import MosquittoServer, durable_subscriber, private_broker, start_agent, wait_until, write_agent_config
 
 from agent.notify import Notifier
 from agent.spool import DiskSpool, MemoryQueue
@@ -121,14 +113,7 @@ async def test_sd_notify_ready_watchdog_stopping(mosquitto: MosquittoServer, pre
     server.bind(str(path))
     server.setblocking(False)
     env = {**os.environ, "NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "2000000"}
-    proc = await asyncio.create_subprocess_exec(
-        FLEETFIT,
-        "agent",
-        "--config",
-        str(write_agent_config(tmp_path, mosquitto.port, prefix, "dur-node")),
-        env=env,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+    proc = await start_agent(write_agent_config(tmp_path, mosquitto.port, prefix, "dur-node"), env=env)
     loop = asyncio.get_running_loop()
     messages: list[bytes] = []
     try:
@@ -149,15 +134,12 @@ async def test_sd_notify_ready_watchdog_stopping(mosquitto: MosquittoServer, pre
 @pytest.mark.slow
 @pytest.mark.fault
 async def test_outage_then_kill_9_then_restart_loses_no_completed_window(tmp_path: Path, prefix: str) -> None:
-    port = free_port()
-    conf = write_mosquitto_config(tmp_path, port)
-    broker = MosquittoServer("127.0.0.1", port, conf, tmp_path / "mosquitto.log")
+    broker = private_broker(tmp_path)
+    port = broker.port
     config = write_agent_config(tmp_path, port, prefix, "dur-node")
     spool = tmp_path / "state" / "spool"
     # the broker is down: windows pile up in the spool
-    first = await asyncio.create_subprocess_exec(
-        FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
-    )
+    first = await start_agent(config)
     await asyncio.sleep(4.5)
     first.kill()  # kill -9 in the middle of the outage
     await first.wait()
@@ -168,9 +150,7 @@ async def test_outage_then_kill_9_then_restart_loses_no_completed_window(tmp_pat
     payloads: list[bytes] = []
     collector = asyncio.create_task(durable_subscriber(port, f"{prefix}/lab/dur-node/telemetry", payloads))
     await asyncio.sleep(0.5)
-    second = await asyncio.create_subprocess_exec(
-        FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
-    )
+    second = await start_agent(config)
     try:
         await wait_until(lambda: any(json.loads(p)["session"] == 2 for p in payloads), 30, "the new session")
         received = [json.loads(p) for p in payloads]

@@ -12,15 +12,7 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from conftest import (
-    FLEETFIT,
-    MosquittoServer,
-    durable_subscriber,
-    free_port,
-    wait_until,
-    write_agent_config,
-    write_mosquitto_config,
-)
+from conftest import MosquittoServer, durable_subscriber, private_broker, start_agent, wait_until, write_agent_config
 
 from agent.clock import Clock
 from agent.mqtt import make_client
@@ -110,9 +102,7 @@ async def test_agent_sigterm_publishes_the_open_window_and_goes_offline(
 ) -> None:
     config = write_agent_config(tmp_path, mosquitto.port, prefix, "e2e-node", 2.0)
     async with collecting(mosquitto.settings(prefix), f"{prefix}/lab/e2e-node/#") as received:
-        proc = await asyncio.create_subprocess_exec(
-            FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.PIPE
-        )
+        proc = await start_agent(config, stderr=asyncio.subprocess.PIPE)
         try:
             await wait_until(lambda: any(m.topic.value.endswith("/telemetry") for m in received), 20, "a window")
             await asyncio.sleep(1.0)  # into the next window
@@ -137,9 +127,7 @@ async def test_killed_agent_is_marked_offline_by_its_last_will(
 ) -> None:
     config = write_agent_config(tmp_path, mosquitto.port, prefix, "e2e-node", 2.0)
     async with collecting(mosquitto.settings(prefix), f"{prefix}/lab/e2e-node/state") as received:
-        proc = await asyncio.create_subprocess_exec(
-            FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
-        )
+        proc = await start_agent(config)
         await wait_until(lambda: len(received) >= 1, 20, "online state")
         proc.kill()
         await proc.wait()
@@ -153,18 +141,14 @@ async def test_killed_agent_is_marked_offline_by_its_last_will(
 
 @pytest.mark.slow
 async def test_agent_rides_out_a_20_s_broker_outage_without_losing_windows(tmp_path: Path, prefix: str) -> None:
-    port = free_port()
-    conf = write_mosquitto_config(tmp_path, port, f"persistence true\npersistence_location {tmp_path}/")
-    conf.write_text(conf.read_text().replace("persistence false\n", ""))
-    broker = MosquittoServer("127.0.0.1", port, conf, tmp_path / "mosquitto.log")
+    broker = private_broker(tmp_path, persistent=True)
+    port = broker.port
     broker.start()
     received: list[bytes] = []
     collector = asyncio.create_task(durable_subscriber(port, f"{prefix}/lab/e2e-node/telemetry", received))
     await asyncio.sleep(0.5)
     config = write_agent_config(tmp_path, port, prefix, "e2e-node", 1.0)
-    proc = await asyncio.create_subprocess_exec(
-        FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
-    )
+    proc = await start_agent(config)
     try:
         await wait_until(lambda: len(received) >= 2, 20, "windows before the outage")
         broker.stop()

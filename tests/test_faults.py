@@ -16,15 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import (
-    FLEETFIT,
-    MosquittoServer,
-    durable_subscriber,
-    fault_size,
-    free_port,
-    wait_until,
-    write_mosquitto_config,
-)
+from conftest import FLEETFIT, durable_subscriber, fault_size, free_port, private_broker, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook_server import webhook_server
@@ -38,15 +30,6 @@ from optimizer.fleet import Fleet
 pytestmark = pytest.mark.fault
 
 
-def _persistent_broker(tmp_path: Path) -> MosquittoServer:
-    port = free_port()
-    conf = write_mosquitto_config(tmp_path, port, f"persistence true\npersistence_location {tmp_path}/")
-    conf.write_text(conf.read_text().replace("persistence false\n", ""))
-    broker = MosquittoServer("127.0.0.1", port, conf, tmp_path / "mosquitto.log")
-    broker.start()
-    return broker
-
-
 def _rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -57,7 +40,8 @@ def _rss_mib() -> float:
 @pytest.mark.slow
 async def test_broker_outage_under_50_sampling_nodes_loses_no_window(tmp_path: Path, prefix: str) -> None:
     outage = fault_size(15, 120)  # seconds of real time without a broker
-    broker = _persistent_broker(tmp_path)
+    broker = private_broker(tmp_path, persistent=True)
+    broker.start()
     received: list[bytes] = []
     collector = asyncio.create_task(durable_subscriber(broker.port, f"{prefix}/+/+/telemetry", received))
     await asyncio.sleep(0.5)
@@ -160,7 +144,8 @@ async def _recommendations(state: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 async def test_optimizer_restart_keeps_states_and_posts_nothing_twice(tmp_path: Path) -> None:
-    broker = _persistent_broker(tmp_path)
+    broker = private_broker(tmp_path, persistent=True)
+    broker.start()
     api_port = free_port()
     config = _optimizer_config(tmp_path, broker.port, api_port)
     with webhook_server() as hooks:

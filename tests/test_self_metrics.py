@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import aiohttp
-from conftest import FLEETFIT, MosquittoServer, free_port, write_agent_config, write_mosquitto_config
+from conftest import free_port, private_broker, start_agent, write_agent_config
 
 from agent.metrics import Family, counter, labelled, render
 
@@ -57,15 +57,13 @@ async def _until(port: int, check: str, predicate: object, within: float = 30.0)
 
 
 async def test_agent_metrics_follow_a_broker_outage(tmp_path: Path, prefix: str) -> None:
-    port = free_port()
-    broker = MosquittoServer("127.0.0.1", port, write_mosquitto_config(tmp_path, port), tmp_path / "mosquitto.log")
+    broker = private_broker(tmp_path)
+    port = broker.port
     broker.start()
     metrics_port = free_port()
     config = write_agent_config(tmp_path, port, prefix, "metrics-node")
     config.write_text(config.read_text().replace("[mqtt]", f"metrics_port = {metrics_port}\n[mqtt]"))
-    proc = await asyncio.create_subprocess_exec(
-        FLEETFIT, "agent", "--config", str(config), stderr=asyncio.subprocess.DEVNULL
-    )
+    proc = await start_agent(config)
     try:
         await asyncio.sleep(1.0)
         first = await _until(metrics_port, "fleetfit_agent_windows_published_total", lambda v: v >= 2)
