@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import statistics
 import sys
 import tempfile
@@ -149,6 +150,10 @@ def where_it_goes(births: list[tuple[str, Birth]], windows_by_node: list[list[tu
     for _, payload in payloads:
         Telemetry.model_validate_json(payload)
     validate_us = (time.perf_counter() - started) / len(payloads) * 1e6
+    started = time.perf_counter()
+    for _, payload in payloads:
+        json.loads(payload)
+    parse_us = (time.perf_counter() - started) / len(payloads) * 1e6
     gc.collect()
     tracemalloc.start()
     decoded = [Telemetry.model_validate_json(p) for _, p in payloads]
@@ -165,8 +170,9 @@ def where_it_goes(births: list[tuple[str, Birth]], windows_by_node: list[list[tu
     held_kib = (tracemalloc.get_traced_memory()[0] - before) / len(payloads) / 1024
     tracemalloc.stop()
     print(
-        f"protocol validation alone: {validate_us:.0f} µs per window; a decoded window holds {decoded_kib:.1f} KiB, "
-        f"the digest the optimizer keeps {held_kib:.1f} KiB"
+        f"protocol validation alone: {validate_us:.0f} µs per window (json.loads of the same bytes, no validation: "
+        f"{parse_us:.0f} µs); a decoded window holds {decoded_kib:.1f} KiB, the digest the optimizer keeps "
+        f"{held_kib:.1f} KiB"
     )
 
 
