@@ -22,7 +22,9 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions a receiver accepts: schema 2 only adds optional fields, so a schema-1 agent keeps working.
+ACCEPTED_SCHEMAS = (1, 2)
 DEFAULT_PREFIX = "fleetfit/v1"
 MAX_PAYLOAD_BYTES = 256 * 1024
 
@@ -166,7 +168,7 @@ class DiskInfo(_Model):
 class Birth(_Model):
     """Retained inventory a node publishes each time it (re)connects."""
 
-    schema_: Literal[1] = Field(default=1, alias="schema")
+    schema_: Literal[1, 2] = Field(default=2, alias="schema")
     node: Ident
     site: Ident
     session: int = Field(ge=0, description="increments on every agent start")
@@ -189,7 +191,7 @@ class NodeStatus(StrEnum):
 
 
 class State(_Model):
-    schema_: Literal[1] = Field(default=1, alias="schema")
+    schema_: Literal[1, 2] = Field(default=2, alias="schema")
     node: Ident
     session: int = Field(ge=0)
     status: NodeStatus
@@ -318,7 +320,7 @@ class WorkloadRef(_Model):
 class Telemetry(_Model):
     """One window of a node's telemetry."""
 
-    schema_: Literal[1] = Field(default=1, alias="schema")
+    schema_: Literal[1, 2] = Field(default=2, alias="schema")
     node: Ident
     site: Ident
     session: int = Field(ge=0)
@@ -430,7 +432,7 @@ class SolverReport(_Model):
 class Plan(_Model):
     """The optimizer's current plan for one site, published retained."""
 
-    schema_: Literal[1] = Field(default=1, alias="schema")
+    schema_: Literal[1, 2] = Field(default=2, alias="schema")
     site: Ident
     generated_at: Quantity
     solver: SolverReport
@@ -476,8 +478,10 @@ def decode(kind: TopicKind, payload: bytes | bytearray) -> Message:
     if not isinstance(raw, dict):
         raise ProtocolError("schema", "payload is not a JSON object")
     version = raw.get("schema")
-    if version != SCHEMA_VERSION:
-        raise ProtocolError("unknown_schema", f"schema version {version!r}, this build speaks {SCHEMA_VERSION}")
+    if version not in ACCEPTED_SCHEMAS:
+        raise ProtocolError(
+            "unknown_schema", f"schema version {version!r}, this build speaks {', '.join(map(str, ACCEPTED_SCHEMAS))}"
+        )
     try:
         return _MODELS[kind].model_validate(raw)
     except ValidationError as exc:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from webhook_server import webhook_server
 
 from agent.clock import Clock
-from agent.protocol import MAX_PAYLOAD_BYTES, TopicKind, encode, node_topic
+from agent.protocol import ACCEPTED_SCHEMAS, MAX_PAYLOAD_BYTES, TopicKind, encode, node_topic
 from agent.simulate import SimulatedFleet, offline_windows
 from collectors.scenarios import build_scenario
 from optimizer.fleet import Fleet
@@ -219,7 +219,7 @@ def _variant(draw: st.DrawFn) -> tuple[str, bytes]:
         raw[key] = draw(st.none() | st.integers() | st.text(max_size=8) | st.lists(st.integers(), max_size=3))
         return TELEMETRY_TOPIC, json.dumps(raw).encode()
     if kind == "schema":
-        raw["schema"] = draw(st.integers().filter(lambda v: v != 1) | st.text(max_size=4))
+        raw["schema"] = draw(st.integers().filter(lambda v: v not in ACCEPTED_SCHEMAS) | st.text(max_size=4))
         return TELEMETRY_TOPIC, json.dumps(raw).encode()
     if kind == "oversize":
         return TELEMETRY_TOPIC, b'{"pad":"' + b"x" * (MAX_PAYLOAD_BYTES + draw(st.integers(1, 1000))) + b'"}'

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from agent.protocol import (
+    SCHEMA_VERSION,
     Birth,
     DiskWindow,
     GpuInfo,
@@ -127,7 +128,7 @@ def test_eight_gpu_window_fits_in_8_kb_and_round_trips() -> None:
     window = _eight_gpu_window()
     payload = encode(window)
     assert len(payload) < 8 * 1024, len(payload)
-    assert json.loads(payload)["schema"] == 1
+    assert json.loads(payload)["schema"] == SCHEMA_VERSION == 2
     assert decode(TopicKind.TELEMETRY, payload) == window
 
 
@@ -152,12 +153,20 @@ def test_birth_state_and_plan_round_trip() -> None:
         assert decode(kind, encode(message)) == message
 
 
+def test_a_schema_1_agent_is_still_understood() -> None:
+    """Schema 2 only adds optional fields: windows and births of agents not yet upgraded keep validating."""
+    window = json.loads(encode(_eight_gpu_window()))
+    window["schema"] = 1
+    decoded = decode(TopicKind.TELEMETRY, json.dumps(window).encode())
+    assert isinstance(decoded, Telemetry) and decoded.schema_ == 1
+
+
 @pytest.mark.parametrize(
     ("payload", "reason"),
     [
         (b"not json", "bad_json"),
         (b"[1, 2]", "schema"),
-        (b'{"schema": 2, "node": "n1"}', "unknown_schema"),
+        (b'{"schema": 3, "node": "n1"}', "unknown_schema"),
         (b'{"node": "n1"}', "unknown_schema"),
         (b'{"schema": 1, "node": "n1", "session": 1, "status": "sleeping", "timestamp": 1}', "schema"),
         (b'{"schema": 1, "node": "n1", "session": 1, "status": "online", "timestamp": 1, "x": 1}', "schema"),
