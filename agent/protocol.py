@@ -163,6 +163,11 @@ class NicInfo(_Model):
 class DiskInfo(_Model):
     name: str = Field(min_length=1, max_length=64)
     size_bytes: int | None = Field(default=None, ge=0)
+    member_of: str | None = Field(
+        default=None,
+        max_length=64,
+        description="the md RAID or device-mapper device this disk belongs to: its I/O is counted again there",
+    )
 
 
 class Birth(_Model):
@@ -315,6 +320,22 @@ class WorkloadRef(_Model):
     name: str = Field(max_length=200)
     gpus: list[int] = Field(max_length=64)
     hint: str | None = Field(default=None, max_length=64, description="executable name, never a command line")
+    # Schema 2: facts about the workload's processes, read once per window (collectors/workload_facts.py).
+    program: str | None = Field(
+        default=None,
+        max_length=64,
+        description="what the command line runs: the executable, or an interpreter's module or script; no arguments",
+    )
+    listen_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=list, max_length=16, description="TCP ports below the ephemeral range it listens on"
+    )
+    inbound_connections: int | None = Field(default=None, ge=0, description="established connections to them")
+    inbound_peers: int | None = Field(default=None, ge=0, description="distinct remote addresses among those")
+    net_rx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s in")
+    net_tx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s out")
+    sched_step: str | None = Field(
+        default=None, max_length=32, description='the Slurm step it runs in: "batch", "interactive", "extern", "0"…'
+    )
 
 
 class Telemetry(_Model):

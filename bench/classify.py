@@ -28,13 +28,13 @@ from optimizer.features import workload_features
 from optimizer.fleet import Fleet
 from optimizer.offline import PATTERN_CLASS, render_score, score
 
-SCENARIOS = ("mixed", "well-placed", "training-heavy", "inference-heavy", "hard")
+SCENARIOS = ("mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
 CHECKPOINTS = (3, 4, 5, 6, 9, 12, 18, 24, 36, 48, 60, 90)
 
 
 def run(
     scenario: str, nodes: int, windows: int, seed: int, late: Counter[str] | None = None
-) -> tuple[list[tuple[WorkloadClass, WorkloadClass]], list[int]]:
+) -> tuple[list[tuple[WorkloadClass, WorkloadClass]], list[int], list[float]]:
     fleet = Fleet("bench", horizon_windows=windows)
     truth: dict[str, WorkloadClass] = {}
     patterns: dict[str, str] = {}
@@ -46,6 +46,7 @@ def run(
         truth.update({w.id: PATTERN_CLASS[w.pattern.value] for w in node.workloads})
         patterns.update({w.id: w.pattern.value for w in node.workloads})
     history: dict[str, list[tuple[int, WorkloadClass]]] = {}
+    confidence: dict[str, float] = {}
     marks = [k for k in CHECKPOINTS if k <= windows]
     done = 0
     for k in marks:
@@ -54,8 +55,11 @@ def run(
                 fleet.ingest(node_topic("bench", "b", name, TopicKind.TELEMETRY), encode(w))
         done = k
         for f in workload_features(fleet, "b"):
-            history.setdefault(f.id, []).append((k, classify(f).workload_class))
+            result = classify(f)
+            history.setdefault(f.id, []).append((k, result.workload_class))
+            confidence[f.id] = result.confidence
     pairs = [(truth[wid], h[-1][1]) for wid, h in history.items()]
+    confidences = [confidence[wid] for wid in history]
     to_correct = []
     for wid, h in history.items():
         first = None
@@ -64,7 +68,25 @@ def run(
         to_correct.append(first if first is not None else 10**6)
         if late is not None and (first is None or first > 3):
             late[f"{patterns[wid]} (first taken for {h[0][1].value})"] += 1
-    return pairs, to_correct
+    return pairs, to_correct, confidences
+
+
+def calibration(pairs: list[tuple[WorkloadClass, WorkloadClass]], confidences: list[float]) -> str:
+    """Confidence bins against accuracy: a planner acts on confidence >= 0.6, so that bin must be right."""
+    bins = ((0.0, 0.0), (0.01, 0.4), (0.4, 0.6), (0.6, 0.75), (0.75, 0.9), (0.9, 1.0))
+    lines = ["calibration (final class per workload):", f"{'confidence':>14}{'workloads':>11}{'accuracy':>10}"]
+    for low, high in bins:
+        inside = [t == p for (t, p), c in zip(pairs, confidences, strict=True) if low <= c <= high]
+        label = "0 (unknown)" if high == 0 else f"{low:.2f}-{high:.2f}"
+        accuracy = f"{sum(inside) / len(inside):.1%}" if inside else "-"
+        lines.append(f"{label:>14}{len(inside):>11}{accuracy:>10}")
+    acted = [t == p for (t, p), c in zip(pairs, confidences, strict=True) if c >= 0.6]
+    wrong = sum(1 for ok in acted if not ok)
+    lines.append(
+        f"confidence >= 0.6: {len(acted)} workloads, {sum(acted) / max(len(acted), 1):.1%} right; "
+        f"wrong and confident: {wrong} = {wrong / max(len(pairs), 1):.1%} of all workloads (target: >= 95 % right)"
+    )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -72,18 +94,23 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=24, help="per scenario")
     parser.add_argument("--windows", type=int, default=90, help="10 s windows per node")
     parser.add_argument("--seed", type=int, help="default: fresh, chosen at run time")
+    parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable; default: all")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000, 10**9)
     print(f"seed {seed} (repeat with --seed {seed}); {args.nodes} nodes x {args.windows} windows per scenario")
     all_pairs: list[tuple[WorkloadClass, WorkloadClass]] = []
     all_steps: list[int] = []
+    all_conf: list[float] = []
     late: Counter[str] = Counter()
     started = time.perf_counter()
     print(f"{'scenario':16}{'workloads':>10}{'macro-F1':>10}{'majority':>10}{'right at 3':>12}{'median':>8}")
     for i, scenario in enumerate(SCENARIOS):
-        pairs, steps = run(scenario, args.nodes, args.windows, seed + i, late)
+        if args.scenario and scenario not in args.scenario:
+            continue
+        pairs, steps, confidences = run(scenario, args.nodes, args.windows, seed + i, late)
         all_pairs += pairs
         all_steps += steps
+        all_conf += confidences
         majority = Counter(t for t, _ in pairs).most_common(1)[0][0]
         base = score((t, majority) for t, _ in pairs)
         right3 = sum(1 for s in steps if s <= 3) / len(steps)
@@ -98,6 +125,7 @@ def main() -> int:
     print()
     print(render_score(total))
     print(f"majority-class baseline macro-F1 {score((t, majority) for t, _ in all_pairs).macro_f1:.3f}")
+    print(calibration(all_pairs, all_conf))
     never = sum(1 for s in all_steps if s >= 10**6)
     print(
         f"windows until the class is right and stays right: right at 3 windows for "

@@ -6,7 +6,13 @@
 * ``well-placed``: a heterogeneous fleet with nothing worth moving.
 * ``training-heavy`` / ``inference-heavy``: mostly one kind of work, a few misplaced.
 * ``hard``: the cases that look alike — training with long data-loader stalls, online inference at peak load,
-  batch inference on H100s — besides the usual.
+  batch inference on H100s, a continuous-batching LLM server, loader-bound training, LoRA fine-tuning — besides
+  the usual.
+* ``realistic``: what production fleets run (collectors/realistic.py): continuous-batching LLM servers busy 85–99 %
+  with flat KV-cache memory, tensor-parallel or not; loader-bound training at 20–60 % reading its input over the
+  front end; LoRA fine-tuning with small saves; notebooks whose bursts are minutes apart; batch scoring reading its
+  input; small online models. Nodes have md RAID checkpoint volumes and RDMA-capable front-end NICs, processes
+  named ``python3`` or cut at 15 characters, and two agents in five predate schema 2 (no process facts).
 
 Levels, noise, checkpoint periods, diurnal phases and stalls are drawn per seed, so two seeds give two fleets.
 """
@@ -22,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from collectors.profiles import PROFILES
 from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
 
-SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard")
+SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
 PEAK_PHASE = math.pi / 2  # sin() at its maximum: online inference starts at its daily peak
 
 
@@ -64,6 +70,18 @@ def notebook(gpus: int, name: str) -> Job:
     return Job(Pattern.INTERACTIVE, gpus, name, "jupyter-lab")
 
 
+def llm_serving(gpus: int, name: str, misplaced: bool = False) -> Job:
+    return Job(Pattern.LLM_SERVING, gpus, name, "vllm", 0.9, misplaced)
+
+
+def loader_bound(gpus: int, name: str, misplaced: bool = False) -> Job:
+    return Job(Pattern.LOADER_BOUND_TRAINING, gpus, name, "python3", 0.9, misplaced)
+
+
+def lora(gpus: int, name: str) -> Job:
+    return Job(Pattern.LORA_FINE_TUNING, gpus, name, "python3")
+
+
 Layout = list[tuple[str, list[Job]]]
 
 # The demo's first eight nodes, then well-placed filler.
@@ -96,6 +114,9 @@ _HARD: Layout = [
     ("h100", [training(8, "stalling-pretrain", stall_rate=0.01, stall_seconds=(20.0, 60.0))]),
     ("l40s", [inference(8, "peak-serving", level=0.6, burst_sigma=0.15)]),
     ("h100", [batch(8, "batch-on-h100", misplaced=True)]),
+    ("h100", [llm_serving(8, "llm-chat-tp8", misplaced=True)]),
+    ("a100", [loader_bound(8, "loader-bound-pretrain")]),
+    ("l40s", [lora(1, "lora-adapter"), llm_serving(4, "llm-tp4"), notebook(1, "notebook")]),
 ]
 _SPARE: Layout = [("l40s", []), ("h100", []), ("l40s", [])]  # capacity misplaced work can move to
 
@@ -136,6 +157,9 @@ def _spec(job: Job, gpus: tuple[int, ...], scenario: str, rng: random.Random) ->
         Pattern.BATCH_INFERENCE: (0.8, 0.92),
         Pattern.INTERACTIVE: (0.5, 0.5),
         Pattern.IDLE: (0.0, 0.0),
+        Pattern.LLM_SERVING: (0.9, 0.9),
+        Pattern.LOADER_BOUND_TRAINING: (0.9, 0.9),
+        Pattern.LORA_FINE_TUNING: (0.6, 0.95),
     }
     level = job.level if job.level is not None else rng.uniform(*ranges[job.pattern])
     demo = scenario == "demo"
@@ -157,7 +181,7 @@ def _spec(job: Job, gpus: tuple[int, ...], scenario: str, rng: random.Random) ->
 
 
 def _mem_fraction(pattern: Pattern, demo: bool, rng: random.Random) -> float:
-    fixed = {Pattern.TRAINING: 0.9, Pattern.IDLE: 0.3, Pattern.BATCH_INFERENCE: 0.6}
+    fixed = {Pattern.TRAINING: 0.9, Pattern.IDLE: 0.3, Pattern.BATCH_INFERENCE: 0.6, Pattern.LLM_SERVING: 0.9}
     if pattern in fixed:
         return fixed[pattern]
     # demo serving models leave room for a full KV cache on an L40S, so the demo reads the same every run
@@ -170,6 +194,8 @@ class ScenarioNode:
     profile: str
     workloads: tuple[WorkloadSpec, ...]
     misplaced: frozenset[str]
+    quirks: frozenset[str] = frozenset()
+    schema: int = 2
 
 
 def build_scenario(scenario: str, nodes: int, seed: int = 0) -> list[ScenarioNode]:
@@ -177,17 +203,118 @@ def build_scenario(scenario: str, nodes: int, seed: int = 0) -> list[ScenarioNod
     rng = random.Random(f"{scenario}:{seed}")
     out = []
     counts: dict[str, int] = {}
-    for profile, jobs in _layout(scenario, nodes, rng):
+    layout = realistic_layout(nodes, rng) if scenario == "realistic" else _layout(scenario, nodes, rng)
+    for profile, jobs in layout:
         counts[profile] = counts.get(profile, 0) + 1
         next_gpu = 0
         specs = []
         for job in jobs:
-            specs.append(_spec(job, tuple(range(next_gpu, next_gpu + job.gpus)), scenario, rng))
+            spec = _spec(job, tuple(range(next_gpu, next_gpu + job.gpus)), scenario, rng)
+            specs.append(realistic_spec(spec, rng) if scenario in ("realistic", "hard") else spec)
             next_gpu += job.gpus
         misplaced = frozenset(s.id for s, j in zip(specs, jobs, strict=True) if j.misplaced)
-        out.append(ScenarioNode(f"{profile}-{counts[profile]:03d}", profile, tuple(specs), misplaced))
+        quirks, schema = frozenset[str](), 2
+        if scenario == "realistic":
+            quirks = frozenset(q for q, share in (("md_raid", 0.3), ("roce_frontend", 0.25)) if rng.random() < share)
+            schema = 1 if rng.random() < 0.4 else 2
+        out.append(ScenarioNode(f"{profile}-{counts[profile]:03d}", profile, tuple(specs), misplaced, quirks, schema))
     return out
 
 
 def simulated_node(node: ScenarioNode, clock: Callable[[], float], seed: int = 0) -> SimulatedNode:
-    return SimulatedNode(node.name, PROFILES[node.profile], list(node.workloads), clock, seed)
+    return SimulatedNode(
+        node.name, PROFILES[node.profile], list(node.workloads), clock, seed, quirks=node.quirks, schema=node.schema
+    )
+
+
+# ----------------------------------------------------------------------------------------- realistic fleets
+
+_REALISTIC: Layout = [
+    ("h100", [llm_serving(8, "chat-llm-tp8")]),
+    ("h200", [llm_serving(8, "reasoning-llm-tp8")]),
+    ("h100", [llm_serving(4, "code-llm-tp4"), llm_serving(4, "chat-llm-tp4")]),
+    ("l40s", [llm_serving(2, "summarise-llm-tp2"), llm_serving(1, "small-llm"), inference(4, "vision-api")]),
+    ("l4", [llm_serving(1, "embed-llm"), inference(2, "ocr-api"), inference(4, "asr-api"), idle(1, "stale-alloc")]),
+    ("h100", [loader_bound(8, "loader-bound-pretrain")]),
+    ("a100", [loader_bound(8, "video-model-train")]),
+    ("h100", [training(8, "llm-pretrain")]),
+    ("a100", [lora(1, "lora-support-bot"), lora(1, "lora-sql"), notebook(1, "notebook-ana"), batch(4, "embed-batch")]),
+    ("l40s", [lora(1, "lora-tts"), notebook(1, "notebook-kim"), notebook(1, "notebook-raj"), batch(4, "score-batch")]),
+    ("h100", [batch(8, "offline-generate")]),
+    ("a100", [idle(4, "forgotten-alloc"), inference(4, "rerank-api")]),
+]
+
+_SERVING_NAMES = (  # (comm as /proc shows it, the program a schema-2 agent reads from the command line)
+    ("vllm", "vllm"),
+    ("VLLM::EngineCor", "vllm"),
+    ("python3", "vllm.entrypoints.openai.api_server"),
+    ("pt_main_thread", "vllm"),
+    ("text-generation", "text-generation-server"),
+    ("sglang::schedul", "sglang.launch_server"),
+    ("python3", "sglang.launch_server"),
+    ("tritonserver", "tritonserver"),
+    ("trtllm-serve", "trtllm-serve"),
+)
+_TRAINING_NAMES = (
+    ("python3", "torchrun"),
+    ("pt_main_thread", "train.py"),
+    ("python", "pretrain_gpt.py"),
+    ("python3", "deepspeed"),
+    ("torchrun", "torchrun"),
+)
+_LORA_NAMES = (("python3", "train_lora.py"), ("python", "accelerate"), ("python3", "llamafactory-cli"))
+_BATCH_NAMES = (("python3", "batch_score.py"), ("python", "embed_corpus.py"), ("pt_main_thread", "offline_generate.py"))
+_ONLINE_NAMES = (("tritonserver", "tritonserver"), ("python3", "uvicorn"), ("gunicorn", "gunicorn"))
+
+
+def realistic_layout(nodes: int, rng: random.Random) -> Layout:
+    if nodes < 1:
+        raise ValueError("a fleet needs at least one node")
+    return [_REALISTIC[rng.randrange(len(_REALISTIC))] for _ in range(nodes)] + _SPARE[: max(1, nodes // 10)]
+
+
+def realistic_spec(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
+    """Parameters of production behaviour, drawn per workload (assumptions in collectors/realistic.py)."""
+    pattern = spec.pattern
+    if pattern is Pattern.LLM_SERVING:
+        hint, program = rng.choice(_SERVING_NAMES)
+        return replace(
+            spec, hint=hint, program=program, listen_ports=(rng.choice((8000, 8080, 30000, 3000)),),
+            peers=rng.randint(3, 40), rps_peak=rng.uniform(2, 40), request_s=rng.uniform(4, 20),
+            mem_fraction=rng.uniform(0.86, 0.93), diurnal_phase=rng.uniform(0, 2 * math.pi),
+        )  # fmt: skip
+    if pattern in (Pattern.LOADER_BOUND_TRAINING, Pattern.TRAINING):
+        hint, program = rng.choice(_TRAINING_NAMES)
+        return replace(
+            spec, hint=hint, program=program, step_s=rng.choice((rng.uniform(0.6, 1.8), rng.uniform(3, 12))),
+            duty=rng.uniform(0.22, 0.62), input_bps=rng.uniform(0.2e9, 1.5e9), power_intensity=rng.uniform(0.8, 1.0),
+            tensor_share=rng.uniform(0.45, 0.7), dram_share=rng.uniform(0.3, 0.5),
+            checkpoint_period_s=rng.choice((300.0, 600.0, 900.0, 1800.0)), mem_fraction=rng.uniform(0.6, 0.92),
+        )  # fmt: skip
+    if pattern is Pattern.LORA_FINE_TUNING:
+        hint, program = rng.choice(_LORA_NAMES)
+        return replace(
+            spec, hint=hint, program=program, save_bytes=rng.uniform(50e6, 200e6),
+            checkpoint_period_s=rng.uniform(120, 600), power_intensity=rng.uniform(0.8, 0.95),
+            mem_fraction=rng.uniform(0.3, 0.7), stall_rate=0.004,
+        )  # fmt: skip
+    if pattern is Pattern.BATCH_INFERENCE:
+        hint, program = rng.choice(_BATCH_NAMES)
+        llm = rng.random() < 0.5  # offline LLM generation is memory-bound; embeddings and scoring are dense
+        return replace(
+            spec, hint=hint, program=program, input_bps=rng.uniform(20e6, 400e6),
+            power_intensity=rng.uniform(0.45, 0.6) if llm else rng.uniform(0.75, 0.9),
+            tensor_share=0.25 if llm else 0.55, dram_share=0.75 if llm else 0.4,
+        )  # fmt: skip
+    if pattern is Pattern.INFERENCE:
+        hint, program = rng.choice(_ONLINE_NAMES)
+        return replace(
+            spec, hint=hint, program=program, listen_ports=(8000, 8001), peers=rng.randint(4, 60),
+            client_scale=rng.choice((0.002, 0.02, 0.1, 0.5)), power_intensity=rng.uniform(0.55, 0.8),
+        )  # fmt: skip
+    if pattern is Pattern.INTERACTIVE:
+        return replace(
+            spec, hint=rng.choice(("python3", "python3", "jupyter-lab")), program="ipykernel_launcher",
+            listen_ports=(8888,), peers=1, cell_rate=rng.uniform(0.003, 0.01),
+        )  # fmt: skip
+    return replace(spec, hint=rng.choice(("python3", "sleep", "pt_main_thread")))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from agent.protocol import DiskInfo, GpuInfo, NicInfo, NicKind, NicRole, WorkloadKind, WorkloadRef
+from collectors import realistic
 from collectors.base import Entity, Inventory, Sample
 from collectors.profiles import NodeProfile
 
@@ -32,6 +33,10 @@ class Pattern(StrEnum):
     BATCH_INFERENCE = "batch_inference"
     INTERACTIVE = "interactive"
     IDLE = "idle"
+    # Production behaviours (collectors/realistic.py): what real serving engines and training jobs look like.
+    LLM_SERVING = "llm_serving"  # continuous batching (vLLM, SGLang, TGI, TensorRT-LLM), tensor-parallel or not
+    LOADER_BOUND_TRAINING = "loader_bound_training"  # training starved by its input pipeline
+    LORA_FINE_TUNING = "lora_fine_tuning"  # adapter fine-tuning on one GPU, small saves
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,22 @@ class WorkloadSpec:
     diurnal_period_s: float = DAY_S
     burst_sigma: float = 0.3  # second-to-second load variation of online inference (log-normal sigma)
     noise: float = 1.5  # utilisation noise, percentage points
+    cell_rate: float = 0.03  # notebook: per second, chance a cell run starts
+    # How hard the work drives the GPU: share of (limit - idle) power drawn at 100 % utilisation. Dense matmuls
+    # (training, embeddings) run near the limit; memory-bound decode keeps kernels running at far lower power.
+    power_intensity: float = 0.95
+    tensor_share: float = 0.6  # GPM tensor-pipe activity as a share of utilisation (Hopper and newer)
+    dram_share: float = 0.4  # GPM DRAM bandwidth utilisation as a share of utilisation
+    program: str | None = None  # what a schema-2 agent reads from the command line
+    listen_ports: tuple[int, ...] = ()
+    peers: int = 0  # distinct clients holding connections to a server at peak
+    input_bps: float = 0.0  # per node: training / batch input read rate (NFS or object storage on the front end)
+    save_bytes: float = 0.0  # per checkpoint; 0: the pattern's default
+    step_s: float = 4.0  # loader-bound training: one step's period
+    duty: float = 0.4  # loader-bound training: share of a step the GPUs compute
+    client_scale: float = 1.0  # online inference: client traffic relative to the textbook 1.5 GB/s per GPU at peak
+    rps_peak: float = 20.0  # LLM serving: requests per second at the daily peak
+    request_s: float = 8.0  # LLM serving: seconds a request stays in flight (prefill + decode)
 
 
 @dataclass(slots=True)
@@ -63,6 +84,9 @@ class _GpuState:
     mem_mib: float = 0.0
     nvlink_bps: float = 0.0
     pcie_bps: float = 0.0
+    intensity: float = 0.95
+    tensor_share: float = 0.6
+    dram_share: float = 0.4
 
 
 class SimulatedNode:
@@ -78,7 +102,12 @@ class SimulatedNode:
         clock: Callable[[], float],
         seed: int = 0,
         gpu_only: bool = False,
+        quirks: frozenset[str] = frozenset(),
+        schema: int = 2,
     ) -> None:
+        """``quirks``: ``md_raid`` (checkpoint volume on md RAID 0), ``roce_frontend`` (the front-end NICs are
+        ConnectX ports with an RDMA device). ``schema`` 1 behaves like an agent from before schema 2: no process
+        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric."""
         used = [g for w in workloads for g in w.gpus]
         if len(used) != len(set(used)) or any(g >= profile.gpus for g in used):
             raise ValueError(f"{node}: workloads overlap or exceed the node's {profile.gpus} GPUs")
@@ -87,11 +116,15 @@ class SimulatedNode:
         self.specs = list(workloads)
         self.gpu_only = gpu_only  # beside the real NIC and disk collectors of the machine it runs on
         self._clock = clock
-        self._rng = random.Random(f"{seed}:{node}")
+        self.rng = random.Random(f"{seed}:{node}")
         self._start = clock()
         self._last = self._start
         self._counters: dict[tuple[str, str], float] = {}
         self._episode_until: dict[str, float] = {}  # per workload: end of a stall or burst
+        self.quirks = quirks
+        self.schema = schema
+        self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
+        self._netns: dict[str, tuple[float, float, float]] = {}  # per workload: tx bytes, rx bytes, seconds
 
     # ------------------------------------------------------------------ the collector interface
 
@@ -110,30 +143,58 @@ class SimulatedNode:
             )
             for i in range(p.gpus)
         ]
-        nics = [
-            NicInfo(
-                name=n.name,
-                kind=n.kind,
-                role=NicRole.EAST_WEST if n.kind in (NicKind.INFINIBAND, NicKind.ROCE) else NicRole.NORTH_SOUTH,
-                speed_mbps=n.speed_mbps,
+        nics = []
+        for n in p.nics:
+            front = n.kind is NicKind.ETHERNET
+            kind = NicKind.ROCE if front and "roce_frontend" in self.quirks else n.kind
+            # An agent before schema 2 took every RDMA-capable port for the fabric; the current one knows the port
+            # carrying the default route is the front end.
+            fabric = kind in (NicKind.INFINIBAND, NicKind.ROCE) and (self.schema < 2 or not front)
+            nics.append(
+                NicInfo(
+                    name=n.name,
+                    kind=kind,
+                    role=NicRole.EAST_WEST if fabric else NicRole.NORTH_SOUTH,
+                    speed_mbps=n.speed_mbps,
+                )
             )
-            for n in p.nics
-        ]
         if self.gpu_only:
             return Inventory(gpus=gpus, driver_version="sim", cuda_version="sim")
-        return Inventory(
-            gpus=gpus,
-            nics=nics,
-            disks=[DiskInfo(name="nvme0n1", size_bytes=7_680 * 10**9)],
-            driver_version="sim",
-            cuda_version="sim",
-        )
+        size = 7_680 * 10**9
+        disks = [DiskInfo(name="nvme0n1", size_bytes=size)]
+        if "md_raid" in self.quirks:
+            member = "md127" if self.schema >= 2 else None
+            disks = [
+                DiskInfo(name="nvme0n1", size_bytes=size, member_of=member),
+                DiskInfo(name="nvme1n1", size_bytes=size, member_of=member),
+                DiskInfo(name="md127", size_bytes=2 * size),
+            ]
+        return Inventory(gpus=gpus, nics=nics, disks=disks, driver_version="sim", cuda_version="sim")
 
     def workloads(self) -> list[WorkloadRef]:
-        return [
-            WorkloadRef(id=w.id, kind=WorkloadKind.KUBERNETES_POD, name=w.name, gpus=list(w.gpus), hint=w.hint)
-            for w in self.specs
-        ]
+        refs = []
+        for w in self.specs:
+            ref = WorkloadRef(id=w.id, kind=WorkloadKind.KUBERNETES_POD, name=w.name, gpus=list(w.gpus), hint=w.hint)
+            if self.schema >= 2:
+                ref = ref.model_copy(update=self._facts(w))
+            refs.append(ref)
+        return refs
+
+    def _facts(self, w: WorkloadSpec) -> dict[str, object]:
+        """What a schema-2 agent reads of the workload's processes over the window since the last call."""
+        tx, rx, seconds = self._netns.pop(w.id, (0.0, 0.0, 0.0))
+        facts: dict[str, object] = {"program": w.program}
+        if seconds > 0:
+            facts.update(net_tx_bps=round(tx / seconds, 1), net_rx_bps=round(rx / seconds, 1))
+        if w.listen_ports:
+            load = self.diurnal(w, self._last - self._start) if w.pattern is Pattern.LLM_SERVING else 1.0
+            peers = max(1, round(w.peers * load))
+            facts.update(
+                listen_ports=list(w.listen_ports),
+                inbound_peers=peers,
+                inbound_connections=peers * (4 if w.peers > 2 else 1),
+            )
+        return facts
 
     def close(self) -> None:
         return None
@@ -145,13 +206,16 @@ class SimulatedNode:
         t = now - self._start
         p = self.profile
         gpus = [_GpuState() for _ in range(p.gpus)]
-        fabric_bps = north_bps = read_bps = write_bps = 0.0
+        fabric_bps = north_bps = north_rx_bps = read_bps = write_bps = 0.0
         for w in self.specs:
-            f, n, r, wr = self._drive(w, t, gpus)
+            f, n, nrx, r, wr = self._drive(w, t, gpus)
             fabric_bps += f
             north_bps += n
+            north_rx_bps += nrx
             read_bps += r
             write_bps += wr
+            tx, rx, seconds = self._netns.get(w.id, (0.0, 0.0, 0.0))
+            self._netns[w.id] = (tx + n * dt, rx + nrx * dt, seconds + dt)
 
         out: list[Sample] = []
         for i, g in enumerate(gpus):
@@ -160,8 +224,8 @@ class SimulatedNode:
                 "util": round(util, 1),
                 "mem_util": round(util * 0.6, 1),
                 "mem_used_mib": round(g.mem_mib, 0),
-                "power_w": round(p.idle_power_w + (p.power_limit_w - p.idle_power_w) * util / 100 * 0.95, 1),
-                "temp_c": round(32 + util * 0.4 + self._rng.gauss(0, 0.5), 1),
+                "power_w": round(p.idle_power_w + (p.power_limit_w - p.idle_power_w) * util / 100 * g.intensity, 1),
+                "temp_c": round(32 + util * 0.4 + self.rng.gauss(0, 0.5), 1),
                 "sm_clock_mhz": round(p.max_sm_clock_mhz * (0.95 if util > 1 else 0.1), 0),
             }
             counters = {
@@ -171,6 +235,10 @@ class SimulatedNode:
             if p.nvlink_links:
                 counters["nvlink_tx_bps"] = self._advance(("gpu", f"{i}.nvl_tx"), g.nvlink_bps, dt)
                 counters["nvlink_rx_bps"] = self._advance(("gpu", f"{i}.nvl_rx"), g.nvlink_bps, dt)
+            if self._gpm:
+                gauges["sm_active"] = round(min(100.0, util * 0.92), 1)
+                gauges["tensor_active"] = round(util * g.tensor_share, 1)
+                gauges["dram_active"] = round(min(100.0, util * g.dram_share), 1)
             out.append(Sample(Entity.GPU, str(i), gauges=gauges, counters=counters))
         if self.gpu_only:
             return out
@@ -179,11 +247,11 @@ class SimulatedNode:
         front = [n for n in p.nics if n.kind not in (NicKind.INFINIBAND, NicKind.ROCE)]
         for group, total_tx, total_rx in (
             (fabric, fabric_bps, fabric_bps),
-            (front, north_bps, north_bps * 0.05),
+            (front, north_bps, north_rx_bps),
         ):
             for nic in group:
-                tx = total_tx / len(group) * self._jitter(0.05)
-                rx = total_rx / len(group) * self._jitter(0.05)
+                tx = total_tx / len(group) * self.jitter(0.05)
+                rx = total_rx / len(group) * self.jitter(0.05)
                 out.append(
                     Sample(
                         Entity.NIC,
@@ -196,25 +264,28 @@ class SimulatedNode:
                         },
                     )
                 )
-        out.append(
-            Sample(
-                Entity.DISK,
-                "nvme0n1",
-                counters={
-                    "read_bps": self._advance(("disk", "rb"), read_bps, dt),
-                    "write_bps": self._advance(("disk", "wb"), write_bps, dt),
-                    "read_iops": self._advance(("disk", "ro"), read_bps / 131_072, dt),
-                    "write_iops": self._advance(("disk", "wo"), write_bps / 131_072, dt),
-                },
+        # A RAID 0 over two NVMe drives: each member carries half and md127 counts the same bytes again.
+        disks = [("nvme0n1", 0.5), ("nvme1n1", 0.5), ("md127", 1.0)] if "md_raid" in self.quirks else [("nvme0n1", 1.0)]
+        for disk, part in disks:
+            out.append(
+                Sample(
+                    Entity.DISK,
+                    disk,
+                    counters={
+                        "read_bps": self._advance(("disk", f"{disk}.rb"), read_bps * part, dt),
+                        "write_bps": self._advance(("disk", f"{disk}.wb"), write_bps * part, dt),
+                        "read_iops": self._advance(("disk", f"{disk}.ro"), read_bps * part / 131_072, dt),
+                        "write_iops": self._advance(("disk", f"{disk}.wo"), write_bps * part / 131_072, dt),
+                    },
+                )
             )
-        )
         busy = sum(g.util for g in gpus) / max(len(gpus), 1)
         out.append(
             Sample(
                 Entity.HOST,
                 "host",
                 gauges={
-                    "cpu_util": round(5 + busy * 0.3 + self._rng.gauss(0, 1) ** 2, 1),
+                    "cpu_util": round(5 + busy * 0.3 + self.rng.gauss(0, 1) ** 2, 1),
                     "mem_used_pct": 35.0,
                 },
             )
@@ -223,39 +294,54 @@ class SimulatedNode:
 
     # ------------------------------------------------------------------ the patterns
 
-    def _jitter(self, sigma: float) -> float:
-        return max(0.0, 1.0 + self._rng.gauss(0, sigma))
+    def jitter(self, sigma: float) -> float:
+        return max(0.0, 1.0 + self.rng.gauss(0, sigma))
 
     def _advance(self, key: tuple[str, str], rate: float, dt: float) -> int:
         total = self._counters.get(key, 0.0) + max(rate, 0.0) * dt
         self._counters[key] = total
         return int(total)
 
-    def _drive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
-        """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north, read, write) bytes/s."""
+    def _drive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> realistic.Traffic:
+        """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north tx, north rx, read, write)
+        bytes/s."""
+        if w.pattern in _REALISTIC:
+            return _REALISTIC[w.pattern](self, w, t, gpus)
+        for g in w.gpus:
+            gpus[g].intensity = w.power_intensity
+            gpus[g].tensor_share, gpus[g].dram_share = w.tensor_share, w.dram_share
         if w.pattern in (Pattern.TRAINING, Pattern.FINE_TUNING):
-            return self._training(w, t, gpus)
-        if w.pattern in (Pattern.INFERENCE, Pattern.BATCH_INFERENCE):
-            return self._inference(w, t, gpus)
+            fabric, north, read, write = self._training(w, t, gpus)
+            return fabric, north, 0.05 * north + w.input_bps * self.jitter(0.15), read, write
+        if w.pattern is Pattern.BATCH_INFERENCE:
+            fabric, north, read, write = self._inference(w, t, gpus)
+            # Offline scoring reads its input (disk, or NFS / object storage on the front end) and writes results;
+            # it answers no clients.
+            load = sum(gpus[g].util for g in w.gpus) / max(len(w.gpus), 1) / 100
+            return fabric, 0.02 * north, w.input_bps * load * self.jitter(0.15), read, write
+        if w.pattern is Pattern.INFERENCE:
+            fabric, north, read, write = self._inference(w, t, gpus)
+            return fabric, north * w.client_scale, north * w.client_scale * 0.05, read, write
         if w.pattern is Pattern.INTERACTIVE:
-            return self._interactive(w, t, gpus)
+            fabric, north, read, write = self._interactive(w, t, gpus)
+            return fabric, north, north * 0.05, read, write
         for g in w.gpus:  # idle: memory held, nothing running
             gpus[g].util = 0.0
             gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
-        return 0.0, 0.0, 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0, 0.0
 
-    def _episode(self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float]) -> bool:
+    def episode(self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float]) -> bool:
         """True while a random episode (a stall, a burst) of ``w`` lasts; episodes start at ``rate`` per second."""
         until = self._episode_until.get(w.id, -1.0)
-        if t >= until and self._rng.random() < rate:
-            until = self._episode_until[w.id] = t + self._rng.uniform(*seconds)
+        if t >= until and self.rng.random() < rate:
+            until = self._episode_until[w.id] = t + self.rng.uniform(*seconds)
         return t < until
 
     def _training(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
         """GPUs in lockstep at the job's level; gradient all-reduce over NVLink (or PCIe) and, for multi-node
         jobs, the fabric; checkpoint write bursts every ``checkpoint_period_s``; data-loader stalls."""
-        p, rng = self.profile, self._rng
-        stalled = self._episode(w, t, w.stall_rate, w.stall_seconds)
+        p, rng = self.profile, self.rng
+        stalled = self.episode(w, t, w.stall_rate, w.stall_seconds)
         common = w.level * 100 + rng.gauss(0, w.noise)
         mem = w.mem_fraction * p.memory_mib
         for g in w.gpus:
@@ -264,12 +350,12 @@ class SimulatedNode:
             gpus[g].mem_mib = mem * (1 + rng.gauss(0, 0.002))
             sync = util / 100 if len(w.gpus) > 1 else 0.0
             if p.nvlink_links:
-                gpus[g].nvlink_bps = p.nvlink_gbps * GB * 0.35 * sync * self._jitter(0.1)
+                gpus[g].nvlink_bps = p.nvlink_gbps * GB * 0.35 * sync * self.jitter(0.1)
                 gpus[g].pcie_bps = 2 * GB * util / 100
             else:
-                gpus[g].pcie_bps = (12 * GB * sync + 2 * GB * util / 100) * self._jitter(0.1)
-        fabric = 25 * GB * len(w.gpus) / 8 * self._jitter(0.1) if w.multi_node and not stalled else 0.0
-        write = 3 * GB * self._jitter(0.1) if (t % w.checkpoint_period_s) < w.checkpoint_seconds else 0.0
+                gpus[g].pcie_bps = (12 * GB * sync + 2 * GB * util / 100) * self.jitter(0.1)
+        fabric = 25 * GB * len(w.gpus) / 8 * self.jitter(0.1) if w.multi_node and not stalled else 0.0
+        write = 3 * GB * self.jitter(0.1) if (t % w.checkpoint_period_s) < w.checkpoint_seconds else 0.0
         read = 0.0 if stalled else 0.2 * GB
         return fabric, 0.02 * GB * len(w.gpus) / 8, read, write
 
@@ -281,7 +367,7 @@ class SimulatedNode:
     def _inference(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
         """Online: bursty load on a daily cycle, north-south traffic and KV cache following it, a model-load read
         burst at start. Batch: steady high load, no gradient traffic, no checkpoints."""
-        p, rng = self.profile, self._rng
+        p, rng = self.profile, self.rng
         online = w.pattern is Pattern.INFERENCE
         if online:
             load = min(1.0, w.level * self.diurnal(w, t) * math.exp(rng.gauss(0, w.burst_sigma)))
@@ -289,7 +375,7 @@ class SimulatedNode:
             load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
         mem = w.mem_fraction * p.memory_mib
         for g in w.gpus:
-            gpu_load = min(1.0, load * self._jitter(0.15)) if online else load
+            gpu_load = min(1.0, load * self.jitter(0.15)) if online else load
             gpus[g].util = gpu_load * 100
             gpus[g].mem_mib = mem + (0.15 * p.memory_mib * load if online else 0.0)  # KV cache follows load
             gpus[g].pcie_bps = 0.5 * GB * gpu_load
@@ -301,9 +387,16 @@ class SimulatedNode:
 
     def _interactive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
         """A notebook: idle most of the time, a cell run now and then."""
-        rng = self._rng
-        burst = self._episode(w, t, 0.03, (5.0, 30.0))
+        rng = self.rng
+        burst = self.episode(w, t, w.cell_rate, (5.0, 30.0))
         for g in w.gpus:
             gpus[g].util = rng.uniform(50, 95) if burst else rng.choice((0.0, 0.0, 1.0))
             gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
         return 0.0, 0.01 * GB if burst else 0.0, 0.0, 0.0
+
+
+_REALISTIC = {
+    Pattern.LLM_SERVING: realistic.llm_serving,
+    Pattern.LOADER_BOUND_TRAINING: realistic.loader_bound_training,
+    Pattern.LORA_FINE_TUNING: realistic.lora_fine_tuning,
+}

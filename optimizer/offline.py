@@ -39,6 +39,9 @@ PATTERN_CLASS = {
     "batch_inference": WorkloadClass.BATCH_INFERENCE,
     "interactive": WorkloadClass.INTERACTIVE,
     "idle": WorkloadClass.IDLE,
+    "llm_serving": WorkloadClass.INFERENCE,
+    "loader_bound_training": WorkloadClass.TRAINING,
+    "lora_fine_tuning": WorkloadClass.TRAINING,
 }
 
 
