@@ -1,15 +1,34 @@
-"""Workload classification: transparent rules over the features a capacity planner would look at.
+"""Workload classification: evidence from how real systems behave, weighed openly, with an honest "unknown".
 
-Each class collects points from the signatures that support it (utilisation level and burstiness,
-synchronisation across GPUs, gradient traffic over NVLink/PCIe and the fabric, checkpoint write bursts,
-north-south client traffic); the process name is a small hint, never enough on its own. The winner's
-confidence is its softmax share, reduced while little data has been seen. Evidence lists the signatures that
-decided, in words.
+Each signal adds log-odds (in nats) for or against the classes it bears on; the weights come from how the
+systems work, written beside each rule, not from fitting to a simulator. A class's confidence is its share of
+the evidence (a softmax over the classes), reduced while little data has been seen. When the two best classes
+are close, the answer is ``unknown`` with both sides in the evidence: a planner never acts on a coin toss.
+
+What the rules assume about real systems:
+
+* NVML's utilisation is the share of time any kernel ran. A continuous-batching LLM server (vLLM, SGLang, TGI,
+  TensorRT-LLM) reads 85-99 % whenever a request is in flight, so a high level says nothing about training.
+* Dense training (and embedding or scoring batches) runs tensor-core matmuls and draws close to the power limit
+  when busy; decode is memory-bound and draws far less at the same utilisation. GPM (Hopper and newer) shows the
+  same split directly: tensor-pipe activity against DRAM bandwidth.
+* A training step repeats with a fixed period (compute, all-reduce, wait for the next batch), so per-second load
+  has an autocorrelation peak at the step; serving follows arrivals and notebooks run cells at random.
+* Training saves checkpoints at a cadence; even an adapter save (50-200 MB) stands out from a node's usual
+  writes. Serving writes logs.
+* A server listens on a port and holds connections from clients; a training job's only listeners are its
+  rendezvous ports (excluded by the agent) and a notebook's is one browser.
+* Training and batch jobs read input steadily (NFS or object storage on the front end, or local disks); an LLM
+  server's text traffic is a few MB/s.
+* Process names are hints: ``comm`` is cut at 15 characters and is ``python3`` for most Python programs; the
+  command line's program (schema 2) is better, but an engine such as vLLM also runs offline batches.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agent.protocol import WorkloadClass
@@ -17,21 +36,52 @@ from optimizer.features import WorkloadFeatures
 
 MIN_WINDOWS = 3
 FULL_CONFIDENCE_WINDOWS = 6
+UNSURE_MARGIN = 0.7  # nats between the two best classes below which the answer is "unknown"
 
-TRAINING_HINTS = frozenset({"torchrun", "deepspeed", "accelerate", "megatron", "nemo", "horovodrun", "mpirun"})
-INFERENCE_HINTS = frozenset(
-    {
-        "vllm",
-        "tritonserver",
-        "text-generation-launcher",
-        "tgi",
-        "sglang",
-        "ollama",
-        "llama-server",
-        "trtllm-serve",
-    }
+TR, INF, BAT, NB = (
+    WorkloadClass.TRAINING,
+    WorkloadClass.INFERENCE,
+    WorkloadClass.BATCH_INFERENCE,
+    WorkloadClass.INTERACTIVE,
 )
-NOTEBOOK_HINTS = frozenset({"jupyter", "jupyter-lab", "ipykernel", "ipython"})
+CLASSES = (TR, INF, BAT, NB)
+
+# Names as the kernel (``comm``, 15 characters, process titles such as ``VLLM::EngineCore``) or the command line
+# shows them. Matched as tokens anywhere in the lowered name.
+SERVING_NAMES = (
+    "vllm",
+    "sglang",
+    "text-generation",
+    "tgi",
+    "tritonserver",
+    "trtllm-serve",
+    "lmdeploy",
+    "ollama",
+    "llama-server",
+    "torchserve",
+    "serve",
+    "uvicorn",
+    "gunicorn",
+    "api_server",
+)
+TRAINING_NAMES = (
+    "torchrun",
+    "deepspeed",
+    "accelerate",
+    "megatron",
+    "pretrain",
+    "train",
+    "finetune",
+    "fine_tune",
+    "lora",
+    "llamafactory",
+    "axolotl",
+    "horovodrun",
+    "nemo",
+)
+NOTEBOOK_NAMES = ("ipykernel", "jupyter", "ipython", "colab")
+BATCH_NAMES = ("batch", "score", "embed", "generate", "offline", "predict", "infer")
+GENERIC_NAMES = frozenset({"python", "python3", "pt_main_thread", "bash", "sh"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +92,161 @@ class Classification:
 
 
 def _gbps(value: float) -> str:
-    return f"{value / 1e9:.1f} GB/s" if value >= 1e8 else f"{value / 1e6:.0f} MB/s"
+    if value >= 1e8:
+        return f"{value / 1e9:.1f} GB/s"
+    return f"{value / 1e6:.0f} MB/s" if value >= 1e6 else f"{value / 1e3:.0f} KB/s"
 
 
-def _hint(f: WorkloadFeatures, names: frozenset[str]) -> bool:
-    hint = (f.hint or "").lower()
-    return bool(hint) and any(hint.startswith(n) for n in names)
+def _matches(name: str | None, tokens: tuple[str, ...]) -> bool:
+    if not name:
+        return False
+    lowered = name.lower()
+    return any(re.search(rf"(^|[^a-z]){re.escape(t)}", lowered) for t in tokens)
+
+
+@dataclass(slots=True)
+class _Ledger:
+    scores: dict[WorkloadClass, float]
+    reasons: dict[WorkloadClass, list[tuple[float, str]]]
+
+    def add(self, reason: str, **weights: float) -> None:
+        """``weights`` by class initial (T training, I inference, B batch, N notebook), in nats."""
+        for key, weight in weights.items():
+            c = {"T": TR, "I": INF, "B": BAT, "N": NB}[key]
+            self.scores[c] += weight
+            if weight > 0:
+                self.reasons[c].append((weight, reason))
+
+
+def _names(f: WorkloadFeatures, led: _Ledger) -> None:
+    """The program (schema 2) or the process name: moderate evidence, never decisive alone."""
+    name = f.program or f.hint
+    what = f"program {f.program}" if f.program else f"process {f.hint}"
+    if not name or name.lower() in GENERIC_NAMES:
+        return
+    strong = 1.0 if f.program else 0.7  # comm is cut and often generic; the command line is not
+    if _matches(name, NOTEBOOK_NAMES):
+        led.add(f"{what} (a notebook kernel)", N=2.0 * strong, T=-0.5)
+    elif _matches(name, TRAINING_NAMES):
+        led.add(f"{what} (a training launcher or script)", T=1.8 * strong, I=-0.5)
+    elif _matches(name, SERVING_NAMES):
+        # Engines also run offline batches (vLLM's LLM class), so batch keeps some of the weight.
+        led.add(f"{what} (a serving engine)", I=1.6 * strong, B=0.6 * strong, T=-0.8)
+    elif _matches(name, BATCH_NAMES):
+        led.add(f"{what} (a batch script)", B=1.2 * strong)
+
+
+def _server(f: WorkloadFeatures, led: _Ledger) -> None:
+    """Listening ports and their clients (schema 2)."""
+    if f.inbound_connections is None:
+        return
+    ports = ", ".join(f":{p}" for p in f.listen_ports[:3])
+    peers, connections = f.inbound_peers or 0, f.inbound_connections
+    if f.listen_ports and peers >= 3:
+        led.add(f"listening on {ports} with {connections} connections from {peers} clients", I=2.5, B=-1.0, T=-1.5)
+    elif f.listen_ports and connections >= 1:
+        led.add(f"listening on {ports} with {connections} connection(s) from {peers} client(s)", I=0.8, N=0.8)
+    else:
+        led.add("no client connections to any port", I=-1.0)
+
+
+def _level(f: WorkloadFeatures, led: _Ledger) -> None:
+    """Utilisation level and second-to-second shape."""
+    util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
+    steady = f.busy_cv < 0.1
+    if f.mean_util >= 70 and steady:
+        led.add(f"{util}, steady while busy (variation {f.busy_cv:.0%})", T=0.8, B=0.8, I=0.4)
+    elif f.mean_util >= 70:
+        led.add(util, T=0.4, B=0.4, I=0.4)
+    elif f.mean_util < 50 and f.busy_cv >= 0.15 and f.period_s is None:
+        led.add(f"{util}, load varying with requests (variation {f.busy_cv:.0%})", I=1.5, T=-0.5, B=-0.5)
+    elif f.mean_util < 50:
+        led.add(util, I=0.3)
+    if f.zero_seconds >= 0.5 and f.p95_util >= 30 and f.period_s is None:
+        led.add(f"idle {f.zero_seconds:.0%} of seconds with bursts to {f.p95_util:.0f} %", N=2.0, I=0.5, B=-1.0)
+    if f.period_s is not None:
+        led.add(
+            f"load repeats every {f.period_s} s (autocorrelation {f.period_strength:.2f}): a training step",
+            T=2.2,
+            I=-1.0,
+            N=-1.5,
+            B=-0.5,
+        )
+
+
+def _power(f: WorkloadFeatures, led: _Ledger) -> None:
+    """How hard the busy GPUs work: power per unit of utilisation, and GPM's tensor against DRAM activity."""
+    if f.tensor_share is not None and f.dram_share is not None:
+        if f.tensor_share >= 0.4:
+            led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.3, I=-0.8)
+        elif f.tensor_share <= 0.32 and f.dram_share >= 0.55:
+            led.add(
+                f"memory-bound: DRAM {f.dram_share:.0%}, tensor pipes {f.tensor_share:.0%} of busy time (decode)",
+                I=1.0,
+                B=0.4,
+                T=-1.0,
+            )
+    if f.intensity is None:
+        return
+    if f.intensity >= 0.78:
+        led.add(f"draws {f.intensity:.0%} of the power its utilisation allows (compute-bound)", T=1.0, B=0.3, I=-0.8)
+    elif f.intensity <= 0.68:
+        led.add(f"draws only {f.intensity:.0%} of the power its utilisation allows (memory-bound)", I=1.0, T=-1.2)
+
+
+def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
+    """Gradient synchronisation, input streams and client traffic."""
+    if f.gpu_link_bps >= 20e9 or f.east_west_bps >= 1e9:
+        line = f"{_gbps(f.gpu_link_bps)} per GPU over NVLink/PCIe and {_gbps(f.east_west_bps)} on the fabric"
+        led.add(f"{line}: gradient synchronisation", T=2.0, I=-0.3, B=-1.0)
+    elif (
+        f.gpus > 1 and f.gpu_link_bps >= 0.5e9 and f.gpu_spread < 0.15 and (f.busy_cv >= 0.05 or f.zero_seconds >= 0.1)
+    ):
+        # Only telling where the load moves: at a steady 90 % every workload's GPUs look alike.
+        line = f"all {f.gpus} GPUs move in lockstep exchanging {_gbps(f.gpu_link_bps)} per GPU"
+        led.add(f"{line} (all-reduce of gradients or of tensor-parallel activations)", T=0.6, I=0.4, B=-0.6)
+    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8:
+        # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work.
+        led.add(
+            f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
+        )
+    if f.multi_node:
+        led.add(f"one job across {len(f.placements)} nodes", T=1.5)
+    intake = f.ingress_bps + f.disk_read_bps
+    if intake >= 10e6 and intake >= f.egress_bps:
+        led.add(f"reads its input steadily ({_gbps(intake)} per GPU)", T=0.8, B=1.0, I=-0.8)
+    elif f.egress_bps >= 50e6:
+        led.add(f"north-south traffic {_gbps(f.egress_bps)} per GPU out (responses)", I=1.0, B=-0.3)
+    elif 0 < f.ingress_bps + f.egress_bps < 10e6 and f.mean_util >= 50:
+        led.add(f"little network traffic ({_gbps(f.ingress_bps + f.egress_bps)} per GPU)", I=0.3)
+
+
+def _writes_and_memory(f: WorkloadFeatures, led: _Ledger) -> None:
+    # Checkpoints are bursts: writes in most windows are something else, once there are enough windows to tell.
+    if f.write_bursts >= 1 and (f.checkpoint_windows <= 0.5 or f.windows < FULL_CONFIDENCE_WINDOWS):
+        weight = 2.2 if f.write_bursts >= 2 else 1.2
+        led.add(f"checkpoint-like write bursts in {f.write_bursts} window(s)", T=weight, I=-0.5, B=-0.3)
+    if f.mem_fraction >= 0.85 and f.mem_stability < 0.01:
+        led.add(f"flat {f.mem_fraction:.0%} of GPU memory (a preallocated KV-cache pool)", I=0.6, B=0.2)
+    elif f.mem_stability >= 0.03 and f.mean_util < 60:
+        led.add(f"GPU memory follows the load (variation {f.mem_stability:.0%})", I=0.5)
+    if f.diurnal_ratio is not None and f.diurnal_ratio >= 4 and f.mean_util < 60:
+        line = f"daily cycle: the busiest 10 minutes {f.diurnal_ratio:.0f}x the quietest over {f.history_hours:.0f} h"
+        led.add(line, I=1.5)
+    if f.sched_step == "interactive":
+        led.add("Slurm interactive step", N=1.0)
+    elif f.sched_step == "batch":
+        led.add("Slurm batch step", T=0.3, B=0.3, N=-0.5)
+
+
+RULES: tuple[Callable[[WorkloadFeatures, _Ledger], None], ...] = (
+    _names,
+    _server,
+    _level,
+    _power,
+    _traffic,
+    _writes_and_memory,
+)
 
 
 def classify(f: WorkloadFeatures) -> Classification:
@@ -58,95 +257,20 @@ def classify(f: WorkloadFeatures) -> Classification:
         )
     sufficiency = 0.5 + 0.5 * min(1.0, f.windows / FULL_CONFIDENCE_WINDOWS)
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
-
     if f.mean_util < 2 and f.p95_util < 10:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         return Classification(WorkloadClass.IDLE, round(0.95 * sufficiency, 2), (util, held))
 
-    high = f.mean_util >= 70
-    low = f.mean_util < 50
-    steady = f.burstiness < 0.12
-    bursty = f.burstiness >= 0.15
-    multi = f.gpus > 1
-    synced = multi and f.gpu_spread < 0.15
-    grad = f.gpu_link_bps >= 5e9 or f.east_west_bps >= 1e9
-    # Checkpoints are bursts: writes in most windows are something else, once there are enough windows to tell.
-    ckpt = f.write_bursts >= 1 and (f.checkpoint_windows <= 0.5 or f.windows < FULL_CONFIDENCE_WINDOWS)
-    north = f.north_south_bps >= 50e6 and f.north_south_bps > f.east_west_bps
-    mostly_zero = f.zero_seconds >= 0.5
-
-    evidence: dict[WorkloadClass, list[tuple[float, str]]] = {c: [] for c in WorkloadClass}
-
-    def vote(c: WorkloadClass, weight: float, reason: str) -> None:
-        evidence[c].append((weight, reason))
-
-    if high:
-        vote(WorkloadClass.TRAINING, 2.0, util)
-        vote(WorkloadClass.BATCH_INFERENCE, 2.0, util)
-    if low:
-        vote(WorkloadClass.INFERENCE, 2.0, util)
-    if steady:
-        line = f"steady second to second (variation {f.burstiness:.0%})"
-        vote(WorkloadClass.TRAINING, 1.0, line)
-        vote(WorkloadClass.BATCH_INFERENCE, 1.0, line)
-    if bursty:
-        vote(WorkloadClass.INFERENCE, 1.5, f"bursty second to second (variation {f.burstiness:.0%})")
-    if synced:
-        vote(WorkloadClass.TRAINING, 1.0, f"all {f.gpus} GPUs move in lockstep (spread {f.gpu_spread:.0%})")
-    if grad:
-        line = (
-            f"{_gbps(f.gpu_link_bps)} per GPU over NVLink/PCIe and {_gbps(f.east_west_bps)} on the fabric: "
-            "gradient synchronisation"
-        )
-        vote(WorkloadClass.TRAINING, 2.0, line)
-    elif high:
-        vote(
-            WorkloadClass.BATCH_INFERENCE,
-            1.5,
-            f"busy without gradient traffic ({_gbps(f.gpu_link_bps)} per GPU)",
-        )
-    if ckpt:
-        vote(WorkloadClass.TRAINING, 2.5, f"checkpoint-sized write bursts in {f.write_bursts} window(s)")
-    else:
-        vote(WorkloadClass.INFERENCE, 0.5, "no checkpoint writes")
-        if high:
-            vote(WorkloadClass.BATCH_INFERENCE, 1.0, "no checkpoint writes")
-    if north:
-        line = f"north-south traffic {_gbps(f.north_south_bps)} per GPU (client requests and responses)"
-        vote(WorkloadClass.INFERENCE, 1.0, line)
-        vote(WorkloadClass.BATCH_INFERENCE, 0.5, line)
-    elif high:
-        vote(WorkloadClass.TRAINING, 0.5, "little north-south traffic")
-    if f.mem_stability >= 0.03 and not high:
-        vote(WorkloadClass.INFERENCE, 0.5, f"GPU memory follows the load (KV cache; variation {f.mem_stability:.0%})")
-    elif f.mem_stability < 0.01 and high:
-        vote(WorkloadClass.TRAINING, 0.25, "GPU memory flat")
-        vote(WorkloadClass.BATCH_INFERENCE, 0.25, "GPU memory flat")
-    if f.diurnal_ratio is not None and f.diurnal_ratio >= 4 and f.mean_util < 60:
-        vote(
-            WorkloadClass.INFERENCE,
-            1.5,
-            f"daily cycle: the busiest 10 minutes {f.diurnal_ratio:.0f}x the quietest over {f.history_hours:.0f} h",
-        )
-    if mostly_zero and f.p95_util >= 30:
-        vote(
-            WorkloadClass.INTERACTIVE,
-            6.0,
-            f"idle {f.zero_seconds:.0%} of seconds with bursts to {f.p95_util:.0f} %",
-        )
-    if _hint(f, TRAINING_HINTS):
-        vote(WorkloadClass.TRAINING, 0.5, f"process {f.hint}")
-    if _hint(f, INFERENCE_HINTS):
-        vote(WorkloadClass.INFERENCE, 0.5, f"process {f.hint}")
-        vote(WorkloadClass.BATCH_INFERENCE, 0.5, f"process {f.hint}")
-    if _hint(f, NOTEBOOK_HINTS):
-        vote(WorkloadClass.INTERACTIVE, 0.5, f"process {f.hint}")
-
-    scores = {c: sum(w for w, _ in votes) for c, votes in evidence.items() if c is not WorkloadClass.IDLE}
-    best = max(scores, key=lambda c: scores[c])
-    if scores[best] < 2.0:
-        return Classification(WorkloadClass.UNKNOWN, 0.0, (util, "no class's signature is clear"))
-    total = sum(math.exp(s) for s in scores.values())
-    confidence = math.exp(scores[best]) / total * sufficiency
-    reasons = tuple(r for _, r in sorted(evidence[best], key=lambda wr: -wr[0]))
-    return Classification(best, round(confidence, 2), reasons)
+    led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})
+    for rule in RULES:
+        rule(f, led)
+    ranked = sorted(CLASSES, key=lambda c: (-led.scores[c], CLASSES.index(c)))
+    best, second = ranked[0], ranked[1]
+    total = sum(math.exp(led.scores[c]) for c in CLASSES)
+    share = math.exp(led.scores[best]) / total
+    if led.scores[best] - led.scores[second] < UNSURE_MARGIN or led.scores[best] < 1.0:
+        sides = [f"{c.value}: {'; '.join(r for _, r in sorted(led.reasons[c], key=lambda wr: -wr[0])[:2]) or '—'}"
+                 for c in (best, second)]  # fmt: skip
+        return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *sides))
+    reasons = tuple(r for _, r in sorted(led.reasons[best], key=lambda wr: -wr[0]))
+    return Classification(best, round(share * sufficiency, 2), reasons or (util,))

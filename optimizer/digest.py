@@ -7,10 +7,11 @@ A decoded window is ~45 KiB of Python objects; a digest is a few hundred bytes. 
 from __future__ import annotations
 
 import fnmatch
+import re
 from array import array
 from dataclasses import dataclass
 
-from agent.protocol import Birth, NicRole, Telemetry, WorkloadRef
+from agent.protocol import Birth, NicKind, NicRole, Stats, Telemetry, WorkloadRef
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
 
 
@@ -23,6 +24,20 @@ class GpuDigest:
     series: array[float]  # per-second utilisation
     mem_max_mib: float | None
     link_bps: float  # NVLink + PCIe, both directions
+    power_frac: float | None = None  # mean board power / its limit
+    tensor_active: float | None = None  # GPM, %
+    dram_active: float | None = None  # GPM, %
+
+
+@dataclass(frozen=True, slots=True)
+class Volatile:
+    """The per-window numbers of a workload's process facts (schema 2); the rest of its reference is interned."""
+
+    workload: str
+    inbound_connections: int | None
+    inbound_peers: int | None
+    net_rx_bps: float | None
+    net_tx_bps: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +49,31 @@ class WindowDigest:
     gpus: tuple[GpuDigest, ...]
     east_bps: float  # fabric NICs, both directions
     north_bps: float  # front-end NICs, both directions
-    peak_write_bps: float  # the busiest second of the node's disks
+    peak_write_bps: float  # the busiest second of the node's disks (RAID and LVM members not counted twice)
     workloads: tuple[WorkloadRef, ...]
+    north_rx_bps: float = 0.0  # front-end NICs, in: client requests, or input read from NFS / object storage
+    read_bps: float = 0.0  # the node's disks, mean
+    volatile: tuple[Volatile, ...] = ()
+
+
+_MD = re.compile(r"^(md\d+|dm-\d+)$")
+
+
+def roles(birth: Birth | None) -> dict[str, NicRole]:
+    """NIC roles from the birth, corrected for agents before schema 2, which took every RDMA-capable port for
+    the fabric. A node always has a front end: when a birth names none, RoCE ports are the front end if the node
+    also has InfiniBand (fabrics are one technology), or else those not named like a fabric port."""
+    if birth is None:
+        return {}
+    out = {n.name: n.role for n in birth.nics}
+    if any(role is NicRole.NORTH_SOUTH for role in out.values()):
+        return out
+    infiniband = any(n.kind is NicKind.INFINIBAND for n in birth.nics)
+    for n in birth.nics:
+        named_fabric = any(fnmatch.fnmatchcase(n.name, p) for p in DEFAULT_FABRIC_PATTERNS)
+        if n.kind is NicKind.ROCE and (infiniband or not named_fabric):
+            out[n.name] = NicRole.NORTH_SOUTH
+    return out
 
 
 def _role(name: str, roles: dict[str, NicRole]) -> NicRole:
@@ -46,21 +84,46 @@ def _role(name: str, roles: dict[str, NicRole]) -> NicRole:
     return NicRole.EAST_WEST if fabric else NicRole.NORTH_SOUTH
 
 
-RefKey = tuple[str, str, str, tuple[int, ...], str | None]
+def counted_disks(birth: Birth | None, names: list[str]) -> set[str]:
+    """Disks whose I/O is the node's own: members of md RAID or device-mapper devices are counted on those.
+    Agents before schema 2 do not mark members; when a window has an md or dm device, only those count."""
+    members = {d.name for d in birth.disks if d.member_of} if birth else set()
+    if not members and any(_MD.match(n) for n in names):
+        return {n for n in names if _MD.match(n)}
+    return {n for n in names if n not in members}
+
+
+RefKey = tuple[str, str, str, tuple[int, ...], str | None, str | None, tuple[int, ...], str | None]
+_VOLATILE = {"inbound_connections": None, "inbound_peers": None, "net_rx_bps": None, "net_tx_bps": None}
+
+
+def _intern(refs: list[WorkloadRef], known: dict[RefKey, WorkloadRef] | None) -> tuple[WorkloadRef, ...]:
+    if known is None:
+        return tuple(refs)
+    out = []
+    for r in refs:
+        key = (r.id, r.kind, r.name, tuple(r.gpus), r.hint, r.program, tuple(r.listen_ports), r.sched_step)
+        ref = known.get(key)
+        if ref is None:
+            ref = known[key] = r.model_copy(update=_VOLATILE)
+        out.append(ref)
+    return tuple(out)
+
+
+def _mean(stats: Stats | None) -> float | None:
+    return stats.mean if stats is not None else None
 
 
 def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadRef] | None = None) -> WindowDigest:
     """``known`` interns workload references: a node reports the same workloads window after window."""
-    roles = {n.name: n.role for n in birth.nics} if birth else {}
-    if known is None:
-        refs = tuple(window.workloads)
-    else:
-        refs = tuple(known.setdefault((r.id, r.kind, r.name, tuple(r.gpus), r.hint), r) for r in window.workloads)
+    nic_roles = roles(birth)
+    limits = {g.index: g.power_limit_w for g in birth.gpus} if birth else {}
     gpus = []
     for g in window.gpus:
         if g.util is None:
             continue
         link = sum(s.mean for s in (g.nvlink_tx_bps, g.nvlink_rx_bps, g.pcie_tx_bps, g.pcie_rx_bps) if s)
+        limit = limits.get(g.index)
         gpus.append(
             GpuDigest(
                 index=g.index,
@@ -70,16 +133,28 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
                 series=array("f", g.util_series),
                 mem_max_mib=g.mem_used_mib.max if g.mem_used_mib else None,
                 link_bps=link,
+                power_frac=g.power_w.mean / limit if (g.power_w is not None and limit) else None,
+                tensor_active=_mean(g.tensor_active),
+                dram_active=_mean(g.dram_active),
             )
         )
-    east = north = 0.0
+    east = north = north_rx = 0.0
     for nic in window.nics:
-        rate = (nic.tx_bps.mean if nic.tx_bps else 0.0) + (nic.rx_bps.mean if nic.rx_bps else 0.0)
-        role = _role(nic.name, roles)
+        rx = nic.rx_bps.mean if nic.rx_bps else 0.0
+        rate = (nic.tx_bps.mean if nic.tx_bps else 0.0) + rx
+        role = _role(nic.name, nic_roles)
         if role is NicRole.EAST_WEST:
             east += rate
         elif role is NicRole.NORTH_SOUTH:
             north += rate
+            north_rx += rx
+    own = counted_disks(birth, [d.name for d in window.disks])
+    disks = [d for d in window.disks if d.name in own]
+    volatile = tuple(
+        Volatile(r.id, r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps)
+        for r in window.workloads
+        if r.net_rx_bps is not None or r.inbound_connections is not None
+    )
     return WindowDigest(
         session=window.session,
         seq=window.seq,
@@ -88,6 +163,9 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         gpus=tuple(gpus),
         east_bps=east,
         north_bps=north,
-        peak_write_bps=sum(d.write_bps.max for d in window.disks if d.write_bps),
-        workloads=refs,
+        peak_write_bps=sum(d.write_bps.max for d in disks if d.write_bps),
+        workloads=_intern(list(window.workloads), known),
+        north_rx_bps=north_rx,
+        read_bps=sum(d.read_bps.mean for d in disks if d.read_bps),
+        volatile=volatile,
     )

@@ -11,11 +11,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from optimizer.digest import WindowDigest
 from optimizer.fleet import Fleet
 from optimizer.history import Digest
 
-CHECKPOINT_BURST_BPS = 500e6  # a write second above this is a checkpoint-sized burst
+CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,21 @@ class WorkloadFeatures:
     history_hours: float = 0.0  # how far back the 10-minute digests reach
     daily_peak_p95: float = 0.0  # the highest p95 of any 10-minute period in the last day
     diurnal_ratio: float | None = None  # busiest / quietest 10-minute mean, given 12 h or more of digests
+    busy_cv: float = 0.0  # variation of per-second utilisation over the seconds the GPUs did anything
+    period_s: int | None = None  # the step period, where per-second load repeats (autocorrelation peak)
+    period_strength: float = 0.0  # that peak's autocorrelation
+    intensity: float | None = None  # board power per unit of utilisation, 0-1: dense matmuls near 1
+    tensor_share: float | None = None  # GPM tensor-pipe activity / utilisation
+    dram_share: float | None = None  # GPM DRAM bandwidth / utilisation
+    ingress_bps: float = 0.0  # front-end bytes in per GPU (requests, or input from NFS / object storage)
+    egress_bps: float = 0.0  # front-end bytes out per GPU
+    disk_read_bps: float = 0.0  # node disk reads per GPU of the workload
+    program: str | None = None  # schema 2: what the command line runs
+    listen_ports: tuple[int, ...] = ()
+    inbound_connections: int | None = None  # the most seen in a window
+    inbound_peers: int | None = None
+    own_network: bool = False  # ingress/egress are the workload's own network namespace, not a share of the node
+    sched_step: str | None = None
 
     @property
     def gpus(self) -> int:
@@ -108,6 +125,20 @@ class _Acc:
     north: list[float] = field(default_factory=list)
     ckpt: list[float] = field(default_factory=list)
     windows: int = 0
+    busy: list[float] = field(default_factory=list)  # per-second load while anything ran
+    centred: list[float] = field(default_factory=list)  # per-second load less its window's mean
+    intensity: list[float] = field(default_factory=list)
+    tensor: list[float] = field(default_factory=list)
+    dram: list[float] = field(default_factory=list)
+    ingress: list[float] = field(default_factory=list)
+    egress: list[float] = field(default_factory=list)
+    reads: list[float] = field(default_factory=list)
+    own_net: bool = False
+    program: str | None = None
+    listen: tuple[int, ...] = ()
+    connections: int | None = None
+    peers: int | None = None
+    step: str | None = None
 
 
 def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool) -> None:
@@ -120,12 +151,29 @@ def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float
     acc.cvs.extend(_cv(g.series) for g in gpus if len(g.series) > 1)
     series = [g.series for g in gpus if len(g.series)]
     if series:
+        levels = []
         for i in range(min(len(s) for s in series)):
             column = [s[i] for s in series]
             level = statistics.fmean(column)
-            acc.load.append(level)
+            levels.append(level)
             if len(series) > 1:
                 acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
+        acc.load.extend(levels)
+        acc.busy.extend(v for v in levels if v >= 5)
+        centre = statistics.fmean(levels) if levels else 0.0
+        acc.centred.extend(v - centre for v in levels)
+    util = _mean(g.util_mean for g in gpus)
+    if util >= 20:
+        # Power rises from ~10 % of the limit at idle by the work's intensity per unit of utilisation.
+        fractions = [g.power_frac for g in gpus if g.power_frac is not None]
+        if fractions:
+            acc.intensity.append(min(1.5, max(0.0, (_mean(fractions) - 0.1) / (0.9 * util / 100))))
+        tensor = [g.tensor_active for g in gpus if g.tensor_active is not None]
+        dram = [g.dram_active for g in gpus if g.dram_active is not None]
+        if tensor:
+            acc.tensor.append(_mean(tensor) / util)
+        if dram:
+            acc.dram.append(_mean(dram) / util)
     for g in gpus:
         acc.zeros.extend(1.0 if v < 2 else 0.0 for v in g.series)
         if g.mem_max_mib is not None:
@@ -196,6 +244,38 @@ def _attribute(loads: dict[str, list[float]], traffic: list[float]) -> dict[str,
     return out
 
 
+def _bursts(peaks: list[float]) -> list[bool]:
+    """Windows with a checkpoint-sized write burst: a busiest second well above the node's usual one.
+
+    Relative as well as absolute, because a LoRA adapter save is 50-200 MB where a full checkpoint is tens of GB,
+    and logs write a steady trickle."""
+    usual = statistics.median(peaks) if peaks else 0.0
+    return [p >= max(CHECKPOINT_BURST_BPS, 8 * usual) for p in peaks]
+
+
+def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None, float]:
+    """The lag at which per-second load repeats, and how strongly: an autocorrelation peak that follows a dip.
+
+    A training step (compute, then wait for data or the all-reduce) repeats with a fixed period; a server's load
+    follows arrivals and a notebook's bursts persist, then fade: neither rises again after falling."""
+    x = np.asarray(centred[-720:], dtype=np.float64)
+    n = len(x)
+    if n < 30 or not np.isfinite(x).all():
+        return None, 0.0
+    x = x - x.mean()
+    energy = float(np.dot(x, x))
+    if energy <= 1e-9 * n:
+        return None, 0.0
+    lags = min(max_lag, n // 3)
+    r = np.array([float(np.dot(x[:-lag], x[lag:])) / energy for lag in range(1, lags + 1)])
+    best, strength = None, 0.0
+    for lag in range(2, lags + 1):
+        value = r[lag - 1]
+        if value >= 0.35 and value - float(r[: lag - 1].min()) >= 0.35 and value > strength:
+            best, strength = lag, value
+    return best, strength
+
+
 def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
     """Features of every workload seen in ``site`` over the last ``horizon`` windows of each node."""
     accs: dict[str, _Acc] = defaultdict(_Acc)
@@ -207,13 +287,25 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
         loads = {wid: [_window_load(w, ref.gpus) for w in windows] for wid, ref in refs.items()}
-        traffic = [(w.east_bps, w.north_bps, w.peak_write_bps) for w in windows]
-        east = _attribute(loads, [t[0] for t in traffic]) if refs else {}
-        north = _attribute(loads, [t[1] for t in traffic]) if refs else {}
+        bursts = _bursts([w.peak_write_bps for w in windows])
+        # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
+        # checkpoints; with several such jobs it is nobody's evidence.
+        hard = [
+            [r.id for r in w.workloads if _trains_hard(w, r.gpus)] if b else []
+            for w, b in zip(windows, bursts, strict=True)
+        ]
+        shared = {
+            name: _attribute(loads, [getattr(w, name) for w in windows]) if refs else {}
+            for name in ("east_bps", "north_bps", "north_rx_bps", "read_bps")
+        }
         for i, window in enumerate(windows):
+            own = {v.workload: v for v in window.volatile}
             for ref in window.workloads:
                 acc = accs[ref.id]
                 acc.name, acc.hint = ref.name, ref.hint
+                acc.program = ref.program or acc.program
+                acc.listen = tuple(ref.listen_ports) or acc.listen
+                acc.step = ref.sched_step or acc.step
                 first = gpu_info.get(ref.gpus[0]) if ref.gpus else None
                 acc.placements[record.node] = Placement(
                     node=record.node,
@@ -223,8 +315,23 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 )
                 # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
                 # does between checkpoints; a serving workload is bursty.
-                ckpt = traffic[i][2] >= CHECKPOINT_BURST_BPS and (len(refs) == 1 or _trains_hard(window, ref.gpus))
-                _fold_window(acc, window, set(ref.gpus), east[ref.id][i], north[ref.id][i], ckpt)
+                ckpt = bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
+                north = shared["north_bps"][ref.id][i]
+                ingress = shared["north_rx_bps"][ref.id][i]
+                facts = own.get(ref.id)
+                if facts is not None:
+                    acc.connections = max(acc.connections or 0, facts.inbound_connections or 0)
+                    acc.peers = max(acc.peers or 0, facts.inbound_peers or 0)
+                    if facts.net_rx_bps is not None and facts.net_tx_bps is not None:
+                        # A pod's own network namespace: its traffic, no regression needed.
+                        acc.own_net = True
+                        ingress, north = facts.net_rx_bps, facts.net_rx_bps + facts.net_tx_bps
+                before = acc.windows
+                _fold_window(acc, window, set(ref.gpus), shared["east_bps"][ref.id][i], north, ckpt)
+                if acc.windows > before:
+                    acc.ingress.append(ingress)
+                    acc.egress.append(max(north - ingress, 0.0))
+                    acc.reads.append(shared["read_bps"][ref.id][i])
     digests: dict[str, list[Digest]] = defaultdict(list)
     for (rec_site, _), record in fleet.nodes.items():
         if rec_site == site:
@@ -239,6 +346,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         memory = max((p.gpu_memory_mib for p in placements), default=0)
         mem_peak = max(acc.mem, default=0.0)
         gpus = max(sum(len(p.gpus) for p in placements), 1)
+        per_gpu = len(placements) / gpus
+        period, strength = step_period(acc.centred)
         out.append(
             WorkloadFeatures(
                 id=wid,
@@ -255,13 +364,28 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 mem_fraction=mem_peak / memory if memory else 0.0,
                 mem_stability=_cv(acc.mem),
                 gpu_link_bps=_mean(acc.links),
-                east_west_bps=_mean(acc.east) * len(placements) / gpus,
-                north_south_bps=_mean(acc.north) * len(placements) / gpus,
+                east_west_bps=_mean(acc.east) * per_gpu,
+                north_south_bps=_mean(acc.north) * per_gpu,
                 checkpoint_windows=_mean(acc.ckpt),
                 write_bursts=int(sum(acc.ckpt)),
                 history_hours=hours,
                 daily_peak_p95=daily_peak,
                 diurnal_ratio=diurnal,
+                busy_cv=_cv(acc.busy),
+                period_s=period,
+                period_strength=strength,
+                intensity=statistics.median(acc.intensity) if acc.intensity else None,
+                tensor_share=statistics.median(acc.tensor) if acc.tensor else None,
+                dram_share=statistics.median(acc.dram) if acc.dram else None,
+                ingress_bps=_mean(acc.ingress) * per_gpu,
+                egress_bps=_mean(acc.egress) * per_gpu,
+                disk_read_bps=_mean(acc.reads) * per_gpu,
+                program=acc.program,
+                listen_ports=acc.listen,
+                inbound_connections=acc.connections,
+                inbound_peers=acc.peers,
+                own_network=acc.own_net,
+                sched_step=acc.step,
             )
         )
     return out
