@@ -176,8 +176,14 @@ def _spec(job: Job, gpus: tuple[int, ...], scenario: str, rng: random.Random) ->
         diurnal_phase=PEAK_PHASE if demo else rng.uniform(0, 2 * math.pi),
         burst_sigma=0.3 if demo else rng.uniform(0.25, 0.4),
         noise=1.5 if demo else rng.uniform(1.0, 2.5),
+        power_intensity=_INTENSITY.get(job.pattern, 0.9),
     )
     return replace(spec, **job.params) if job.params else spec  # type: ignore[arg-type]
+
+
+# Share of the power range drawn per unit of utilisation: dense training near the limit, serving of small models
+# and decode well below it (collectors/realistic.py).
+_INTENSITY = {Pattern.INFERENCE: 0.65, Pattern.BATCH_INFERENCE: 0.8, Pattern.INTERACTIVE: 0.85}
 
 
 def _mem_fraction(pattern: Pattern, demo: bool, rng: random.Random) -> float:

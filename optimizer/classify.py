@@ -158,7 +158,7 @@ def _level(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(f"{util}, steady while busy (variation {f.busy_cv:.0%})", T=0.8, B=0.8, I=0.4)
     elif f.mean_util >= 70:
         led.add(util, T=0.4, B=0.4, I=0.4)
-    elif f.mean_util < 50 and f.busy_cv >= 0.15 and f.period_s is None:
+    elif f.mean_util < 70 and f.busy_cv >= 0.15 and f.period_s is None:
         led.add(f"{util}, load varying with requests (variation {f.busy_cv:.0%})", I=1.5, T=-0.5, B=-0.5)
     elif f.mean_util < 50:
         led.add(util, I=0.3)
@@ -199,17 +199,17 @@ def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.gpu_link_bps >= 20e9 or f.east_west_bps >= 1e9:
         line = f"{_gbps(f.gpu_link_bps)} per GPU over NVLink/PCIe and {_gbps(f.east_west_bps)} on the fabric"
         led.add(f"{line}: gradient synchronisation", T=2.0, I=-0.3, B=-1.0)
+    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8:
+        # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work.
+        led.add(
+            f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
+        )
     elif (
         f.gpus > 1 and f.gpu_link_bps >= 0.5e9 and f.gpu_spread < 0.15 and (f.busy_cv >= 0.05 or f.zero_seconds >= 0.1)
     ):
         # Only telling where the load moves: at a steady 90 % every workload's GPUs look alike.
         line = f"all {f.gpus} GPUs move in lockstep exchanging {_gbps(f.gpu_link_bps)} per GPU"
         led.add(f"{line} (all-reduce of gradients or of tensor-parallel activations)", T=0.6, I=0.4, B=-0.6)
-    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8:
-        # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work.
-        led.add(
-            f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
-        )
     if f.multi_node:
         led.add(f"one job across {len(f.placements)} nodes", T=1.5)
     intake = f.ingress_bps + f.disk_read_bps

@@ -163,8 +163,9 @@ def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float
         centre = statistics.fmean(levels) if levels else 0.0
         acc.centred.extend(v - centre for v in levels)
     util = _mean(g.util_mean for g in gpus)
-    if util >= 20:
-        # Power rises from ~10 % of the limit at idle by the work's intensity per unit of utilisation.
+    if util >= 70:
+        # Power rises from ~10 % of the limit at idle (more on small cards: an L4 idles at ~20 %) by the work's
+        # intensity per unit of utilisation; only busy windows are read, where the idle share matters least.
         fractions = [g.power_frac for g in gpus if g.power_frac is not None]
         if fractions:
             acc.intensity.append(min(1.5, max(0.0, (_mean(fractions) - 0.1) / (0.9 * util / 100))))
