@@ -15,6 +15,7 @@ from collectors.nic import NicCollector
 from collectors.profiles import PROFILES
 from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
 from collectors.storage import StorageCollector
+from collectors.workload_facts import WithFacts
 
 _SPEC = re.compile(r"^(?P<model>[a-z0-9]+)x(?P<count>\d+)(?::(?P<pattern>[a-z_]+))?$")
 
@@ -49,11 +50,12 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
 
 def node_collectors(settings: AgentSettings, simulate: str | None = None) -> list[Collector]:
     """GPU (real, simulated, or a null collector saying why there is none), NICs, block devices and host."""
-    gpu: Collector = (
-        simulated_gpus(simulate, settings.node)
-        if simulate
-        else open_gpu_collector(attributor=Attributor(node=settings.node))
-    )
+    gpu: Collector
+    if simulate:
+        gpu = simulated_gpus(simulate, settings.node)
+    else:
+        attributor = Attributor(node=settings.node)
+        gpu = WithFacts(open_gpu_collector(attributor=attributor), attributor)
     return [
         gpu,
         NicCollector(fabric_patterns=settings.fabric_interfaces),

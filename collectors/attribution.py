@@ -46,6 +46,7 @@ class Attributor:
     def __init__(self, procfs_root: Path = Path("/proc"), node: str = "") -> None:
         self._proc = procfs_root
         self._node = node
+        self._pids: dict[str, list[int]] = {}  # resolved since the last take_pids(), by workload id
 
     def _read(self, pid: int, name: str) -> str | None:
         try:
@@ -54,6 +55,16 @@ class Attributor:
             return None
 
     def owner(self, pid: int) -> Owner:
+        found = self._owner(pid)
+        self._pids.setdefault(found.id, []).append(pid)
+        return found
+
+    def take_pids(self) -> dict[str, list[int]]:
+        """The pids resolved since the last call, by workload id (for collectors/workload_facts.py)."""
+        pids, self._pids = self._pids, {}
+        return pids
+
+    def _owner(self, pid: int) -> Owner:
         comm = self._read(pid, "comm")
         hint = comm.strip()[:64] if comm else None
         for line in (self._read(pid, "cgroup") or "").splitlines():

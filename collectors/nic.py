@@ -39,10 +39,26 @@ def classify_interface(name: str, sysfs_root: Path) -> NicKind:
     return NicKind.ETHERNET
 
 
-def role_of(name: str, kind: NicKind, fabric_patterns: Sequence[str]) -> NicRole:
-    """East-west for RDMA fabrics and names matching the fabric patterns, north-south for other NICs."""
+def default_route_interfaces(procfs_root: Path) -> set[str]:
+    """Interfaces carrying an IPv4 default route: the node's front end."""
+    try:
+        lines = (procfs_root / "net" / "route").read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    return {f[0] for f in (line.split() for line in lines) if len(f) > 2 and f[1] == "00000000"}
+
+
+def role_of(
+    name: str, kind: NicKind, fabric_patterns: Sequence[str], front_end: frozenset[str] = frozenset()
+) -> NicRole:
+    """East-west for RDMA fabrics and names matching the fabric patterns, north-south for other NICs.
+
+    A ConnectX Ethernet port has an RDMA device whether it is the fabric or a 100 GbE front end; the port that
+    carries the default route is the front end."""
     if kind in (NicKind.LOOPBACK, NicKind.VIRTUAL):
         return NicRole.OTHER
+    if name in front_end and kind is NicKind.ROCE:
+        return NicRole.NORTH_SOUTH
     if kind in (NicKind.INFINIBAND, NicKind.ROCE):
         return NicRole.EAST_WEST
     if any(fnmatch.fnmatchcase(name, pattern) for pattern in fabric_patterns):
@@ -58,8 +74,10 @@ class NicCollector:
         sysfs_root: Path = Path("/sys"),
         fabric_patterns: Sequence[str] = DEFAULT_FABRIC_PATTERNS,
         include_virtual: bool = False,
+        procfs_root: Path = Path("/proc"),
     ) -> None:
         self._sysfs = sysfs_root
+        self._procfs = procfs_root
         self._fabric = tuple(fabric_patterns)
         self._include_virtual = include_virtual
         self._kinds: dict[str, NicKind] = {}
@@ -85,6 +103,7 @@ class NicCollector:
 
     def inventory(self) -> Inventory:
         stats = psutil.net_if_stats()
+        front_end = frozenset(default_route_interfaces(self._procfs))
         nics = []
         for name in self._names():
             kind = self._kind(name)
@@ -92,7 +111,9 @@ class NicCollector:
             speed = port.rate_mbps if port else None
             if speed is None and name in stats and stats[name].speed > 0:
                 speed = stats[name].speed
-            nics.append(NicInfo(name=name, kind=kind, role=role_of(name, kind, self._fabric), speed_mbps=speed))
+            nics.append(
+                NicInfo(name=name, kind=kind, role=role_of(name, kind, self._fabric, front_end), speed_mbps=speed)
+            )
         return Inventory(nics=nics)
 
     def sample(self) -> list[Sample]:

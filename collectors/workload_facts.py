@@ -1,0 +1,217 @@
+"""Facts about a workload's processes that tell serving from training, read once per window from /proc.
+
+* ``program``: what the command line runs — the executable, or an interpreter's ``-m`` module or script name.
+  Nothing after it is kept: arguments carry tokens and passwords.
+* ``listen_ports``, ``inbound_connections``, ``inbound_peers``: a server listens and clients connect to it. For a
+  process in its own network namespace (a Kubernetes pod) every socket of the namespace is the pod's; in the
+  host's namespace only the sockets the process holds count (matched by inode through /proc/<pid>/fd). Ports in
+  the ephemeral range (NCCL's bootstrap, clients) and distributed training's rendezvous ports are left out.
+* ``net_rx_bps``, ``net_tx_bps``: a pod's own interface counters (/proc/<pid>/net/dev), so its traffic needs no
+  guess from the node's; absent in the host's namespace, where the counters are the node's.
+* ``sched_step``: the Slurm step from the cgroup path (``step_batch``, ``step_interactive``, ``step_0``).
+
+Cost: a handful of small reads per workload per window, and one fd scan (bounded) for host-namespace processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.protocol import WorkloadRef
+from collectors.attribution import Attributor
+from collectors.base import Collector, Inventory, Sample
+
+INTERPRETERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|node|ruby|perl|java|uv|conda|env)$")
+RENDEZVOUS_PORTS = frozenset({29400, 29500})  # torchrun's c10d store and PyTorch's MASTER_PORT default
+MAX_FDS = 4096
+TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
+_STEP = re.compile(r"/step_([A-Za-z0-9]+)(?:/|$)")
+_PRINTABLE = re.compile(r"[^A-Za-z0-9._:+@-]")
+
+
+def program_of(cmdline: bytes) -> str | None:
+    """The program a command line runs, without its arguments."""
+    argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if INTERPRETERS.match(name):
+        rest = iter(argv[1:])
+        for arg in rest:
+            if arg == "-m":
+                name = next(rest, name)
+                break
+            if arg.startswith("-m") and len(arg) > 2:
+                name = arg[2:]
+                break
+            if arg in ("-c", "-"):
+                break
+            if not arg.startswith("-"):
+                name = os.path.basename(arg)
+                break
+    cleaned = _PRINTABLE.sub("", name)[:64]
+    return cleaned or None
+
+
+@dataclass(frozen=True, slots=True)
+class _Socket:
+    local_port: int
+    remote: str
+    state: str
+    inode: str
+
+
+def _sockets(text: str) -> Iterable[_Socket]:
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10:
+            continue
+        local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+        try:
+            port = int(local.rsplit(":", 1)[1], 16)
+        except (IndexError, ValueError):
+            continue
+        yield _Socket(port, remote.rsplit(":", 1)[0], state, inode)
+
+
+class WorkloadFacts:
+    """Reads the facts above through an injectable procfs root; rates are kept per workload between windows."""
+
+    def __init__(self, procfs_root: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic) -> None:
+        self._proc = procfs_root
+        self._clock = clock
+        self._own_netns = self._link("self/ns/net")
+        self._ephemeral = self._ephemeral_low()
+        self._net: dict[str, tuple[float, int, int]] = {}  # workload → (time, rx bytes, tx bytes)
+
+    def _read(self, relative: str) -> str | None:
+        try:
+            return (self._proc / relative).read_text(errors="replace")
+        except OSError:
+            return None
+
+    def _link(self, relative: str) -> str | None:
+        try:
+            return os.readlink(self._proc / relative)
+        except OSError:
+            return None
+
+    def _ephemeral_low(self) -> int:
+        text = self._read("sys/net/ipv4/ip_local_port_range")
+        try:
+            return int(text.split()[0]) if text else 32768
+        except ValueError:
+            return 32768
+
+    def enrich(self, refs: list[WorkloadRef], pids: dict[str, list[int]]) -> list[WorkloadRef]:
+        """``refs`` with the facts of their processes; a workload whose processes are gone keeps its reference."""
+        out = []
+        for ref in refs:
+            alive = [p for p in pids.get(ref.id, []) if (self._proc / str(p)).is_dir()]
+            out.append(ref.model_copy(update=self.facts(ref.id, alive)) if alive else ref)
+        live = set(pids)
+        for gone in [w for w in self._net if w not in live]:
+            del self._net[gone]
+        return out
+
+    def facts(self, workload: str, pids: list[int]) -> dict[str, object]:
+        main = min(pids)
+        facts: dict[str, object] = {}
+        raw = self._proc / str(main) / "cmdline"
+        with contextlib.suppress(OSError):
+            facts["program"] = program_of(raw.read_bytes())
+        cgroup = self._read(f"{main}/cgroup") or ""
+        if m := _STEP.search(cgroup):
+            facts["sched_step"] = m.group(1)[:32]
+        netns = self._link(f"{main}/ns/net")
+        own = netns is not None and self._own_netns is not None and netns != self._own_netns
+        facts.update(self._server(pids, own))
+        if own:
+            facts.update(self._rates(workload, main))
+        return facts
+
+    def _server(self, pids: list[int], own_namespace: bool) -> dict[str, object]:
+        sockets = [s for name in ("tcp", "tcp6") for s in _sockets(self._read(f"{pids[0]}/net/{name}") or "")]
+        if not own_namespace:
+            held = self._inodes(pids)
+            sockets = [s for s in sockets if s.inode in held]
+        ports = sorted(
+            {
+                s.local_port
+                for s in sockets
+                if s.state == TCP_LISTEN and s.local_port < self._ephemeral and s.local_port not in RENDEZVOUS_PORTS
+            }
+        )[:16]
+        inbound = [s for s in sockets if s.state == TCP_ESTABLISHED and s.local_port in ports]
+        return {
+            "listen_ports": ports,
+            "inbound_connections": len(inbound),
+            "inbound_peers": len({s.remote for s in inbound}),
+        }
+
+    def _inodes(self, pids: list[int]) -> set[str]:
+        held: set[str] = set()
+        for pid in pids[:16]:
+            try:
+                entries = os.scandir(self._proc / str(pid) / "fd")
+            except OSError:
+                continue
+            with entries:
+                for count, entry in enumerate(entries):
+                    if count >= MAX_FDS:
+                        break
+                    try:
+                        target = os.readlink(entry.path)
+                    except OSError:
+                        continue
+                    if target.startswith("socket:["):
+                        held.add(target[8:-1])
+        return held
+
+    def _rates(self, workload: str, pid: int) -> dict[str, object]:
+        rx = tx = 0
+        for line in (self._read(f"{pid}/net/dev") or "").splitlines()[2:]:
+            name, _, data = line.partition(":")
+            fields = data.split()
+            if name.strip() == "lo" or len(fields) < 9:
+                continue
+            try:
+                rx, tx = rx + int(fields[0]), tx + int(fields[8])
+            except ValueError:
+                continue
+        now = self._clock()
+        before = self._net.get(workload)
+        self._net[workload] = (now, rx, tx)
+        if before is None or now <= before[0] or rx < before[1] or tx < before[2]:
+            return {}  # first sight, or the namespace was recreated: no rate this window
+        elapsed = now - before[0]
+        return {"net_rx_bps": round((rx - before[1]) / elapsed, 1), "net_tx_bps": round((tx - before[2]) / elapsed, 1)}
+
+
+class WithFacts:
+    """A GPU collector whose workload references carry the facts of the processes it attributed."""
+
+    def __init__(self, inner: Collector, attributor: Attributor, facts: WorkloadFacts | None = None) -> None:
+        self._inner = inner
+        self._attributor = attributor
+        self._facts = facts or WorkloadFacts()
+        self.name = inner.name
+
+    def inventory(self) -> Inventory:
+        return self._inner.inventory()
+
+    def sample(self) -> list[Sample]:
+        return self._inner.sample()
+
+    def workloads(self) -> list[WorkloadRef]:
+        refs = self._inner.workloads()
+        return self._facts.enrich(refs, self._attributor.take_pids())
+
+    def close(self) -> None:
+        self._inner.close()

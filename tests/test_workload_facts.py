@@ -1,0 +1,118 @@
+"""Process facts on fixture /proc trees: the program without its arguments, a server's ports and clients, a pod's
+own traffic, the Slurm step; and the NIC carrying the default route taken for the front end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent.protocol import NicKind, NicRole, WorkloadKind, WorkloadRef
+from collectors.nic import default_route_interfaces, role_of
+from collectors.workload_facts import WorkloadFacts, program_of
+
+HOST_NS, POD_NS = "net:[4026531992]", "net:[4026533001]"
+TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+
+def _tcp_line(local: str, remote: str, state: str, inode: int) -> str:
+    return f"   0: {local} {remote} {state} 00000000:00000000 00:00000000 00000000     0        0 {inode} 1\n"
+
+
+def _proc(tmp_path: Path, pid: int, netns: str, cmdline: list[str], cgroup: str, rx: int = 0, tx: int = 0) -> Path:
+    root = tmp_path / "proc"
+    (root / "self" / "ns").mkdir(parents=True, exist_ok=True)
+    if not (root / "self" / "ns" / "net").is_symlink():
+        os.symlink(HOST_NS, root / "self" / "ns" / "net")
+    (root / "sys" / "net" / "ipv4").mkdir(parents=True, exist_ok=True)
+    (root / "sys" / "net" / "ipv4" / "ip_local_port_range").write_text("32768\t60999\n")
+    p = root / str(pid)
+    (p / "ns").mkdir(parents=True)
+    (p / "net").mkdir()
+    (p / "fd").mkdir()
+    os.symlink(netns, p / "ns" / "net")
+    (p / "cmdline").write_bytes(b"\0".join(a.encode() for a in cmdline) + b"\0")
+    (p / "cgroup").write_text(cgroup)
+    tcp = TCP_HEADER
+    tcp += _tcp_line("00000000:1F40", "00000000:0000", "0A", 100)  # :8000 listening
+    tcp += _tcp_line("00000000:6F54", "00000000:0000", "0A", 101)  # :28500
+    tcp += _tcp_line("00000000:733C", "00000000:0000", "0A", 102)  # :29500, PyTorch's rendezvous default
+    tcp += _tcp_line("00000000:7344", "00000000:0000", "0A", 103)  # :29508
+    tcp += _tcp_line("00000000:AFC8", "00000000:0000", "0A", 104)  # :45000, ephemeral
+    for i, peer in enumerate(("0A000001", "0A000002", "0A000003", "0A000003")):
+        tcp += _tcp_line("0A0000FE:1F40", f"{peer}:C350", "01", 200 + i)  # clients on :8000
+    (p / "net" / "tcp").write_text(tcp)
+    (p / "net" / "tcp6").write_text(TCP_HEADER)
+    (p / "net" / "dev").write_text(
+        "Inter-|   Receive                    |  Transmit\n"
+        " face |bytes packets errs drop fifo frame compressed multicast|bytes packets\n"
+        f"    lo: 999999 1 0 0 0 0 0 0 999999 1 0 0 0 0 0 0\n"
+        f"  eth0: {rx} 10 0 0 0 0 0 0 {tx} 10 0 0 0 0 0 0\n"
+    )
+    return root
+
+
+def _ref(wid: str) -> WorkloadRef:
+    return WorkloadRef(id=wid, kind=WorkloadKind.KUBERNETES_POD, name="w", gpus=[0], hint="python3")
+
+
+def test_the_program_is_named_without_its_arguments() -> None:
+    assert program_of(b"/usr/bin/python3\0-m\0vllm.entrypoints.openai.api_server\0--api-key\0s3cret\0") == (
+        "vllm.entrypoints.openai.api_server"
+    )
+    assert program_of(b"python\0-u\0/opt/train_lora.py\0--hf-token=hf_abc\0") == "train_lora.py"
+    assert program_of(b"/usr/local/bin/tritonserver\0--model-repository=/models\0") == "tritonserver"
+    assert program_of(b"python3\0-mipykernel_launcher\0-f\0/tmp/kernel.json\0") == "ipykernel_launcher"
+    assert program_of(b"python3\0-c\0import secrets\0") == "python3"
+    assert program_of(b"") is None
+
+
+def test_a_pod_server_reports_its_ports_clients_and_own_traffic(tmp_path: Path) -> None:
+    cmd = ["python3", "-m", "sglang.launch_server", "--api-key", "hunter2"]
+    root = _proc(tmp_path, 40, POD_NS, cmd, "0::/kubepods/pod1/cri-containerd-ab\n", rx=1_000, tx=5_000)
+    now = [100.0]
+    facts = WorkloadFacts(root, clock=lambda: now[0])
+    first = facts.enrich([_ref("k8s/a")], {"k8s/a": [40]})[0]
+    assert first.program == "sglang.launch_server"
+    assert "hunter2" not in first.model_dump_json()
+    # The rendezvous-free low ports; 45000 is ephemeral (NCCL's bootstrap listens there), so it is not a service.
+    assert first.listen_ports == [8000, 28500, 29508]
+    assert (first.inbound_connections, first.inbound_peers) == (4, 3)
+    assert first.net_rx_bps is None  # first sight: no rate yet
+    (root / "40" / "net" / "dev").write_text(
+        "h1\nh2\n    lo: 5 1 0 0 0 0 0 0 5 1 0 0 0 0 0 0\n  eth0: 21000 10 0 0 0 0 0 0 105000 10 0 0 0 0 0 0\n"
+    )
+    now[0] = 110.0
+    second = facts.enrich([_ref("k8s/a")], {"k8s/a": [40]})[0]
+    assert (second.net_rx_bps, second.net_tx_bps) == (2_000.0, 10_000.0)
+
+
+def test_a_host_process_counts_only_its_own_sockets_and_its_slurm_step(tmp_path: Path) -> None:
+    cgroup = "0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n"
+    root = _proc(tmp_path, 50, HOST_NS, ["torchrun", "--nproc-per-node=8", "train.py"], cgroup)
+    os.symlink("socket:[104]", root / "50" / "fd" / "3")  # it holds only the ephemeral listener
+    os.symlink("/dev/nvidia0", root / "50" / "fd" / "4")
+    ref = WorkloadFacts(root).enrich([_ref("slurm/77")], {"slurm/77": [50]})[0]
+    assert ref.program == "torchrun" and ref.sched_step == "batch"
+    assert ref.listen_ports == [] and ref.inbound_connections == 0
+    assert ref.net_rx_bps is None  # the host's counters are the node's, not the job's
+
+
+def test_a_workload_whose_processes_are_gone_keeps_its_reference(tmp_path: Path) -> None:
+    root = _proc(tmp_path, 60, POD_NS, ["vllm", "serve"], "")
+    ref = _ref("k8s/b")
+    assert WorkloadFacts(root).enrich([ref], {"k8s/b": [61]}) == [ref]
+
+
+def test_the_rdma_port_with_the_default_route_is_the_front_end(tmp_path: Path) -> None:
+    (tmp_path / "net").mkdir()
+    (tmp_path / "net" / "route").write_text(
+        "Iface\tDestination\tGateway\tFlags\n"
+        "ens1f0np0\t00000000\t0100000A\t0003\n"
+        "ens1f0np0\t0000000A\t00000000\t0001\n"
+        "ibp1s0\t0000A8C0\t00000000\t0001\n"
+    )
+    front = frozenset(default_route_interfaces(tmp_path))
+    assert front == {"ens1f0np0"}
+    assert role_of("ens1f0np0", NicKind.ROCE, ("ib*",), front) is NicRole.NORTH_SOUTH
+    assert role_of("ens2f0np0", NicKind.ROCE, ("ib*",), front) is NicRole.EAST_WEST
+    assert role_of("ibp1s0", NicKind.INFINIBAND, ("ib*",), front) is NicRole.EAST_WEST
