@@ -158,12 +158,15 @@ def _level(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(f"{util}, steady while busy (variation {f.busy_cv:.0%})", T=0.8, B=0.8, I=0.4)
     elif f.mean_util >= 70:
         led.add(util, T=0.4, B=0.4, I=0.4)
-    elif f.mean_util < 70 and f.busy_cv >= 0.15 and f.period_s is None:
+    elif 50 <= f.mean_util < 70 and steady and f.zero_seconds < 0.1:
+        # Serving below saturation follows its arrivals; a steady middle level is a job held back at a fixed rate.
+        led.add(f"{util}, steady while busy (variation {f.busy_cv:.0%})", T=0.4, B=0.4, I=-0.3)
+    elif f.mean_util < 70 and f.busy_cv >= 0.15 and f.period_s is None and f.zero_seconds < 0.5:
         led.add(f"{util}, load varying with requests (variation {f.busy_cv:.0%})", I=1.5, T=-0.5, B=-0.5)
     elif f.mean_util < 50:
         led.add(util, I=0.3)
     if f.zero_seconds >= 0.5 and f.p95_util >= 30 and f.period_s is None:
-        led.add(f"idle {f.zero_seconds:.0%} of seconds with bursts to {f.p95_util:.0f} %", N=2.0, I=0.5, B=-1.0)
+        led.add(f"idle {f.zero_seconds:.0%} of seconds with bursts to {f.p95_util:.0f} %", N=2.0, I=0.3, B=-1.0)
     if f.period_s is not None:
         led.add(
             f"load repeats every {f.period_s} s (autocorrelation {f.period_strength:.2f}): a training step",
@@ -259,6 +262,11 @@ def classify(f: WorkloadFeatures) -> Classification:
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
     if f.mean_util < 2 and f.p95_util < 10:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
+        name = f.program or f.hint
+        if _matches(name, NOTEBOOK_NAMES):
+            # A kernel between cells looks idle until its next burst; it is reclaimed only if it stays so.
+            line = f"a notebook kernel ({name}) that ran nothing in {f.windows} window(s)"
+            return Classification(WorkloadClass.INTERACTIVE, round(0.5 * sufficiency, 2), (line, util, held))
         return Classification(WorkloadClass.IDLE, round(0.95 * sufficiency, 2), (util, held))
 
     led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})

@@ -378,12 +378,19 @@ def _raise_open_files_limit() -> None:
 
 
 def _cmd_classify(args: argparse.Namespace) -> int:
-    from optimizer.offline import RecordingError, classify_all, load_file, render_score, score
+    from optimizer.offline import RecordingError, classify_all, load_file, load_labels, render_score, score
 
     try:
         rec = load_file(args.file, horizon=args.horizon)
     except (OSError, RecordingError) as exc:
         return _fail(f"{args.file}: {exc}")
+    if args.labels is not None:
+        try:
+            rec.labels.update(load_labels(args.labels))
+        except OSError as exc:
+            return _fail(f"{args.labels}: {exc.strerror or exc}")
+        except RecordingError as exc:
+            return _fail(str(exc))
     results = classify_all(rec)
     if args.format == "json":
         rows = [
@@ -469,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path, metavar="FILE.jsonl")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--horizon", type=int, default=100_000, help="latest windows per node to use")
+    p.add_argument(
+        "--labels",
+        type=Path,
+        metavar="FILE",
+        help="workload id -> class (or simulator pattern) as JSON or CSV, to score the recording",
+    )
     p.set_defaults(func=_cmd_classify)
 
     p = sub.add_parser("plan", help="plan offline from a fleet snapshot (docs/snapshot.md)")

@@ -85,6 +85,10 @@ def _mean(values: Iterable[float]) -> float:
     return statistics.fmean(items) if items else 0.0
 
 
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
 def _daily(digests: list[Digest]) -> tuple[float, float, float | None]:
     """(hours covered, daily peak p95, busiest/quietest ratio given 12 h or more)."""
     if not digests:
@@ -163,7 +167,7 @@ def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float
         centre = statistics.fmean(levels) if levels else 0.0
         acc.centred.extend(v - centre for v in levels)
     util = _mean(g.util_mean for g in gpus)
-    if util >= 70:
+    if util >= 50:
         # Power rises from ~10 % of the limit at idle (more on small cards: an L4 idles at ~20 %) by the work's
         # intensity per unit of utilisation; only busy windows are read, where the idle share matters least.
         fractions = [g.power_frac for g in gpus if g.power_frac is not None]
@@ -223,7 +227,7 @@ def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> 
     return coef
 
 
-def _attribute(loads: dict[str, list[float]], traffic: list[float]) -> dict[str, list[float]]:
+def _attribute(loads: dict[str, list[float]], traffic: list[float], regress: bool = True) -> dict[str, list[float]]:
     """Split a node's per-window traffic among its workloads.
 
     One workload gets it all. Several: traffic is regressed on each workload's per-window load (non-negative
@@ -234,7 +238,7 @@ def _attribute(loads: dict[str, list[float]], traffic: list[float]) -> dict[str,
     ids = list(loads)
     if len(ids) == 1:
         return {ids[0]: list(traffic)}
-    if len(traffic) >= 6 and any(traffic):
+    if regress and len(traffic) >= 6 and any(traffic):
         coef = nnls([loads[i] for i in ids], traffic)
         return {i: [c * x for x in loads[i]] for i, c in zip(ids, coef, strict=True)}
     out: dict[str, list[float]] = {}
@@ -295,8 +299,10 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             [r.id for r in w.workloads if _trains_hard(w, r.gpus)] if b else []
             for w, b in zip(windows, bursts, strict=True)
         ]
+        # Disk reads are shared window by window: a regression on load would spread one model load at start-up
+        # over every window.
         shared = {
-            name: _attribute(loads, [getattr(w, name) for w in windows]) if refs else {}
+            name: _attribute(loads, [getattr(w, name) for w in windows], regress=name != "read_bps") if refs else {}
             for name in ("east_bps", "north_bps", "north_rx_bps", "read_bps")
         }
         for i, window in enumerate(windows):
@@ -378,9 +384,10 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 intensity=statistics.median(acc.intensity) if acc.intensity else None,
                 tensor_share=statistics.median(acc.tensor) if acc.tensor else None,
                 dram_share=statistics.median(acc.dram) if acc.dram else None,
-                ingress_bps=_mean(acc.ingress) * per_gpu,
-                egress_bps=_mean(acc.egress) * per_gpu,
-                disk_read_bps=_mean(acc.reads) * per_gpu,
+                # Medians: what the workload does most of the time, not a model load at its start.
+                ingress_bps=_median(acc.ingress) * per_gpu,
+                egress_bps=_median(acc.egress) * per_gpu,
+                disk_read_bps=_median(acc.reads) * per_gpu,
                 program=acc.program,
                 listen_ports=acc.listen,
                 inbound_connections=acc.connections,

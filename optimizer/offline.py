@@ -8,6 +8,7 @@ scores itself.
 
 from __future__ import annotations
 
+import csv
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -49,6 +50,64 @@ class RecordingError(ValueError):
     pass
 
 
+def label_class(label: object) -> WorkloadClass | None:
+    """A label as a class: a class name (``inference``) or a simulator pattern (``llm_serving``)."""
+    if not isinstance(label, str):
+        return None
+    key = label.strip().lower()
+    if key in PATTERN_CLASS:
+        return PATTERN_CLASS[key]
+    try:
+        return WorkloadClass(key)
+    except ValueError:
+        return None
+
+
+def parse_labels(labels: dict[object, object], where: str) -> dict[str, WorkloadClass]:
+    """Workload id → class; unknown labels refused, all of them named in one line."""
+    out: dict[str, WorkloadClass] = {}
+    unknown = set()
+    for wid, label in labels.items():
+        cls = label_class(label)
+        if cls is None:
+            unknown.add(repr(label))
+        else:
+            out[str(wid)] = cls
+    if unknown:
+        known = ", ".join([*(c.value for c in WorkloadClass), *sorted(set(PATTERN_CLASS) - set(WorkloadClass))])
+        raise RecordingError(f"{where}: unknown label(s) {', '.join(sorted(unknown))}; known: {known}")
+    return out
+
+
+def load_labels(path: Path) -> dict[str, WorkloadClass]:
+    """Labels from a JSON object (id → label) or a CSV with a header naming ``workload`` and ``label``/``class``
+    columns (or two columns without a header)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RecordingError(f"{path}: not a text file") from None
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise RecordingError(f"{path}: not JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise RecordingError(f"{path}: expected a JSON object of workload id → label")
+        return parse_labels(data, str(path))
+    rows = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
+    if rows and {c.strip().lower() for c in rows[0]} & {"workload", "id", "label", "class"}:
+        header = [c.strip().lower() for c in rows[0]]
+        wid = next((header.index(k) for k in ("workload", "id") if k in header), 0)
+        lab = next((header.index(k) for k in ("label", "class") if k in header), 1)
+        rows = rows[1:]
+    else:
+        wid, lab = 0, 1
+    bad = [i for i, r in enumerate(rows, 1) if len(r) <= max(wid, lab)]
+    if bad:
+        raise RecordingError(f"{path}: row(s) {', '.join(map(str, bad[:5]))} lack a workload id and a label")
+    return parse_labels({r[wid].strip(): r[lab].strip() for r in rows}, str(path))
+
+
 @dataclass(slots=True)
 class Recording:
     fleet: Fleet
@@ -86,9 +145,7 @@ def load(lines: Iterable[str], horizon: int = 100_000) -> Recording:
         rec.lines += 1
         labels = obj.get("labels")
         if isinstance(labels, dict):
-            for wid, pattern in labels.items():
-                if pattern in PATTERN_CLASS:
-                    rec.labels[str(wid)] = PATTERN_CLASS[pattern]
+            rec.labels.update(parse_labels(labels, f"line {number}"))
         payload = obj.get("birth") or obj.get("window") or obj
         if not isinstance(payload, dict):
             raise RecordingError(f"line {number}: no birth or window")
@@ -167,10 +224,11 @@ def score(pairs: Iterable[tuple[WorkloadClass, WorkloadClass]]) -> Score:
 def render_score(s: Score) -> str:
     width = max(len(c.value) for c in s.classes) + 2
     lines = ["confusion matrix (rows: truth, columns: predicted)"]
-    lines.append(" " * width + "".join(c.value[:14].rjust(16) for c in s.classes))
+    column = max(len(c.value) for c in s.classes) + 2
+    lines.append(" " * width + "".join(c.value.rjust(column) for c in s.classes))
     for t in s.classes:
         if not any(tt == t for tt, _ in s.confusion):
             continue
-        lines.append(t.value.ljust(width) + "".join(str(s.confusion.get((t, p), 0)).rjust(16) for p in s.classes))
+        lines.append(t.value.ljust(width) + "".join(str(s.confusion.get((t, p), 0)).rjust(column) for p in s.classes))
     lines.append(f"macro-F1 {s.macro_f1:.3f}, accuracy {s.accuracy:.3f} over {s.support} workload(s)")
     return "\n".join(lines)
