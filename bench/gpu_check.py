@@ -4,8 +4,11 @@ On a machine with an NVIDIA GPU and PyTorch (CUDA build):
 
     .venv/bin/python bench/gpu_check.py [--seconds 60] [--out gpu_check.jsonl]
 
-Phase 1 runs a training loop (AdamW steps on a small transformer, a checkpoint written every 15 s); phase 2 an
-inference loop (no_grad forward passes at a request rate that rises and falls). Meanwhile the agent's
+Phases: a training loop (AdamW steps on a small transformer, a checkpoint written every 15 s); a training loop
+starved by its input (3 s waits for each batch, 2 s of steps, small saves); an inference loop (no_grad forward
+passes at a request rate that rises and falls); a continuous-batching server (a randomly initialised decoder with a
+preallocated KV-cache pool, requests from eight TCP clients joining the running batch every decode step).
+Nothing is downloaded. Meanwhile the agent's
 collectors (GPU via NVML, NICs, disks, host) build 10 s windows exactly as the agent does. Every window is saved
 as JSONL with its phase, and the summary prints per phase what NVML reported and how the optimizer's classifier
 labels the workload.
@@ -14,9 +17,11 @@ labels the workload.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
+import random
 import statistics
 import sys
 import tempfile
@@ -34,6 +39,12 @@ from optimizer.features import workload_features
 from optimizer.fleet import Fleet
 
 WINDOW_S = 10.0
+PHASES = {  # phase → the class a right answer gives
+    "training": "training",
+    "loader_bound_training": "training",
+    "inference": "inference",
+    "llm_serving": "inference",
+}
 
 
 def _model(torch: object) -> object:
@@ -79,6 +90,131 @@ def infer(seconds: float) -> None:
                 model(x)  # type: ignore[operator]
             torch.cuda.synchronize()
             time.sleep(max(0.0, 1.0 / rate - 0.002))
+
+
+def train_loader_bound(seconds: float, ckpt_dir: str) -> None:
+    """Training starved by its input pipeline: the training process blocks for its next batch while the loader's
+    workers decode it (3 s here), then computes for about 2 s, so all the GPU's work comes in bursts with a fixed
+    period; an adapter-sized save every 20 s."""
+    import torch  # type: ignore[import-not-found]
+
+    model = _model(torch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # type: ignore[attr-defined]
+    x = torch.randn(32, 256, 1024, device="cuda")
+    end = time.monotonic() + seconds
+    next_save = time.monotonic() + 20
+    while time.monotonic() < end:
+        time.sleep(3.0)  # waiting on the DataLoader's queue
+        burst = time.monotonic() + 2.0
+        while time.monotonic() < burst:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(x).float().pow(2).mean()  # type: ignore[operator]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+        if time.monotonic() >= next_save:
+            layer = model.layers[0]  # type: ignore[attr-defined]
+            torch.save(layer.state_dict(), f"{ckpt_dir}/adapter.pt")  # type: ignore[attr-defined]
+            next_save += 20
+
+
+def serve_llm(seconds: float, port: int) -> None:
+    """A continuous-batching server in the manner of vLLM's scheduler: a KV-cache pool preallocated at start (most
+    of the free memory), requests arriving over TCP joining the running batch at every decode step and leaving when
+    their tokens are done. Decode reads the whole cache slice of every running request each step: memory-bound."""
+    import socket
+    import threading
+
+    import torch  # type: ignore[import-not-found]
+
+    d_model, layers, max_batch, max_ctx = 2048, 8, 64, 2048
+    free, _ = torch.cuda.mem_get_info()
+    per_slot = layers * 2 * max_ctx * d_model * 2  # K and V, bfloat16
+    slots = max(max_batch, int(free * 0.85) // per_slot)
+    kv = torch.zeros((slots, layers, 2, max_ctx, d_model), dtype=torch.bfloat16, device="cuda")
+    weights = [torch.randn(d_model, d_model, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    queue: list[tuple[socket.socket, int]] = []
+    lock = threading.Lock()
+
+    def reader(conn: socket.socket) -> None:
+        with conn, conn.makefile("r") as lines:
+            for line in lines:
+                with lock:
+                    queue.append((conn, max(1, int(line.strip() or "64"))))
+
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.settimeout(0.5)
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=reader, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    running: list[list[object]] = []  # [connection, tokens left, position]
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with lock:
+            while queue and len(running) < max_batch:
+                conn, tokens = queue.pop(0)
+                running.append([conn, tokens, 0])
+        if not running:
+            time.sleep(0.002)  # nothing in flight: the GPU idles
+            continue
+        n = len(running)
+        h = torch.randn(n, d_model, device="cuda", dtype=torch.bfloat16)
+        ctx = min(max_ctx, 1 + max(int(r[2]) for r in running))
+        for i, w in enumerate(weights):
+            k = kv[:n, i, 0, :ctx]  # (n, ctx, d): the cache slice every running request reads
+            scores = torch.softmax(torch.einsum("nd,ncd->nc", h, k).float(), dim=-1).to(torch.bfloat16)
+            h = torch.einsum("nc,ncd->nd", scores, kv[:n, i, 1, :ctx]) @ w
+        torch.cuda.synchronize()
+        for r in list(running):
+            r[1] = int(r[1]) - 1  # type: ignore[call-overload]
+            r[2] = int(r[2]) + 1  # type: ignore[call-overload]
+            if int(r[1]) <= 0:  # type: ignore[call-overload]
+                running.remove(r)
+                with contextlib.suppress(OSError):
+                    r[0].sendall(b"done\n")  # type: ignore[attr-defined]
+    listener.close()
+
+
+def clients(port: int, seconds: float, peers: int = 8) -> None:
+    """Clients of the server above, each from its own loopback address (distinct peers, as a real server has),
+    each with a persistent connection sending requests at a rate that rises and falls."""
+    import socket
+    import threading
+
+    stop = time.monotonic() + seconds
+
+    def client(index: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                conn = socket.create_connection(
+                    ("127.0.0.1", port), timeout=5, source_address=(f"127.0.0.{index + 2}", 0)
+                )
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            return
+        with conn:
+            start = time.monotonic()
+            while (now := time.monotonic()) < stop:
+                rate = (2 + 10 * (0.5 + 0.5 * math.sin(2 * math.pi * (now - start) / 40))) / peers * 8
+                conn.sendall(f"{random.randint(32, 256)}\n".encode())
+                time.sleep(random.expovariate(rate))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(peers)]
+    for t in threads:
+        t.start()
 
 
 def collect(
@@ -132,7 +268,7 @@ def summarise(windows: list[tuple[str, Telemetry]], birth: Birth) -> None:
         f"GPU: {birth.gpus[0].model if birth.gpus else '?'} x{len(birth.gpus)}, driver {birth.driver_version}, "
         f"CUDA {birth.cuda_version}"
     )
-    for phase in ("training", "inference"):
+    for phase, expected in PHASES.items():
         ws = [w for p, w in windows if p == phase]
         if not ws:
             print(f"{phase}: no windows")
@@ -155,9 +291,10 @@ def summarise(windows: list[tuple[str, Telemetry]], birth: Birth) -> None:
             fleet.ingest(node_topic("fleetfit/v1", "check", "gpu-check", TopicKind.TELEMETRY), encode(w))
         for f in workload_features(fleet, "check"):
             c = classify(f)
+            verdict = "as expected" if c.workload_class.value == expected else f"EXPECTED {expected}"
             print(
-                f"  classified {f.id} ({f.hint}) as {c.workload_class.value} ({c.confidence:.2f}): "
-                f"{'; '.join(c.evidence)}"
+                f"  classified {f.id} ({f.program or f.hint}) as {c.workload_class.value} ({c.confidence:.2f}), "
+                f"{verdict}: {'; '.join(c.evidence)}"
             )
 
 
@@ -180,7 +317,12 @@ def main() -> int:
     birth: list[Birth] = []
     with tempfile.TemporaryDirectory() as ckpt:
         collect("training", args.seconds, ctx.Process(target=train, args=(args.seconds, ckpt)), windows, birth)
+        loader = ctx.Process(target=train_loader_bound, args=(args.seconds, ckpt))
+        collect("loader_bound_training", args.seconds, loader, windows, birth)
     collect("inference", args.seconds, ctx.Process(target=infer, args=(args.seconds,)), windows, birth)
+    port = 18000 + random.randrange(1000)
+    clients(port, args.seconds + 30)
+    collect("llm_serving", args.seconds, ctx.Process(target=serve_llm, args=(args.seconds, port)), windows, birth)
     with args.out.open("w") as fh:
         for phase, w in windows:
             fh.write(json.dumps({"phase": phase, "window": json.loads(encode(w))}) + "\n")
