@@ -296,6 +296,7 @@ def realistic_spec(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
             duty=rng.uniform(0.22, 0.62), input_bps=rng.uniform(0.2e9, 1.5e9), power_intensity=rng.uniform(0.8, 1.0),
             tensor_share=rng.uniform(0.45, 0.7), dram_share=rng.uniform(0.3, 0.5),
             checkpoint_period_s=rng.choice((300.0, 600.0, 900.0, 1800.0)), mem_fraction=rng.uniform(0.6, 0.92),
+            save_to_network=rng.random() < 0.5,
         )  # fmt: skip
     if pattern is Pattern.LORA_FINE_TUNING:
         hint, program = rng.choice(_LORA_NAMES)

@@ -71,6 +71,7 @@ class WorkloadSpec:
     peers: int = 0  # distinct clients holding connections to a server at peak
     input_bps: float = 0.0  # per node: training / batch input read rate (NFS or object storage on the front end)
     save_bytes: float = 0.0  # per checkpoint; 0: the pattern's default
+    save_to_network: bool = False  # checkpoints go to shared storage over the front end, not to local disks
     step_s: float = 4.0  # loader-bound training: one step's period
     duty: float = 0.4  # loader-bound training: share of a step the GPUs compute
     client_scale: float = 1.0  # online inference: client traffic relative to the textbook 1.5 GB/s per GPU at peak
@@ -306,13 +307,19 @@ class SimulatedNode:
         """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north tx, north rx, read, write)
         bytes/s."""
         if w.pattern in _REALISTIC:
-            return _REALISTIC[w.pattern](self, w, t, gpus)
+            fabric, tx, rx, read, write = _REALISTIC[w.pattern](self, w, t, gpus)
+            if w.save_to_network:  # checkpoints to NFS / object storage leave by the front end
+                return fabric, tx + write, rx, read, 0.0
+            return fabric, tx, rx, read, write
         for g in w.gpus:
             gpus[g].intensity = w.power_intensity
             gpus[g].tensor_share, gpus[g].dram_share = w.tensor_share, w.dram_share
         if w.pattern in (Pattern.TRAINING, Pattern.FINE_TUNING):
             fabric, north, read, write = self._training(w, t, gpus)
-            return fabric, north, 0.05 * north + w.input_bps * self.jitter(0.15), read, write
+            rx = 0.05 * north + w.input_bps * self.jitter(0.15)
+            if w.save_to_network:
+                return fabric, north + write, rx, read, 0.0
+            return fabric, north, rx, read, write
         if w.pattern is Pattern.BATCH_INFERENCE:
             fabric, north, read, write = self._inference(w, t, gpus)
             # Offline scoring reads its input (disk, or NFS / object storage on the front end) and writes results;

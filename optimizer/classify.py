@@ -161,11 +161,11 @@ def _level(f: WorkloadFeatures, led: _Ledger) -> None:
     elif 50 <= f.mean_util < 70 and steady and f.zero_seconds < 0.1:
         # Serving below saturation follows its arrivals; a steady middle level is a job held back at a fixed rate.
         led.add(f"{util}, steady while busy (variation {f.busy_cv:.0%})", T=0.4, B=0.4, I=-0.3)
-    elif f.mean_util < 70 and f.busy_cv >= 0.15 and f.period_s is None and f.zero_seconds < 0.5:
+    elif f.mean_util < 70 and f.busy_cv >= 0.15 and f.period_s is None and f.zero_seconds < 0.4:
         led.add(f"{util}, load varying with requests (variation {f.busy_cv:.0%})", I=1.5, T=-0.5, B=-0.5)
     elif f.mean_util < 50:
         led.add(util, I=0.3)
-    if f.zero_seconds >= 0.5 and f.p95_util >= 30 and f.period_s is None:
+    if f.zero_seconds >= 0.4 and f.p95_util >= 30 and f.period_s is None:
         led.add(f"idle {f.zero_seconds:.0%} of seconds with bursts to {f.p95_util:.0f} %", N=2.0, I=0.3, B=-1.0)
     if f.period_s is not None:
         led.add(

@@ -52,6 +52,7 @@ class WindowDigest:
     peak_write_bps: float  # the busiest second of the node's disks (RAID and LVM members not counted twice)
     workloads: tuple[WorkloadRef, ...]
     north_rx_bps: float = 0.0  # front-end NICs, in: client requests, or input read from NFS / object storage
+    north_tx_peak_bps: float = 0.0  # front-end NICs, out, the busiest second: checkpoints saved to NFS show here
     read_bps: float = 0.0  # the node's disks, mean
     volatile: tuple[Volatile, ...] = ()
 
@@ -138,7 +139,7 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
                 dram_active=_mean(g.dram_active),
             )
         )
-    east = north = north_rx = 0.0
+    east = north = north_rx = north_tx_peak = 0.0
     for nic in window.nics:
         rx = nic.rx_bps.mean if nic.rx_bps else 0.0
         rate = (nic.tx_bps.mean if nic.tx_bps else 0.0) + rx
@@ -148,6 +149,7 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         elif role is NicRole.NORTH_SOUTH:
             north += rate
             north_rx += rx
+            north_tx_peak += nic.tx_bps.max if nic.tx_bps else 0.0
     own = counted_disks(birth, [d.name for d in window.disks])
     disks = [d for d in window.disks if d.name in own]
     volatile = tuple(
@@ -166,6 +168,7 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         peak_write_bps=sum(d.write_bps.max for d in disks if d.write_bps),
         workloads=_intern(list(window.workloads), known),
         north_rx_bps=north_rx,
+        north_tx_peak_bps=north_tx_peak,
         read_bps=sum(d.read_bps.mean for d in disks if d.read_bps),
         volatile=volatile,
     )

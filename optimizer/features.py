@@ -18,6 +18,7 @@ from optimizer.fleet import Fleet
 from optimizer.history import Digest
 
 CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
+NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +228,16 @@ def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> 
     return coef
 
 
-def _attribute(loads: dict[str, list[float]], traffic: list[float], regress: bool = True) -> dict[str, list[float]]:
+def _steady(traffic: list[float]) -> list[float]:
+    """A node's traffic with one-off spikes (a model loaded at start-up, a checkpoint) clipped to three times its
+    median, so the regression below attributes what flows steadily, not an event, to every window."""
+    if len(traffic) < 6:
+        return traffic
+    cap = 3 * statistics.median(traffic)
+    return [min(t, cap) for t in traffic]
+
+
+def _attribute(loads: dict[str, list[float]], traffic: list[float]) -> dict[str, list[float]]:
     """Split a node's per-window traffic among its workloads.
 
     One workload gets it all. Several: traffic is regressed on each workload's per-window load (non-negative
@@ -238,7 +248,7 @@ def _attribute(loads: dict[str, list[float]], traffic: list[float], regress: boo
     ids = list(loads)
     if len(ids) == 1:
         return {ids[0]: list(traffic)}
-    if regress and len(traffic) >= 6 and any(traffic):
+    if len(traffic) >= 6 and any(traffic):
         coef = nnls([loads[i] for i in ids], traffic)
         return {i: [c * x for x in loads[i]] for i, c in zip(ids, coef, strict=True)}
     out: dict[str, list[float]] = {}
@@ -249,13 +259,20 @@ def _attribute(loads: dict[str, list[float]], traffic: list[float], regress: boo
     return out
 
 
-def _bursts(peaks: list[float]) -> list[bool]:
-    """Windows with a checkpoint-sized write burst: a busiest second well above the node's usual one.
+def _bursts(peaks: list[float], floor: float = CHECKPOINT_BURST_BPS) -> list[bool]:
+    """Windows with a save burst: a busiest second well above the node's usual one.
 
     Relative as well as absolute, because a LoRA adapter save is 50-200 MB where a full checkpoint is tens of GB,
     and logs write a steady trickle."""
     usual = statistics.median(peaks) if peaks else 0.0
-    return [p >= max(CHECKPOINT_BURST_BPS, 8 * usual) for p in peaks]
+    return [p >= max(floor, 8 * usual) for p in peaks]
+
+
+def _save_bursts(windows: list[WindowDigest]) -> list[bool]:
+    """Saves to local disks, or to shared storage (NFS, Lustre, object storage) out of the front-end NICs."""
+    disk = _bursts([w.peak_write_bps for w in windows])
+    network = _bursts([w.north_tx_peak_bps for w in windows], floor=NETWORK_SAVE_BPS)
+    return [a or b for a, b in zip(disk, network, strict=True)]
 
 
 def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None, float]:
@@ -292,17 +309,15 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
         loads = {wid: [_window_load(w, ref.gpus) for w in windows] for wid, ref in refs.items()}
-        bursts = _bursts([w.peak_write_bps for w in windows])
+        bursts = _save_bursts(windows)
         # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
         # checkpoints; with several such jobs it is nobody's evidence.
         hard = [
             [r.id for r in w.workloads if _trains_hard(w, r.gpus)] if b else []
             for w, b in zip(windows, bursts, strict=True)
         ]
-        # Disk reads are shared window by window: a regression on load would spread one model load at start-up
-        # over every window.
         shared = {
-            name: _attribute(loads, [getattr(w, name) for w in windows], regress=name != "read_bps") if refs else {}
+            name: _attribute(loads, _steady([getattr(w, name) for w in windows])) if refs else {}
             for name in ("east_bps", "north_bps", "north_rx_bps", "read_bps")
         }
         for i, window in enumerate(windows):
