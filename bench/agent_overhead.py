@@ -27,6 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import cpu_seconds, free_port, mosquitto_command, rss_mib
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from collectors.workload_facts import SOCKET_INTERVAL_S, WorkloadFacts
+
+WINDOW_S = 10.0  # the agent's default publish interval: facts are read once per window
+FACTS_WORKLOADS = 8  # one workload per GPU of an 8-GPU node, the most an agent reads
+
 
 def wait_port(port: int, limit: float = 10.0) -> None:
     deadline = time.monotonic() + limit
@@ -37,6 +43,25 @@ def wait_port(port: int, limit: float = 10.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"nothing listens on {port}")
+
+
+def facts_cost(pid: int, calls: int = 200) -> float:
+    """CPU ms to read one workload's process facts (collectors/workload_facts.py), once per window in the agent.
+
+    ``--simulate`` has no real processes, so the agent above reads none: the cost is measured here on a real
+    server process in the host's network namespace (the broker, with the agent's connection), which takes the
+    dearer path (its file descriptors are scanned for socket inodes)."""
+    cached, fresh = WorkloadFacts(), WorkloadFacts(socket_interval=0.0)
+    start = time.process_time()
+    for _ in range(calls):
+        cached.facts("bench", [pid])
+    per_window = (time.process_time() - start) * 1000 / calls
+    start = time.process_time()
+    for _ in range(calls // 10):
+        fresh.facts("bench", [pid])
+    table = (time.process_time() - start) * 1000 / (calls // 10) - per_window
+    # A namespace's TCP table is read again once per socket interval, i.e. once in that many windows.
+    return per_window + table * WINDOW_S / SOCKET_INTERVAL_S
 
 
 def one_round(workdir: Path, duration: float, warmup: float) -> dict[str, float]:
@@ -83,11 +108,13 @@ def one_round(workdir: Path, duration: float, warmup: float) -> dict[str, float]
             time.sleep(max(0.0, next_scrape - time.monotonic()))
         end = time.monotonic()
         agent_cycles = end - marks["agent"][0]  # the agent samples at 1 Hz
+        facts_ms = facts_cost(procs[0].pid)
         return {
             "agent_ms": (cpu_seconds(agent.pid) - marks["agent"][1]) * 1000 / agent_cycles,
             "exporter_ms": (cpu_seconds(node_exporter.pid) - marks["exporter"][1]) * 1000 / max(scrapes, 1),
             "agent_rss": rss_mib(agent.pid),
             "exporter_rss": rss_mib(node_exporter.pid),
+            "facts_ms": facts_ms,
         }
     finally:
         for p in reversed(procs):
@@ -125,6 +152,13 @@ def main() -> int:
     print(
         f"{'RSS MiB':24}{med['agent_rss']:>16.1f}{med['exporter_rss']:>16.1f}"
         f"{med['agent_rss'] / med['exporter_rss']:>8.2f}"
+    )
+    per_cycle = med["facts_ms"] * FACTS_WORKLOADS / WINDOW_S
+    with_facts = med["agent_ms"] + per_cycle
+    ratio = with_facts / med["exporter_ms"]
+    print(
+        f"{'with workload facts':24}{with_facts:>16.2f}{med['exporter_ms']:>16.2f}{ratio:>8.2f}"
+        f"   ({med['facts_ms']:.2f} ms per workload per window; {FACTS_WORKLOADS} workloads)"
     )
     print(f"(medians of {args.rounds} rounds of {args.duration:g} s; targets: CPU ratio <= 1.0, agent RSS <= 40 MiB)")
     return 0

@@ -10,7 +10,9 @@
   guess from the node's; absent in the host's namespace, where the counters are the node's.
 * ``sched_step``: the Slurm step from the cgroup path (``step_batch``, ``step_interactive``, ``step_0``).
 
-Cost: a handful of small reads per workload per window, and one fd scan (bounded) for host-namespace processes.
+Cost: a handful of small reads per workload per window, one fd scan (bounded) for host-namespace processes, and
+each network namespace's TCP table once per ``socket_interval`` (10 minutes): the kernel walks its whole
+connection hash to produce it, which takes milliseconds on a large host.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collectors.attribution import Attributor
 from collectors.base import Collector, Inventory, Sample
 
 INTERPRETERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|node|ruby|perl|java|uv|conda|env)$")
+SOCKET_INTERVAL_S = 600.0  # how often a network namespace's TCP table is read again
 RENDEZVOUS_PORTS = frozenset({29400, 29500})  # torchrun's c10d store and PyTorch's MASTER_PORT default
 MAX_FDS = 4096
 TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
@@ -83,9 +86,18 @@ def _sockets(text: str) -> Iterable[_Socket]:
 class WorkloadFacts:
     """Reads the facts above through an injectable procfs root; rates are kept per workload between windows."""
 
-    def __init__(self, procfs_root: Path = Path("/proc"), clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        procfs_root: Path = Path("/proc"),
+        clock: Callable[[], float] = time.monotonic,
+        socket_interval: float = SOCKET_INTERVAL_S,
+    ) -> None:
         self._proc = procfs_root
         self._clock = clock
+        self._socket_interval = socket_interval
+        self._tables: dict[str, tuple[float, list[_Socket]]] = {}  # network namespace → (read at, its sockets)
+        self._held: dict[int, tuple[float, set[str]]] = {}  # pid → (read at, the socket inodes it holds)
+        self._identities: dict[int, dict[str, object]] = {}
         self._own_netns = self._link("self/ns/net")
         self._ephemeral = self._ephemeral_low()
         self._net: dict[str, tuple[float, int, int]] = {}  # workload → (time, rx bytes, tx bytes)
@@ -118,28 +130,57 @@ class WorkloadFacts:
         live = set(pids)
         for gone in [w for w in self._net if w not in live]:
             del self._net[gone]
+        if len(self._tables) > 4 * max(len(refs), 8):  # namespaces of pods long gone
+            self._tables.clear()
+        seen = {p for group in pids.values() for p in group}
+        for pid in [p for p in self._identities if p not in seen]:  # a pid may be reused by another program
+            del self._identities[pid]
+        for pid in [p for p in self._held if p not in seen]:
+            del self._held[pid]
         return out
 
     def facts(self, workload: str, pids: list[int]) -> dict[str, object]:
         main = min(pids)
-        facts: dict[str, object] = {}
-        raw = self._proc / str(main) / "cmdline"
-        with contextlib.suppress(OSError):
-            facts["program"] = program_of(raw.read_bytes())
-        cgroup = self._read(f"{main}/cgroup") or ""
-        if m := _STEP.search(cgroup):
-            facts["sched_step"] = m.group(1)[:32]
+        facts = dict(self._identity(main))
         netns = self._link(f"{main}/ns/net")
         own = netns is not None and self._own_netns is not None and netns != self._own_netns
-        facts.update(self._server(pids, own))
+        facts.update(self._server(pids, netns, own))
         if own:
             facts.update(self._rates(workload, main))
         return facts
 
-    def _server(self, pids: list[int], own_namespace: bool) -> dict[str, object]:
-        sockets = [s for name in ("tcp", "tcp6") for s in _sockets(self._read(f"{pids[0]}/net/{name}") or "")]
+    def _identity(self, pid: int) -> dict[str, object]:
+        """Program and Slurm step: fixed for a process's life, so read once per pid."""
+        known = self._identities.get(pid)
+        if known is not None:
+            return known
+        facts: dict[str, object] = {}
+        with contextlib.suppress(OSError):
+            facts["program"] = program_of((self._proc / str(pid) / "cmdline").read_bytes())
+        if m := _STEP.search(self._read(f"{pid}/cgroup") or ""):
+            facts["sched_step"] = m.group(1)[:32]
+        if len(self._identities) >= 4096:
+            self._identities.clear()
+        self._identities[pid] = facts
+        return facts
+
+    def _table(self, pid: int, netns: str | None) -> list[_Socket]:
+        """The TCP sockets of ``pid``'s network namespace, read at most once per interval per namespace: the
+        kernel walks its whole connection hash for every read (milliseconds on a large host), and what a server
+        listens on changes rarely."""
+        key = netns or f"pid:{pid}"
+        now = self._clock()
+        cached = self._tables.get(key)
+        if cached is not None and now - cached[0] < self._socket_interval:
+            return cached[1]
+        sockets = [s for name in ("tcp", "tcp6") for s in _sockets(self._read(f"{pid}/net/{name}") or "")]
+        self._tables[key] = (now, sockets)
+        return sockets
+
+    def _server(self, pids: list[int], netns: str | None, own_namespace: bool) -> dict[str, object]:
+        sockets = self._table(pids[0], netns)
         if not own_namespace:
-            held = self._inodes(pids)
+            held = set().union(*(self._inodes(pid) for pid in pids[:16]))
             sockets = [s for s in sockets if s.inode in held]
         ports = sorted(
             {
@@ -155,23 +196,28 @@ class WorkloadFacts:
             "inbound_peers": len({s.remote for s in inbound}),
         }
 
-    def _inodes(self, pids: list[int]) -> set[str]:
+    def _inodes(self, pid: int) -> set[str]:
+        """The socket inodes ``pid`` holds, refreshed with the namespace's table."""
+        now = self._clock()
+        cached = self._held.get(pid)
+        if cached is not None and now - cached[0] < self._socket_interval:
+            return cached[1]
         held: set[str] = set()
-        for pid in pids[:16]:
-            try:
-                entries = os.scandir(self._proc / str(pid) / "fd")
-            except OSError:
-                continue
-            with entries:
-                for count, entry in enumerate(entries):
-                    if count >= MAX_FDS:
-                        break
-                    try:
-                        target = os.readlink(entry.path)
-                    except OSError:
-                        continue
-                    if target.startswith("socket:["):
-                        held.add(target[8:-1])
+        try:
+            entries = os.scandir(self._proc / str(pid) / "fd")
+        except OSError:
+            return held
+        with entries:
+            for count, entry in enumerate(entries):
+                if count >= MAX_FDS:
+                    break
+                try:
+                    target = os.readlink(entry.path)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    held.add(target[8:-1])
+        self._held[pid] = (now, held)
         return held
 
     def _rates(self, workload: str, pid: int) -> dict[str, object]:

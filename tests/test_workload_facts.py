@@ -116,3 +116,15 @@ def test_the_rdma_port_with_the_default_route_is_the_front_end(tmp_path: Path) -
     assert role_of("ens1f0np0", NicKind.ROCE, ("ib*",), front) is NicRole.NORTH_SOUTH
     assert role_of("ens2f0np0", NicKind.ROCE, ("ib*",), front) is NicRole.EAST_WEST
     assert role_of("ibp1s0", NicKind.INFINIBAND, ("ib*",), front) is NicRole.EAST_WEST
+
+
+def test_a_namespaces_tcp_table_is_read_once_per_interval(tmp_path: Path) -> None:
+    root = _proc(tmp_path, 70, POD_NS, ["vllm", "serve"], "")
+    now = [0.0]
+    facts = WorkloadFacts(root, clock=lambda: now[0], socket_interval=300.0)
+    assert facts.enrich([_ref("k8s/c")], {"k8s/c": [70]})[0].listen_ports == [8000, 28500, 29508]
+    (root / "70" / "net" / "tcp").write_text(TCP_HEADER + _tcp_line("00000000:0050", "00000000:0000", "0A", 9))
+    now[0] = 290.0  # within the interval: the kernel is not asked to walk its tables again
+    assert facts.enrich([_ref("k8s/c")], {"k8s/c": [70]})[0].listen_ports == [8000, 28500, 29508]
+    now[0] = 301.0
+    assert facts.enrich([_ref("k8s/c")], {"k8s/c": [70]})[0].listen_ports == [80]
