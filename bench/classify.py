@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.protocol import TopicKind, WorkloadClass, encode, node_topic
+from agent.protocol import Telemetry, TopicKind, WorkloadClass, encode, node_topic
 from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from optimizer.classify import classify
@@ -32,8 +32,36 @@ SCENARIOS = ("mixed", "well-placed", "training-heavy", "inference-heavy", "hard"
 CHECKPOINTS = (3, 4, 5, 6, 9, 12, 18, 24, 36, 48, 60, 90)
 
 
+STRIPPABLE = {  # signals a poorer agent (older driver, older fleetfit, no GPM) does not send
+    "power": ("power_w",),
+    "gpm": ("sm_active", "tensor_active", "dram_active"),
+}
+FACTS = ("program", "listen_ports", "inbound_connections", "inbound_peers", "net_rx_bps", "net_tx_bps", "sched_step")
+
+
+def strip(window: Telemetry, without: frozenset[str]) -> Telemetry:
+    """``window`` as an agent lacking the ``without`` signals would have sent it."""
+    if not without:
+        return window
+    gone = {field: None for name in without & set(STRIPPABLE) for field in STRIPPABLE[name]}
+    gpus = [g.model_copy(update=gone) for g in window.gpus]
+    workloads = window.workloads
+    if "facts" in without:
+        workloads = [
+            w.model_copy(update={"program": None, "listen_ports": [], **dict.fromkeys(FACTS[2:])}) for w in workloads
+        ]
+    if "hints" in without:
+        workloads = [w.model_copy(update={"hint": None}) for w in workloads]
+    return window.model_copy(update={"gpus": gpus, "workloads": workloads})
+
+
 def run(
-    scenario: str, nodes: int, windows: int, seed: int, late: Counter[str] | None = None
+    scenario: str,
+    nodes: int,
+    windows: int,
+    seed: int,
+    late: Counter[str] | None = None,
+    without: frozenset[str] = frozenset(),
 ) -> tuple[list[tuple[WorkloadClass, WorkloadClass]], list[int], list[float]]:
     fleet = Fleet("bench", horizon_windows=windows)
     truth: dict[str, WorkloadClass] = {}
@@ -41,6 +69,7 @@ def run(
     produced = []
     for node in build_scenario(scenario, nodes, seed):
         birth, ws = offline_windows(node, windows, site="b", seed=seed)
+        ws = [strip(w, without) for w in ws]
         fleet.ingest(node_topic("bench", "b", node.name, TopicKind.BIRTH), encode(birth))
         produced.append((node.name, ws))
         truth.update({w.id: PATTERN_CLASS[w.pattern.value] for w in node.workloads})
@@ -95,9 +124,20 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=90, help="10 s windows per node")
     parser.add_argument("--seed", type=int, help="default: fresh, chosen at run time")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="repeatable; default: all")
+    parser.add_argument(
+        "--without",
+        default="",
+        help="comma-separated signals to drop, as an older or poorer agent would: power, gpm, facts, hints",
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000, 10**9)
-    print(f"seed {seed} (repeat with --seed {seed}); {args.nodes} nodes x {args.windows} windows per scenario")
+    without = frozenset(w for w in args.without.split(",") if w)
+    if without - {*STRIPPABLE, "facts", "hints"}:
+        parser.error(f"--without: unknown signal(s) {', '.join(sorted(without - {*STRIPPABLE, 'facts', 'hints'}))}")
+    print(
+        f"seed {seed} (repeat with --seed {seed}); {args.nodes} nodes x {args.windows} windows per scenario"
+        + (f"; without {','.join(sorted(without))}" if without else "")
+    )
     all_pairs: list[tuple[WorkloadClass, WorkloadClass]] = []
     all_steps: list[int] = []
     all_conf: list[float] = []
@@ -107,7 +147,7 @@ def main() -> int:
     for i, scenario in enumerate(SCENARIOS):
         if args.scenario and scenario not in args.scenario:
             continue
-        pairs, steps, confidences = run(scenario, args.nodes, args.windows, seed + i, late)
+        pairs, steps, confidences = run(scenario, args.nodes, args.windows, seed + i, late, without)
         all_pairs += pairs
         all_steps += steps
         all_conf += confidences

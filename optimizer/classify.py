@@ -154,10 +154,11 @@ def _level(f: WorkloadFeatures, led: _Ledger) -> None:
     """Utilisation level and second-to-second shape."""
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
     steady = f.busy_cv < 0.1
-    if f.mean_util >= 70 and steady:
-        led.add(f"{util}, steady while busy (variation {f.busy_cv:.0%})", T=0.8, B=0.8, I=0.4)
-    elif f.mean_util >= 70:
-        led.add(util, T=0.4, B=0.4, I=0.4)
+    if f.mean_util >= 70:
+        # Uninformative among the three: training, batch jobs and a continuous-batching server at load all keep
+        # kernels running nearly every second.
+        shape = f", steady while busy (variation {f.busy_cv:.0%})" if steady else ""
+        led.add(f"{util}{shape}", T=0.5, B=0.5, I=0.5)
     elif 50 <= f.mean_util < 70 and steady and f.zero_seconds < 0.1:
         # Serving below saturation follows its arrivals; a steady middle level is a job held back at a fixed rate.
         led.add(f"{util}, steady while busy (variation {f.busy_cv:.0%})", T=0.4, B=0.4, I=-0.3)
@@ -165,8 +166,9 @@ def _level(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(f"{util}, load varying with requests (variation {f.busy_cv:.0%})", I=1.5, T=-0.5, B=-0.5)
     elif f.mean_util < 50:
         led.add(util, I=0.3)
-    if f.zero_seconds >= 0.4 and f.p95_util >= 30 and f.period_s is None:
-        led.add(f"idle {f.zero_seconds:.0%} of seconds with bursts to {f.p95_util:.0f} %", N=2.0, I=0.3, B=-1.0)
+    if f.zero_seconds >= 0.4 and f.busy_level >= 30 and f.busy_seconds >= 5 and f.period_s is None:
+        line = f"idle {f.zero_seconds:.0%} of seconds, bursts at {f.busy_level:.0f} % in between"
+        led.add(line, N=2.0, I=0.3, B=-1.0)
     if f.period_s is not None:
         led.add(
             f"load repeats every {f.period_s} s (autocorrelation {f.period_strength:.2f}): a training step",
@@ -220,8 +222,12 @@ def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(f"reads its input steadily ({_gbps(intake)} per GPU)", T=0.8, B=1.0, I=-0.8)
     elif f.egress_bps >= 50e6:
         led.add(f"north-south traffic {_gbps(f.egress_bps)} per GPU out (responses)", I=1.0, B=-0.3)
-    elif 0 < f.ingress_bps + f.egress_bps < 10e6 and f.mean_util >= 50:
-        led.add(f"little network traffic ({_gbps(f.ingress_bps + f.egress_bps)} per GPU)", I=0.3)
+    elif f.egress_bps >= 20e3 and f.mean_util >= 30:
+        # Streamed tokens are small (tens of bytes each) but a busy server always has some on the wire.
+        led.add(f"client-sized traffic on the front end ({_gbps(f.egress_bps)} per GPU out)", I=0.8)
+    elif f.mean_util >= 50 and f.node_front_bps < 5e3 and intake < 1e6:
+        # Busy with nothing coming in or going out: a job working through what it already holds.
+        led.add("busy with no front-end traffic (no clients)", B=0.5, T=0.3, I=-0.7)
 
 
 def _writes_and_memory(f: WorkloadFeatures, led: _Ledger) -> None:

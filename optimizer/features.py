@@ -53,6 +53,9 @@ class WorkloadFeatures:
     daily_peak_p95: float = 0.0  # the highest p95 of any 10-minute period in the last day
     diurnal_ratio: float | None = None  # busiest / quietest 10-minute mean, given 12 h or more of digests
     busy_cv: float = 0.0  # variation of per-second utilisation over the seconds the GPUs did anything
+    busy_level: float = 0.0  # mean utilisation over those seconds
+    busy_seconds: int = 0
+    node_front_bps: float = 0.0  # the front-end traffic of its nodes, per GPU of those nodes: what could be its
     period_s: int | None = None  # the step period, where per-second load repeats (autocorrelation peak)
     period_strength: float = 0.0  # that peak's autocorrelation
     intensity: float | None = None  # board power per unit of utilisation, 0-1: dense matmuls near 1
@@ -133,6 +136,7 @@ class _Acc:
     busy: list[float] = field(default_factory=list)  # per-second load while anything ran
     centred: list[float] = field(default_factory=list)  # per-second load less its window's mean
     intensity: list[float] = field(default_factory=list)
+    node_front: list[float] = field(default_factory=list)
     tensor: list[float] = field(default_factory=list)
     dram: list[float] = field(default_factory=list)
     ingress: list[float] = field(default_factory=list)
@@ -351,6 +355,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 before = acc.windows
                 _fold_window(acc, window, set(ref.gpus), shared["east_bps"][ref.id][i], north, ckpt)
                 if acc.windows > before:
+                    acc.node_front.append(window.north_bps / max(len(gpu_info), 1))
                     acc.ingress.append(ingress)
                     acc.egress.append(max(north - ingress, 0.0))
                     acc.reads.append(shared["read_bps"][ref.id][i])
@@ -394,11 +399,15 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 daily_peak_p95=daily_peak,
                 diurnal_ratio=diurnal,
                 busy_cv=_cv(acc.busy),
+                busy_level=_mean(acc.busy),
+                busy_seconds=len(acc.busy),
+                node_front_bps=_median(acc.node_front),
                 period_s=period,
                 period_strength=strength,
-                intensity=statistics.median(acc.intensity) if acc.intensity else None,
-                tensor_share=statistics.median(acc.tensor) if acc.tensor else None,
-                dram_share=statistics.median(acc.dram) if acc.dram else None,
+                # A few busy windows (a notebook's cell) say little about how the work uses the GPU.
+                intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
+                tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
+                dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
                 # Medians: what the workload does most of the time, not a model load at its start.
                 ingress_bps=_median(acc.ingress) * per_gpu,
                 egress_bps=_median(acc.egress) * per_gpu,
