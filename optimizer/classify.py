@@ -266,7 +266,8 @@ def classify(f: WorkloadFeatures) -> Classification:
         )
     sufficiency = 0.5 + 0.5 * min(1.0, f.windows / FULL_CONFIDENCE_WINDOWS)
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
-    if f.mean_util < 2 and f.p95_util < 10:
+    clients = bool(f.listen_ports and (f.inbound_connections or 0) >= 1) or f.egress_bps >= 20e3
+    if f.mean_util < 2 and f.p95_util < 10 and not clients:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
         if _matches(name, NOTEBOOK_NAMES):
@@ -276,6 +277,9 @@ def classify(f: WorkloadFeatures) -> Classification:
         return Classification(WorkloadClass.IDLE, round(0.95 * sufficiency, 2), (util, held))
 
     led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})
+    if f.mean_util < 2 and f.p95_util < 10:
+        # Near-idle GPUs that still answer clients: a service at its quietest hour, not an allocation to reclaim.
+        led.add(f"{util}, yet answering clients: a service at its quietest", I=1.5)
     for rule in RULES:
         rule(f, led)
     ranked = sorted(CLASSES, key=lambda c: (-led.scores[c], CLASSES.index(c)))
