@@ -75,3 +75,32 @@ class Attributor:
             return os.getpgid(pid)
         except OSError:
             return pid
+
+    @property
+    def procfs_root(self) -> Path:
+        return self._proc
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+
+def host_pid_namespace(procfs_root: Path = Path("/proc")) -> bool | None:
+    """Whether this process sees the host's PIDs (NVML reports host PIDs); None when the kernel cannot say.
+
+    ``NSpid`` in ``/proc/self/status`` lists this process's PID in each nested namespace: more than one entry
+    means a container with its own PID namespace, whose /proc cannot resolve the PIDs NVML returns.
+    """
+    try:
+        status = (procfs_root / "self" / "status").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) <= 2
+    return None
+
+
+def unresolved_owner(pid: int, node: str) -> Owner:
+    """The owner of a host PID this agent cannot look up: the process itself, named by its host PID."""
+    return Owner(f"pid/{node}/{pid}", WorkloadKind.PROCESS_GROUP, f"host pid {pid}", None)
