@@ -119,6 +119,11 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str]) -> Snapshot:
     for (rec_site, name), record in sorted(fleet.nodes.items()):
         if rec_site == site and record.birth is not None and record.birth.gpus:
             physical = [g for g in record.birth.gpus if g.parent is None]
+            if not physical:  # only MIG instances listed: count their GPUs, name the model without the slice
+                slices = record.birth.gpus
+                model = slices[0].model.split(" MIG ", 1)[0]
+                nodes.append(SnapshotNode(name=name, hardware=model, gpus=max(1, len({g.parent for g in slices}))))
+                continue
             nodes.append(SnapshotNode(name=name, hardware=physical[0].model, gpus=len(physical)))
     known = {n.name for n in nodes}
     workloads = []

@@ -285,3 +285,21 @@ def test_utilisation_covers_the_whole_second(tmp_path: Path) -> None:
 def test_a_driver_without_samples_falls_back_to_one_reading(tmp_path: Path) -> None:
     collector = _open([FakeGpu(util=77)], tmp_path, samples_api=False)
     assert collector.sample()[0].gauges["util"] == 77
+
+
+def test_a_birth_listing_only_mig_instances_is_planned_as_its_gpus(tmp_path: Path) -> None:
+    from agent.protocol import GpuInfo, encode
+    from optimizer.fleet import Fleet
+    from optimizer.snapshot import from_fleet
+
+    slices = [
+        GpuInfo(
+            index=8 + i, uuid=f"MIG-{i}", model="NVIDIA H100 80GB HBM3 MIG 3g.40gb", memory_mib=40_000, parent=i // 2
+        )
+        for i in range(4)
+    ]
+    birth = Birth(node="n1", site="s1", session=1, agent_version="x", hostname="h", timestamp=1.0, gpus=slices)
+    fleet = Fleet("fleetfit/v1")
+    assert fleet.ingest("fleetfit/v1/s1/n1/birth", encode(birth)) is not None
+    (node,) = from_fleet(fleet, "s1", []).nodes
+    assert (node.hardware, node.gpus) == ("NVIDIA H100 80GB HBM3", 2)
