@@ -156,6 +156,7 @@ class GpuInfo(_Model):
         default=None, description="where the PCIe byte rates come from; None: this GPU reports none"
     )
     pci_device_id: str | None = Field(default=None, max_length=16, description='PCI vendor+device id, "0x233010de"')
+    nvswitch: bool | None = Field(default=None, description="an NVSwitch at the far end of its NVLink links")
 
 
 class GpuFailure(_Model):
@@ -394,6 +395,7 @@ class FindingKind(StrEnum):
     MULTI_NODE_WITHOUT_RDMA = "multi_node_training_without_rdma"
     OVERSIZED_GPU_MEMORY = "oversized_gpu_memory"
     IDLE_ALLOCATION = "idle_allocation"
+    UNCATALOGUED_HARDWARE = "uncatalogued_hardware"
 
 
 class Finding(_Model):
