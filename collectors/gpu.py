@@ -66,6 +66,7 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
 MAX_EVENTS_PER_TICK = 64
 RESCAN_S = 30.0  # how often the GPU layout (driver, MIG, failed GPUs) is checked for changes
@@ -149,6 +150,7 @@ class _Device:
     links: tuple[int, ...] = ()  # NVLink links that are up
     gpm: GpmReader | None = None
     pcie_source: str | None = None
+    nvswitch: bool | None = None
     counters: dict[tuple[str, int], WrappingCounter] = field(default_factory=dict)
     samples_api: bool = True
     util_ts: int = 0  # timestamp (µs) of the newest utilisation sample read
@@ -253,6 +255,9 @@ class NvmlGpuCollector:
                 continue
             device = _Device(i, handle, _text(self._try("nvmlDeviceGetUUID", handle) or f"GPU-{i}"))
             device.links = self._nvlink_links(handle)
+            if device.links:
+                remote = self._try("nvmlDeviceGetNvLinkRemoteDeviceType", handle, device.links[0])
+                device.nvswitch = None if remote is None else int(remote) == NVML_NVLINK_DEVICE_TYPE_SWITCH
             gpm = GpmReader.supported(nvml, handle)
             device.pcie_source = self._pcie_source(handle, gpm)
             if gpm:
@@ -379,6 +384,7 @@ class NvmlGpuCollector:
                     power_limit_w=limit / 1000 if limit else None,
                     pcie_source=d.pcie_source if physical else None,
                     pci_device_id=f"0x{int(device_id):08x}" if isinstance(device_id, int) else None,
+                    nvswitch=d.nvswitch,
                 )
             )
         cuda = self._try("nvmlSystemGetCudaDriverVersion") if self._unavailable is None else None

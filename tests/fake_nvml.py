@@ -37,6 +37,8 @@ class FakeGpu:
     nvlink_links: int = 18  # links the GPU has; state queries past them are INVALID_ARGUMENT
     down_links: set[int] = field(default_factory=set)  # links whose state is 0 and whose counters fail
     failing_links: set[int] = field(default_factory=set)  # links up but whose counter read fails this tick
+    nvswitch: bool | None = True  # what the links lead to; None: the driver cannot say
+    pci_device_id: int = 0x233010DE
     pcie_tx: int = 0
     pcie_rx: int = 0
     pcie_value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
@@ -164,6 +166,18 @@ def make_fake_nvml(
         if link >= h.nvlink_links:
             _raise(INVALID_ARGUMENT)
         return 0 if link in h.down_links else 1
+
+    def remote_type(h: FakeGpu, link: int) -> int:
+        guard("nvlink_remote", h)
+        if h.nvswitch is None or link >= h.nvlink_links:
+            _raise(NOT_SUPPORTED)
+        return pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if h.nvswitch else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+
+    def pci_info(h: FakeGpu) -> Any:
+        guard("pci", h)
+        info = pynvml.nvmlPciInfo_t()
+        info.pciDeviceId = h.pci_device_id
+        return info
 
     def _set(v: Any, value_type: int, value: int) -> None:
         v.valueType = value_type
@@ -300,6 +314,8 @@ def make_fake_nvml(
     m.nvmlDeviceGetTemperature = lambda h, sensor: 61  # type: ignore[attr-defined]
     m.nvmlDeviceGetClockInfo = lambda h, clock: 1980  # type: ignore[attr-defined]
     m.nvmlDeviceGetNvLinkState = nvlink_state  # type: ignore[attr-defined]
+    m.nvmlDeviceGetNvLinkRemoteDeviceType = remote_type  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPciInfo = pci_info  # type: ignore[attr-defined]
     m.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: 5  # type: ignore[attr-defined]
     m.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16  # type: ignore[attr-defined]
     m.nvmlDeviceGetMigMode = mig_mode  # type: ignore[attr-defined]

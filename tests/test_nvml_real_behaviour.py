@@ -303,3 +303,10 @@ def test_a_birth_listing_only_mig_instances_is_planned_as_its_gpus(tmp_path: Pat
     assert fleet.ingest("fleetfit/v1/s1/n1/birth", encode(birth)) is not None
     (node,) = from_fleet(fleet, "s1", []).nodes
     assert (node.hardware, node.gpus) == ("NVIDIA H100 80GB HBM3", 2)
+
+
+def test_the_birth_says_what_the_nvlink_links_lead_to_and_the_pci_id(tmp_path: Path) -> None:
+    sxm, bridged = FakeGpu(nvswitch=True), FakeGpu(name="NVIDIA H100 PCIe", nvswitch=False, pci_device_id=0x233110DE)
+    inv = _open([sxm, bridged, FakeGpu(nvlink_links=0)], tmp_path).inventory()
+    assert [g.nvswitch for g in inv.gpus] == [True, False, None]
+    assert [g.pci_device_id for g in inv.gpus][:2] == ["0x233010de", "0x233110de"]
