@@ -40,10 +40,11 @@ from types import ModuleType
 from typing import Any
 
 from agent.metrics import Family, counter, gauge
-from agent.protocol import GpuFailure, GpuInfo, WorkloadKind, WorkloadRef
-from collectors.attribution import Attributor, Owner, host_pid_namespace, unresolved_owner
+from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
+from collectors.attribution import Attributor
 from collectors.base import Entity, Inventory, Sample
 from collectors.gpm import GPM_ACTIVITY, GPM_PCIE, GpmReader
+from collectors.pids import NO_HOST_PIDS, PidResolver
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,6 @@ NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
 MAX_EVENTS_PER_TICK = 64
 RESCAN_S = 30.0  # how often the GPU layout (driver, MIG, failed GPUs) is checked for changes
-DEFAULT_PID_MAX = 4_194_304  # the kernel's ceiling for pid_max on 64-bit
 # nvmlValueType_t → (union member, width in bits, signed)
 _VALUE = {
     0: ("dVal", 64, False),
@@ -207,10 +207,8 @@ class NvmlGpuCollector:
         self._unavailable = waiting_for
         self._next_scan = clock() + RESCAN_S
         self._process_apis: list[str] = []
-        self._pid_max = self._read_pid_max()
-        self._host_pids = host_pid_namespace(attributor.procfs_root) is not False
+        self._pids = PidResolver(attributor)
         self.generation = 0  # bumped whenever the inventory changes
-        self.invalid_pids = 0
         self.counter_resets = 0
         if waiting_for is None:
             self._enumerate()
@@ -223,11 +221,9 @@ class NvmlGpuCollector:
         except self._errors:
             return None
 
-    def _read_pid_max(self) -> int:
-        try:
-            return int((self._attributor.procfs_root / "sys" / "kernel" / "pid_max").read_text())
-        except (OSError, ValueError):
-            return DEFAULT_PID_MAX
+    @property
+    def invalid_pids(self) -> int:
+        return self._pids.invalid
 
     # ------------------------------------------------------------------ inventory
 
@@ -401,11 +397,8 @@ class NvmlGpuCollector:
         )
 
     def _attribution_warning(self) -> str | None:
-        if not self._host_pids:
-            return (
-                "the agent does not share the host PID namespace (run it with hostPID: true or --pid=host): "
-                "GPU processes are reported by host PID, not by workload"
-            )
+        if not self._pids.host_pids:
+            return NO_HOST_PIDS
         if self._devices and not self._process_apis:
             return "the driver offers no process call NVML's binding can use: GPU workloads are not attributed"
         return None
@@ -578,8 +571,8 @@ class NvmlGpuCollector:
 
     # ------------------------------------------------------------------ attribution
 
-    def _pids(self, d: _Device) -> list[int]:
-        """PIDs on one device through the first process call the driver has; checked against /proc."""
+    def _device_pids(self, d: _Device) -> list[object]:
+        """PIDs on one device through the first process call the driver has (unchecked)."""
         while self._process_apis:
             api = self._process_apis[0]
             try:
@@ -592,35 +585,11 @@ class NvmlGpuCollector:
                     log.info("driver lacks %s (%s); using %s", api, _describe(exc), fallback)
                     continue
                 return []  # NOT_SUPPORTED and the like: this device only
-            return [pid for p in procs if self._valid_pid(pid := getattr(p, "pid", -1))]
+            return [getattr(p, "pid", None) for p in procs]
         return []
 
-    def _valid_pid(self, pid: Any) -> bool:
-        ok = isinstance(pid, int) and 0 < pid <= self._pid_max
-        if ok and self._host_pids:
-            ok = (self._attributor.procfs_root / str(pid)).is_dir()
-        if not ok:
-            self.invalid_pids += 1
-        return ok
-
-    def _owner(self, pid: int) -> Owner:
-        if self._host_pids:
-            return self._attributor.owner(pid)
-        return unresolved_owner(pid, self._attributor.node)
-
     def workloads(self) -> list[WorkloadRef]:
-        owners: dict[str, tuple[WorkloadKind, str, str | None, set[int]]] = {}
-        for d in self._devices:
-            if d.index in self._lost:
-                continue
-            for pid in dict.fromkeys(self._pids(d)):
-                owner = self._owner(pid)
-                entry = owners.setdefault(owner.id, (owner.kind, owner.name, owner.hint, set()))
-                entry[3].add(d.index)
-        return [
-            WorkloadRef(id=wid, kind=kind, name=name, gpus=sorted(gpus), hint=hint)
-            for wid, (kind, name, hint, gpus) in sorted(owners.items())
-        ]
+        return self._pids.workloads((d.index, self._device_pids(d)) for d in self._devices if d.index not in self._lost)
 
     def metrics(self) -> list[Family]:
         """Self-metrics: what the agent cannot see on this node's GPUs."""
