@@ -7,9 +7,11 @@ import re
 import time
 
 from agent.config import AgentSettings
+from collectors.amd import open_amd_collector
 from collectors.attribution import Attributor
 from collectors.base import Collector
-from collectors.gpu import open_gpu_collector
+from collectors.gaudi import open_gaudi_collector
+from collectors.gpu import NullGpuCollector, open_gpu_collector
 from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.profiles import PROFILES
@@ -25,6 +27,8 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
     if not m:
         raise ValueError(f"--simulate {spec!r}: expected MODELxN[:PATTERN], e.g. h100x8 or l4x4:inference")
     model, count, pattern = m["model"], int(m["count"]), m["pattern"] or "training"
+    if model not in PROFILES and f"{model}x" in PROFILES:  # "mi300x8" reads as mi300 x 8
+        model = f"{model}x"
     if model not in PROFILES:
         raise ValueError(f"--simulate: unknown model {model!r}; choose from {', '.join(sorted(PROFILES))}")
     profile = dataclasses.replace(PROFILES[model], gpus=count)
@@ -47,13 +51,22 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
     return SimulatedNode(node, profile, [workload], time.time, gpu_only=True)
 
 
+def gpu_collector(settings: AgentSettings) -> Collector:
+    """NVIDIA through NVML; where there is no NVIDIA driver, AMD through amdsmi, then Gaudi through HLML."""
+    attributor = Attributor(node=settings.node)
+    nvidia = open_gpu_collector(attributor=attributor)
+    if not isinstance(nvidia, NullGpuCollector):
+        return nvidia
+    amd = open_amd_collector(attributor=attributor)
+    if amd is not None:
+        return amd
+    gaudi = open_gaudi_collector(attributor=attributor)
+    return gaudi if gaudi is not None else nvidia
+
+
 def node_collectors(settings: AgentSettings, simulate: str | None = None) -> list[Collector]:
     """GPU (real, simulated, or a null collector saying why there is none), NICs, block devices and host."""
-    gpu: Collector = (
-        simulated_gpus(simulate, settings.node)
-        if simulate
-        else open_gpu_collector(attributor=Attributor(node=settings.node))
-    )
+    gpu: Collector = simulated_gpus(simulate, settings.node) if simulate else gpu_collector(settings)
     return [
         gpu,
         NicCollector(fabric_patterns=settings.fabric_interfaces),
