@@ -7,11 +7,8 @@ import re
 import time
 
 from agent.config import AgentSettings
-from collectors.amd import open_amd_collector
 from collectors.attribution import Attributor
 from collectors.base import Collector
-from collectors.gaudi import open_gaudi_collector
-from collectors.gpu import NullGpuCollector, open_gpu_collector
 from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.profiles import PROFILES
@@ -53,10 +50,16 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
 
 def gpu_collector(settings: AgentSettings) -> Collector:
     """NVIDIA through NVML; where there is no NVIDIA driver, AMD through amdsmi, then Gaudi through HLML."""
+    # Imported here: a simulated node never loads the vendor collectors, an NVIDIA node never the other vendors'.
+    from collectors.gpu import NullGpuCollector, open_gpu_collector
+
     attributor = Attributor(node=settings.node)
     nvidia = open_gpu_collector(attributor=attributor)
     if not isinstance(nvidia, NullGpuCollector):
         return nvidia
+    from collectors.amd import open_amd_collector
+    from collectors.gaudi import open_gaudi_collector
+
     amd = open_amd_collector(attributor=attributor)
     if amd is not None:
         return amd
