@@ -258,7 +258,9 @@ class NvmlGpuCollector:
             device.pcie_source = self._pcie_source(handle, gpm)
             if gpm:
                 metrics = GPM_ACTIVITY | (GPM_PCIE if device.pcie_source == "gpm" else {})
-                device.gpm = GpmReader(nvml, handle, metrics=metrics)
+                device.gpm = self._gpm_reader(handle, None, metrics)
+                if device.gpm is None and device.pcie_source == "gpm":
+                    device.pcie_source = None
             physical.append(device)
         self._devices = list(physical)
         for d in physical:
@@ -267,6 +269,13 @@ class NvmlGpuCollector:
         self._events = self._event_set([d.handle for d in physical])
         self._process_apis = self._process_chain()
         self._layout = self._current_layout()
+
+    def _gpm_reader(self, handle: Any, instance: int | None, metrics: dict[int, str]) -> GpmReader | None:
+        try:
+            return GpmReader(self._nvml, handle, instance=instance, metrics=metrics)
+        except self._errors as exc:  # sample buffers could not be allocated: no GPM for this device
+            log.info("GPM unavailable (%s)", _describe(exc))
+            return None
 
     def _driver_version(self) -> str | None:
         driver = self._try("nvmlSystemGetDriverVersion")
@@ -309,7 +318,7 @@ class NvmlGpuCollector:
             device = _Device(next_index + len(out), mig, uuid, parent=parent.index)
             instance = self._try("nvmlDeviceGetGpuInstanceId", mig)
             if parent.gpm is not None and instance is not None:
-                device.gpm = GpmReader(self._nvml, parent.handle, instance=int(instance))
+                device.gpm = self._gpm_reader(parent.handle, int(instance), GPM_ACTIVITY)
             device.samples_api = False
             out.append(device)
         return out

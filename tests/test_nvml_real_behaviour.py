@@ -310,3 +310,15 @@ def test_the_birth_says_what_the_nvlink_links_lead_to_and_the_pci_id(tmp_path: P
     inv = _open([sxm, bridged, FakeGpu(nvlink_links=0)], tmp_path).inventory()
     assert [g.nvswitch for g in inv.gpus] == [True, False, None]
     assert [g.pci_device_id for g in inv.gpus][:2] == ["0x233010de", "0x233110de"]
+
+
+def test_gpm_buffers_that_cannot_be_allocated_cost_gpm_only(tmp_path: Path) -> None:
+    nvml = make_fake_nvml([FakeGpu(gpm={2: 50.0})])
+
+    def no_memory() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_MEMORY)
+
+    nvml.nvmlGpmSampleAlloc = no_memory  # type: ignore[attr-defined]
+    collector = open_gpu_collector(nvml, Attributor(tmp_path), Clock())
+    assert isinstance(collector, NvmlGpuCollector)
+    assert collector.sample()[0].gauges["util"] == 90 and "sm_active" not in collector.sample()[0].gauges
