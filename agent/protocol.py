@@ -152,7 +152,7 @@ class GpuInfo(_Model):
     mig_profile: str | None = Field(default=None, max_length=32, description='for a MIG instance, e.g. "3g.40gb"')
     power_limit_w: Quantity | None = None
     # Real-hardware fields (schema 2):
-    pcie_source: Literal["nvml-fields", "gpm", "amdsmi", "hlml"] | None = Field(
+    pcie_source: Literal["nvml-fields", "gpm"] | None = Field(
         default=None, description="where the PCIe byte rates come from; None: this GPU reports none"
     )
     pci_device_id: str | None = Field(default=None, max_length=16, description='PCI vendor+device id, "0x233010de"')

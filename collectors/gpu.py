@@ -207,6 +207,7 @@ class NvmlGpuCollector:
         self._unavailable = waiting_for
         self._next_scan = clock() + RESCAN_S
         self._process_apis: list[str] = []
+        self._process_driver: str | None = "unknown"
         self._pids = PidResolver(attributor)
         self.generation = 0  # bumped whenever the inventory changes
         self.counter_resets = 0
@@ -267,7 +268,11 @@ class NvmlGpuCollector:
             self._devices.extend(self._mig_devices(d, count + len(self._devices) - len(physical)))
         self._by_uuid = {d.uuid: d.index for d in self._devices}
         self._events = self._event_set([d.handle for d in physical])
-        self._process_apis = self._process_chain()
+        if self._driver != self._process_driver:  # what the driver offers is learnt once per driver
+            self._process_driver = self._driver
+            self._process_apis = self._process_chain()
+            if self._devices:
+                self._device_pids(self._devices[0])  # find a missing symbol now, so the first birth can say so
         self._layout = self._current_layout()
 
     def _gpm_reader(self, handle: Any, instance: int | None, metrics: dict[int, str]) -> GpmReader | None:
