@@ -100,6 +100,28 @@ class Link:
         self.connects = 0
         self._backoff = Backoff(cap=settings.reconnect_max_delay)
         self._client: aiomqtt.Client | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def republish_birth(self) -> None:
+        """Publish the birth again now (the inventory changed); without a connection the next connect does."""
+        client = self._client
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a one-shot run): nothing is connected either
+            return
+        if client is None:
+            return
+        payload = encode(self._birth())
+
+        async def publish() -> None:
+            try:
+                await client.publish(self._topics[TopicKind.BIRTH], payload, qos=1, retain=True)
+            except aiomqtt.MqttError as exc:
+                log.info("birth not re-published (%s); the next connect publishes it", exc)
+
+        task = loop.create_task(publish())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _state(self, status: NodeStatus) -> bytes:
         return encode(State(node=self._node, session=self._session, status=status, timestamp=self._clock()))

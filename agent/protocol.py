@@ -151,6 +151,19 @@ class GpuInfo(_Model):
     parent: int | None = Field(default=None, ge=0, description="for a MIG instance: the index of its GPU")
     mig_profile: str | None = Field(default=None, max_length=32, description='for a MIG instance, e.g. "3g.40gb"')
     power_limit_w: Quantity | None = None
+    # Real-hardware fields (schema 2):
+    pcie_source: Literal["nvml-fields", "gpm"] | None = Field(
+        default=None, description="where the PCIe byte rates come from; None: this GPU reports none"
+    )
+    pci_device_id: str | None = Field(default=None, max_length=16, description='PCI vendor+device id, "0x233010de"')
+    nvswitch: bool | None = Field(default=None, description="an NVSwitch at the far end of its NVLink links")
+
+
+class GpuFailure(_Model):
+    """A GPU the driver lists but the agent cannot read, and why (it costs that GPU only)."""
+
+    index: int = Field(ge=0)
+    error: str = Field(max_length=120)
 
 
 class NicInfo(_Model):
@@ -186,6 +199,11 @@ class Birth(_Model):
     disks: list[DiskInfo] = Field(default_factory=list, max_length=64)
     driver_version: str | None = Field(default=None, max_length=32)
     cuda_version: str | None = Field(default=None, max_length=32)
+    # Real-hardware fields (schema 2):
+    gpu_failures: list[GpuFailure] = Field(default_factory=list, max_length=64)
+    attribution_warning: str | None = Field(
+        default=None, max_length=300, description="why GPU processes cannot be attributed to workloads here"
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
@@ -398,6 +416,7 @@ class FindingKind(StrEnum):
     MULTI_NODE_WITHOUT_RDMA = "multi_node_training_without_rdma"
     OVERSIZED_GPU_MEMORY = "oversized_gpu_memory"
     IDLE_ALLOCATION = "idle_allocation"
+    UNCATALOGUED_HARDWARE = "uncatalogued_hardware"
 
 
 class Finding(_Model):

@@ -72,6 +72,7 @@ class Agent:
         self._inventory: Inventory | None = None
         self._failing: set[str] = set()
         self._window_start = self.clock.wall()
+        self._generation = sum(getattr(c, "generation", 0) for c in self.collectors)
 
     # ------------------------------------------------------------------ collection
 
@@ -101,6 +102,8 @@ class Agent:
             disks=inv.disks,
             driver_version=inv.driver_version,
             cuda_version=inv.cuda_version,
+            gpu_failures=inv.gpu_failures,
+            attribution_warning=inv.attribution_warning,
         )
 
     def tick(self) -> None:
@@ -120,6 +123,11 @@ class Agent:
                 log.info("collector %s recovered", c.name)
         self.builder.add(samples, self.clock.monotonic())
         self.samples_taken += 1
+        generation = sum(getattr(c, "generation", 0) for c in self.collectors)
+        if generation != self._generation:  # a collector re-read its hardware (driver loaded, MIG changed)
+            self._generation = generation
+            self._inventory = None
+            self.link.republish_birth()
 
     def close_window(self) -> Telemetry | None:
         """Close the open window; None when it holds no sample."""
@@ -185,7 +193,7 @@ class Agent:
             gauge("fleetfit_agent_broker_connected", "1 while connected to the broker.", link.connected.is_set()),
             counter("fleetfit_agent_broker_connects_total", "Broker connections made.", link.connects),
             gauge("fleetfit_agent_session", "This run's session number.", self.session),
-        ]
+        ] + [f for c in self.collectors if callable(extra := getattr(c, "metrics", None)) for f in extra()]
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -9,7 +9,6 @@ import time
 from agent.config import AgentSettings
 from collectors.attribution import Attributor
 from collectors.base import Collector
-from collectors.gpu import open_gpu_collector
 from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.profiles import PROFILES
@@ -26,6 +25,8 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
     if not m:
         raise ValueError(f"--simulate {spec!r}: expected MODELxN[:PATTERN], e.g. h100x8 or l4x4:inference")
     model, count, pattern = m["model"], int(m["count"]), m["pattern"] or "training"
+    if model not in PROFILES and f"{model}x" in PROFILES:  # "mi300x8" reads as mi300 x 8
+        model = f"{model}x"
     if model not in PROFILES:
         raise ValueError(f"--simulate: unknown model {model!r}; choose from {', '.join(sorted(PROFILES))}")
     profile = dataclasses.replace(PROFILES[model], gpus=count)
@@ -48,14 +49,25 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
     return SimulatedNode(node, profile, [workload], time.time, gpu_only=True)
 
 
+def gpu_collector(settings: AgentSettings) -> Collector:
+    """NVIDIA through NVML; where there is no NVIDIA driver, AMD through amdsmi, then Gaudi through HLML."""
+    # Imported here: a simulated node never loads the vendor collectors, an NVIDIA node never the other vendors'.
+    from collectors.gpu import NullGpuCollector, open_gpu_collector
+
+    attributor = Attributor(node=settings.node)
+    nvidia = open_gpu_collector(attributor=attributor)
+    if not isinstance(nvidia, NullGpuCollector):
+        return WithFacts(nvidia, attributor)  # the processes it attributes, described once per window
+    from collectors.amd import open_amd_collector
+    from collectors.gaudi import open_gaudi_collector
+
+    found = open_amd_collector(attributor=attributor) or open_gaudi_collector(attributor=attributor)
+    return WithFacts(found, attributor) if found is not None else nvidia
+
+
 def node_collectors(settings: AgentSettings, simulate: str | None = None) -> list[Collector]:
     """GPU (real, simulated, or a null collector saying why there is none), NICs, block devices and host."""
-    gpu: Collector
-    if simulate:
-        gpu = simulated_gpus(simulate, settings.node)
-    else:
-        attributor = Attributor(node=settings.node)
-        gpu = WithFacts(open_gpu_collector(attributor=attributor), attributor)
+    gpu: Collector = simulated_gpus(simulate, settings.node) if simulate else gpu_collector(settings)
     return [
         gpu,
         NicCollector(fabric_patterns=settings.fabric_interfaces),

@@ -242,6 +242,8 @@ def collect(
                 disks=inv.disks,
                 driver_version=inv.driver_version,
                 cuda_version=inv.cuda_version,
+                gpu_failures=inv.gpu_failures,
+                attribution_warning=inv.attribution_warning,
             )
         )
     builder = WindowBuilder("gpu-check", "check", session=1)
@@ -268,6 +270,12 @@ def summarise(windows: list[tuple[str, Telemetry]], birth: Birth) -> None:
         f"GPU: {birth.gpus[0].model if birth.gpus else '?'} x{len(birth.gpus)}, driver {birth.driver_version}, "
         f"CUDA {birth.cuda_version}"
     )
+    for g in birth.gpus:
+        print(f"  GPU {g.index}: PCIe bytes from {g.pcie_source or 'nowhere'}, NVLink links up {g.nvlink_links}")
+    for failure in birth.gpu_failures:
+        print(f"  GPU {failure.index} cannot be read: {failure.error}")
+    if birth.attribution_warning:
+        print(f"  attribution: {birth.attribution_warning}")
     for phase, expected in PHASES.items():
         ws = [w for p, w in windows if p == phase]
         if not ws:

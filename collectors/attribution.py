@@ -12,9 +12,21 @@ from pathlib import Path
 from agent.protocol import WorkloadKind
 
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+# Static pods (kubelet manifests) carry the manifest's 32-hex hash as their UID, without dashes.
+_STATIC_POD = re.compile(r"pod([0-9a-f]{32})(?:\.slice|/|$)")
 _SLURM = re.compile(r"/job_(\d+)(?:/|$)")
 _UNIT = re.compile(r"/([^/]+\.service)(?:/|$)")
-_CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|libpod)[-/]([0-9a-f]{12,64})")
+_CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|libpod|nerdctl)[-/]([0-9a-f]{12,64})")
+# Plain containerd (ctr) and nerdctl on cgroupfs put a container at /<containerd namespace>/<64-hex id>.
+_CONTAINERD = re.compile(r"^/[A-Za-z0-9._-]+/([0-9a-f]{64})$")
+# When several cgroup v1 hierarchies name different owners, the most specific wins: controllers Slurm does not
+# manage stay under slurmd.service, in an order that varies per machine.
+_RANK = {
+    WorkloadKind.KUBERNETES_POD: 0,
+    WorkloadKind.SLURM_JOB: 1,
+    WorkloadKind.CONTAINER: 2,
+    WorkloadKind.SYSTEMD_UNIT: 3,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +42,11 @@ def owner_from_cgroup(cgroup_path: str) -> tuple[str, WorkloadKind, str] | None:
     if m := _POD.search(cgroup_path):
         uid = m.group(1).replace("_", "-")
         return f"k8s/{uid}", WorkloadKind.KUBERNETES_POD, f"pod {uid}"
+    if m := _STATIC_POD.search(cgroup_path):
+        return f"k8s/{m.group(1)}", WorkloadKind.KUBERNETES_POD, f"static pod {m.group(1)}"
     if m := _SLURM.search(cgroup_path):
         return f"slurm/{m.group(1)}", WorkloadKind.SLURM_JOB, f"slurm job {m.group(1)}"
-    if m := _CONTAINER.search(cgroup_path):
+    if m := _CONTAINER.search(cgroup_path) or _CONTAINERD.search(cgroup_path):
         cid = m.group(1)[:12]
         return f"container/{cid}", WorkloadKind.CONTAINER, f"container {cid}"
     if m := _UNIT.search(cgroup_path):
@@ -67,11 +81,14 @@ class Attributor:
     def _owner(self, pid: int) -> Owner:
         comm = self._read(pid, "comm")
         hint = comm.strip()[:64] if comm else None
+        best: tuple[str, WorkloadKind, str] | None = None
         for line in (self._read(pid, "cgroup") or "").splitlines():
             path = line.split(":", 2)[-1]
             found = owner_from_cgroup(path)
-            if found:
-                return Owner(found[0], found[1], found[2], hint)
+            if found and (best is None or _RANK.get(found[1], 9) < _RANK.get(best[1], 9)):
+                best = found
+        if best:
+            return Owner(best[0], best[1], best[2], hint)
         pgid = self._pgid(pid)
         return Owner(f"pgid/{self._node}/{pgid}", WorkloadKind.PROCESS_GROUP, f"process group {pgid}", hint)
 
@@ -86,3 +103,32 @@ class Attributor:
             return os.getpgid(pid)
         except OSError:
             return pid
+
+    @property
+    def procfs_root(self) -> Path:
+        return self._proc
+
+    @property
+    def node(self) -> str:
+        return self._node
+
+
+def host_pid_namespace(procfs_root: Path = Path("/proc")) -> bool | None:
+    """Whether this process sees the host's PIDs (NVML reports host PIDs); None when the kernel cannot say.
+
+    ``NSpid`` in ``/proc/self/status`` lists this process's PID in each nested namespace: more than one entry
+    means a container with its own PID namespace, whose /proc cannot resolve the PIDs NVML returns.
+    """
+    try:
+        status = (procfs_root / "self" / "status").read_text(errors="replace")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return len(line.split()) <= 2
+    return None
+
+
+def unresolved_owner(pid: int, node: str) -> Owner:
+    """The owner of a host PID this agent cannot look up: the process itself, named by its host PID."""
+    return Owner(f"pid/{node}/{pid}", WorkloadKind.PROCESS_GROUP, f"host pid {pid}", None)

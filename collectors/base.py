@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from agent.protocol import DiskInfo, GpuInfo, NicInfo, WorkloadRef
+from agent.protocol import DiskInfo, GpuFailure, GpuInfo, NicInfo, WorkloadRef
 
 
 class Entity(StrEnum):
@@ -46,6 +46,8 @@ class Inventory:
     gpu_unavailable: str | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
+    gpu_failures: list[GpuFailure] = field(default_factory=list)
+    attribution_warning: str | None = None
 
     def merge(self, other: Inventory) -> Inventory:
         return Inventory(
@@ -55,6 +57,8 @@ class Inventory:
             gpu_unavailable=self.gpu_unavailable or other.gpu_unavailable,
             driver_version=self.driver_version or other.driver_version,
             cuda_version=self.cuda_version or other.cuda_version,
+            gpu_failures=self.gpu_failures + other.gpu_failures,
+            attribution_warning=self.attribution_warning or other.attribution_warning,
         )
 
 

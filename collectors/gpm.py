@@ -1,24 +1,41 @@
 """GPU Performance Monitoring (Hopper and newer): SM, tensor-core and DRAM activity from two GPM samples.
 
 Plain utilisation only says a kernel was running; GPM says how much of the GPU it used, which tells a
-tensor-core-bound training step from a memory-bound decode loop.
+tensor-core-bound training step from a memory-bound decode loop. GPM also samples each MIG instance on its own
+(``nvmlGpmMigSampleGet``), where NVML's utilisation is not supported at all, and gives PCIe throughput in MiB/s
+on drivers older than the PCIe byte fields.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-GPM_METRICS = {2: "sm_active", 5: "tensor_active", 10: "dram_active"}  # nvml.h NVML_GPM_METRIC_* ids
+# nvml.h NVML_GPM_METRIC_* ids → the names the collector reads them under.
+GPM_ACTIVITY = {1: "gpm_util", 2: "sm_active", 5: "tensor_active", 10: "dram_active"}
+GPM_PCIE = {20: "pcie_tx_mibps", 21: "pcie_rx_mibps"}
 
 
 class GpmReader:
-    """Keeps two sample buffers for one device and turns consecutive samples into activity percentages."""
+    """Keeps two sample buffers for one device (or one MIG instance) and turns consecutive samples into values."""
 
-    def __init__(self, nvml: ModuleType, handle: Any) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType,
+        handle: Any,
+        instance: int | None = None,
+        metrics: dict[int, str] | None = None,
+    ) -> None:
         self._nvml = nvml
-        self._handle = handle
+        self._errors = (nvml.NVMLError, AttributeError)
+        self._metrics = dict(metrics or GPM_ACTIVITY)
+        self._get: Callable[[Any], Any]
+        if instance is None:
+            self._get = lambda buf: nvml.nvmlGpmSampleGet(handle, buf)
+        else:  # handle is the parent GPU; the instance is its GPU-instance id
+            self._get = lambda buf: nvml.nvmlGpmMigSampleGet(handle, instance, buf)
         self._previous = nvml.nvmlGpmSampleAlloc()
         self._current = nvml.nvmlGpmSampleAlloc()
         self._primed = False
@@ -33,35 +50,36 @@ class GpmReader:
             return False
 
     def read(self) -> dict[str, float]:
-        """Activity since the previous call; empty on the first call or when GPM fails this time."""
+        """Values since the previous call; empty on the first call or when GPM fails this time."""
         nvml = self._nvml
         try:
-            nvml.nvmlGpmSampleGet(self._handle, self._current)
-        except nvml.NVMLError:
+            self._get(self._current)
+        except self._errors:
             return {}
         out: dict[str, float] = {}
         if self._primed:
+            ids = list(self._metrics)
             request = nvml.c_nvmlGpmMetricsGet_t()
             request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(GPM_METRICS)
+            request.numMetrics = len(ids)
             request.sample1 = self._previous
             request.sample2 = self._current
-            for slot, metric in enumerate(GPM_METRICS):
+            for slot, metric in enumerate(ids):
                 request.metrics[slot].metricId = metric
             try:
                 result = nvml.nvmlGpmMetricsGet(request)
-            except nvml.NVMLError:
+            except self._errors:
                 result = None
             if result is not None:
-                for slot in range(len(GPM_METRICS)):
+                for slot in range(len(ids)):
                     m = result.metrics[slot]
-                    if m.nvmlReturn == 0 and m.metricId in GPM_METRICS:
-                        out[GPM_METRICS[m.metricId]] = float(m.value)
+                    if m.nvmlReturn == 0 and m.metricId in self._metrics:
+                        out[self._metrics[m.metricId]] = float(m.value)
         self._previous, self._current = self._current, self._previous
         self._primed = True
         return out
 
     def close(self) -> None:
         for sample in (self._previous, self._current):
-            with contextlib.suppress(self._nvml.NVMLError):
+            with contextlib.suppress(*self._errors):
                 self._nvml.nvmlGpmSampleFree(sample)

@@ -4,25 +4,47 @@ Signals per GPU — gauges: ``util`` and ``mem_util`` (%), ``mem_used_mib``, ``p
 ``sm_clock_mhz``, and on Hopper and newer ``sm_active`` / ``tensor_active`` / ``dram_active`` (GPM, %);
 counters: ``pcie_tx_bps`` / ``pcie_rx_bps`` (the cumulative PCIe byte fields, read in one batched
 ``nvmlDeviceGetFieldValues`` call; ``nvmlDeviceGetPcieThroughput`` is avoided because it samples for ~20 ms per
-call), ``nvlink_tx_bps`` / ``nvlink_rx_bps`` (cumulative NVLink KiB summed over links), ``xid_events`` (from an
-event set); latest values: ``last_xid``, ``ecc_uncorrected``, ``remapped_rows``, ``lost``.
+call), ``nvlink_tx_bps`` / ``nvlink_rx_bps`` (cumulative NVLink KiB over the links that are up), ``xid_events``
+(from an event set); latest values: ``last_xid``, ``ecc_uncorrected``, ``remapped_rows``, ``lost``.
 
-MIG instances are devices of their own, indexed after the physical GPUs. Every getter tolerates NVML errors on
-its own, so one unsupported field never drops a sample; a GPU that falls off the bus is reported, not fatal.
-When NVML cannot start (no driver, no library) the collector is replaced by :class:`NullGpuCollector`.
+What real drivers do, and what the collector does about it (docs/agent.md has the table):
+
+- Every NVML error is a subclass of ``NVMLError`` chosen by its code; a symbol the driver lacks is
+  ``NVMLError_FunctionNotFound``, and the binding's unversioned process call turns that into
+  ``NVMLLibraryMismatchError``, which is not an ``NVMLError`` at all. Both are caught everywhere.
+- Process lists fall back from ``_v3`` to ``_v2``; drivers 535.43–535.86 fill a larger struct than the binding
+  reads (every PID after the first is garbage), so they start at ``_v2``, and every PID is checked against
+  /proc before it is attributed.
+- A GPU whose handle cannot be had (no permission, lost) costs that GPU only and is reported in the birth; a
+  driver that is not loaded yet is retried; the inventory is re-read when the driver version or the MIG layout
+  changes (``generation`` counts the changes so the agent re-publishes its birth).
+- NVLink counters are kept per link and only links that are up are read (all 36 a Blackwell GPU can have): a
+  link that fails for one tick costs that link's bytes for that tick, not a counter reset and a spike.
+- PCIe byte fields exist from R555 and wrap at the width of the value type NVML returns; older drivers on
+  Hopper and newer get PCIe MiB/s from GPM instead; ``pcie_source`` in the birth says which.
+- Utilisation is not supported on MIG instances (nor on a GPU in MIG mode): GPM samples each instance.
+- ``nvmlDeviceGetUtilizationRates`` covers one sample period (1/6 s to 1 s); ``nvmlDeviceGetSamples`` returns
+  every sample since the previous tick, so bursty work does not read as 0 or 100.
+
+When NVML cannot start because there is no driver library the collector is replaced by
+:class:`NullGpuCollector`; when the driver is installed but not loaded yet, the collector waits for it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from agent.protocol import GpuInfo, WorkloadKind, WorkloadRef
+from agent.metrics import Family, counter, gauge
+from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
 from collectors.attribution import Attributor
 from collectors.base import Entity, Inventory, Sample
-from collectors.gpm import GpmReader
+from collectors.gpm import GPM_ACTIVITY, GPM_PCIE, GpmReader
+from collectors.pids import NO_HOST_PIDS, PidResolver
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +57,88 @@ NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
+NVML_GPU_UTILIZATION_SAMPLES = 1
 EVENT_XID_CRITICAL = 0x8
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
-NVLINK_MAX_LINKS = 18
+NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
+NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
 MAX_EVENTS_PER_TICK = 64
-_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+RESCAN_S = 30.0  # how often the GPU layout (driver, MIG, failed GPUs) is checked for changes
+# nvmlValueType_t → (union member, width in bits, signed)
+_VALUE = {
+    0: ("dVal", 64, False),
+    1: ("uiVal", 32, False),
+    2: ("ulVal", 64, False),
+    3: ("ullVal", 64, False),
+    4: ("sllVal", 64, True),
+    5: ("siVal", 32, True),
+    6: ("usVal", 16, False),
+}
+# The struct-size mismatch: these drivers write nvmlProcessInfo entries larger than the binding's _v3 struct.
+_GARBLED_V3 = ((535, 43), (535, 86))
+_PROCESS_APIS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _code(exc: BaseException) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _describe(exc: BaseException) -> str:
+    code = _code(exc)
+    text = str(exc) or type(exc).__name__
+    return f"{text} (NVML error {code})" if code is not None else text
+
+
+def _driver_tuple(version: str | None) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in (version or "").split(".")[:2])
+    except ValueError:
+        return ()
+
+
+def field_value(v: Any) -> tuple[int, int]:
+    """(unsigned value, width in bits) of one nvmlFieldValue_t, read through the member its type names."""
+    member, width, signed = _VALUE.get(int(v.valueType), ("ullVal", 64, False))
+    raw = int(getattr(v.value, member))
+    if signed or raw < 0:
+        raw &= (1 << width) - 1
+    return raw, width
+
+
+@dataclass(slots=True)
+class WrappingCounter:
+    """A hardware counter of a fixed width turned into a monotonic total.
+
+    Narrow counters (32 bits and less) wrap within seconds at PCIe rates, so going backwards is a wrap; a 64-bit
+    counter never wraps in practice, so going backwards is a reset (a driver reload): that step adds nothing.
+    """
+
+    last: int | None = None
+    total: int = 0
+    resets: int = 0
+
+    def add(self, raw: int, width: int) -> int:
+        if self.last is not None:
+            if raw >= self.last:
+                self.total += raw - self.last
+            elif width < 64:
+                self.total += raw + (1 << width) - self.last
+            else:
+                self.resets += 1
+        self.last = raw
+        return self.total
 
 
 @dataclass(slots=True)
@@ -53,8 +147,13 @@ class _Device:
     handle: Any
     uuid: str
     parent: int | None = None  # MIG instances: the physical GPU's index
-    links: int = 0
+    links: tuple[int, ...] = ()  # NVLink links that are up
     gpm: GpmReader | None = None
+    pcie_source: str | None = None
+    nvswitch: bool | None = None
+    counters: dict[tuple[str, int], WrappingCounter] = field(default_factory=dict)
+    samples_api: bool = True
+    util_ts: int = 0  # timestamp (µs) of the newest utilisation sample read
 
 
 class NullGpuCollector:
@@ -81,54 +180,244 @@ class NullGpuCollector:
 class NvmlGpuCollector:
     name = "gpu"
 
-    def __init__(self, nvml: ModuleType, attributor: Attributor) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType,
+        attributor: Attributor,
+        clock: Callable[[], float] = time.monotonic,
+        waiting_for: str | None = None,
+    ) -> None:
+        """``waiting_for``: NVML did not start yet (the driver is not loaded); retry every ``RESCAN_S``."""
         self._nvml = nvml
+        mismatch = getattr(nvml, "NVMLLibraryMismatchError", None)
+        self._errors: tuple[type[BaseException], ...] = (nvml.NVMLError, AttributeError) + (
+            (mismatch,) if isinstance(mismatch, type) else ()
+        )
         self._attributor = attributor
+        self._clock = clock
         self._devices: list[_Device] = []
-        physical = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-        for i, handle in enumerate(physical):
-            device = _Device(i, handle, _text(self._try("nvmlDeviceGetUUID", handle) or f"GPU-{i}"))
-            device.links = self._nvlink_links(handle)
-            if GpmReader.supported(nvml, handle):
-                device.gpm = GpmReader(nvml, handle)
-            self._devices.append(device)
-        for i, handle in enumerate(physical):
-            self._devices.extend(self._mig_devices(i, handle, len(self._devices)))
-        self._by_uuid = {d.uuid: d.index for d in self._devices}
+        self._by_uuid: dict[str, int] = {}
+        self._failures: dict[int, str] = {}
         self._lost: set[int] = set()
         self._xids: dict[int, int] = {}
         self._last_xid: dict[int, int] = {}
-        self._events = self._event_set(physical)
+        self._events: Any = None
+        self._layout: tuple[Any, ...] | None = None
+        self._driver: str | None = None
+        self._unavailable = waiting_for
+        self._next_scan = clock() + RESCAN_S
+        self._process_apis: list[str] = []
+        self._process_driver: str | None = "unknown"
+        self._pids = PidResolver(attributor)
+        self.generation = 0  # bumped whenever the inventory changes
+        self.counter_resets = 0
+        if waiting_for is None:
+            self._enumerate()
+
+    # ------------------------------------------------------------------ NVML access
 
     def _try(self, fn: str, *args: Any) -> Any:
         try:
             return getattr(self._nvml, fn)(*args)
-        except self._nvml.NVMLError:
-            return None
-        except AttributeError:  # an older driver binding without this call
+        except self._errors:
             return None
 
-    def _nvlink_links(self, handle: Any) -> int:
-        up = 0
+    @property
+    def invalid_pids(self) -> int:
+        return self._pids.invalid
+
+    # ------------------------------------------------------------------ inventory
+
+    def _enumerate(self) -> None:
+        """(Re-)read the GPU layout: a GPU that fails costs that GPU only."""
+        self._close_devices()
+        self._devices, self._failures = [], {}
+        nvml = self._nvml
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except self._errors as exc:
+            self._unavailable = f"NVML cannot count GPUs: {_describe(exc)}"
+            log.warning("GPU collector: %s; retrying every %.0f s", self._unavailable, RESCAN_S)
+            self._layout = None
+            return
+        self._unavailable = None
+        self._driver = self._driver_version()
+        physical: list[_Device] = []
+        for i in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            except self._errors as exc:
+                self._failures[i] = _describe(exc)[:120]
+                log.warning("GPU %d cannot be read (%s); the other GPUs are reported", i, self._failures[i])
+                continue
+            device = _Device(i, handle, _text(self._try("nvmlDeviceGetUUID", handle) or f"GPU-{i}"))
+            device.links = self._nvlink_links(handle)
+            if device.links:
+                remote = self._try("nvmlDeviceGetNvLinkRemoteDeviceType", handle, device.links[0])
+                device.nvswitch = None if remote is None else int(remote) == NVML_NVLINK_DEVICE_TYPE_SWITCH
+            gpm = GpmReader.supported(nvml, handle)
+            device.pcie_source = self._pcie_source(handle, gpm)
+            if gpm:
+                metrics = GPM_ACTIVITY | (GPM_PCIE if device.pcie_source == "gpm" else {})
+                device.gpm = self._gpm_reader(handle, None, metrics)
+                if device.gpm is None and device.pcie_source == "gpm":
+                    device.pcie_source = None
+            physical.append(device)
+        self._devices = list(physical)
+        for d in physical:
+            self._devices.extend(self._mig_devices(d, count + len(self._devices) - len(physical)))
+        self._by_uuid = {d.uuid: d.index for d in self._devices}
+        self._events = self._event_set([d.handle for d in physical])
+        if self._driver != self._process_driver:  # what the driver offers is learnt once per driver
+            self._process_driver = self._driver
+            self._process_apis = self._process_chain()
+            if self._devices:
+                self._device_pids(self._devices[0])  # find a missing symbol now, so the first birth can say so
+        self._layout = self._current_layout()
+
+    def _gpm_reader(self, handle: Any, instance: int | None, metrics: dict[int, str]) -> GpmReader | None:
+        try:
+            return GpmReader(self._nvml, handle, instance=instance, metrics=metrics)
+        except self._errors as exc:  # sample buffers could not be allocated: no GPM for this device
+            log.info("GPM unavailable (%s)", _describe(exc))
+            return None
+
+    def _driver_version(self) -> str | None:
+        driver = self._try("nvmlSystemGetDriverVersion")
+        return _text(driver) if driver else None
+
+    def _process_chain(self) -> list[str]:
+        apis = list(_PROCESS_APIS)
+        low, high = _GARBLED_V3
+        if low <= _driver_tuple(self._driver) <= high:
+            apis.reverse()  # _v2 first: _v3 returns garbage PIDs on these drivers
+        return apis
+
+    def _nvlink_links(self, handle: Any) -> tuple[int, ...]:
+        """The links that are up, out of every link NVML can address (a down link may sit between up ones)."""
+        up = []
         for link in range(NVLINK_MAX_LINKS):
-            state = self._try("nvmlDeviceGetNvLinkState", handle, link)
-            if state is None:
-                break
-            up += 1 if state else 0
-        return up
+            try:
+                if self._nvml.nvmlDeviceGetNvLinkState(handle, link):
+                    up.append(link)
+            except self._errors:
+                continue
+        return tuple(up)
 
-    def _mig_devices(self, parent: int, handle: Any, next_index: int) -> list[_Device]:
-        mode = self._try("nvmlDeviceGetMigMode", handle)
+    def _pcie_source(self, handle: Any, gpm: bool) -> str | None:
+        values = self._try("nvmlDeviceGetFieldValues", handle, [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES])
+        if values is not None and all(int(v.nvmlReturn) == 0 for v in values):
+            return "nvml-fields"
+        return "gpm" if gpm else None
+
+    def _mig_devices(self, parent: _Device, next_index: int) -> list[_Device]:
+        mode = self._try("nvmlDeviceGetMigMode", parent.handle)
         if not mode or not mode[0]:
             return []
         out: list[_Device] = []
-        for slot in range(self._try("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
-            mig = self._try("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        for slot in range(self._try("nvmlDeviceGetMaxMigDeviceCount", parent.handle) or 0):
+            mig = self._try("nvmlDeviceGetMigDeviceHandleByIndex", parent.handle, slot)
             if mig is None:
                 continue  # an empty slot
-            uuid = _text(self._try("nvmlDeviceGetUUID", mig) or f"MIG-{parent}-{slot}")
-            out.append(_Device(next_index + len(out), mig, uuid, parent=parent))
+            uuid = _text(self._try("nvmlDeviceGetUUID", mig) or f"MIG-{parent.index}-{slot}")
+            device = _Device(next_index + len(out), mig, uuid, parent=parent.index)
+            instance = self._try("nvmlDeviceGetGpuInstanceId", mig)
+            if parent.gpm is not None and instance is not None:
+                device.gpm = self._gpm_reader(parent.handle, int(instance), GPM_ACTIVITY)
+            device.samples_api = False
+            out.append(device)
         return out
+
+    def _current_layout(self) -> tuple[Any, ...]:
+        """What, when it changes, means the inventory must be read again: driver, GPU count, MIG layout."""
+        count = self._try("nvmlDeviceGetCount")
+        migs: list[Any] = []
+        for d in self._devices:
+            if d.parent is None:
+                mode = self._try("nvmlDeviceGetMigMode", d.handle)
+                slots = self._try("nvmlDeviceGetMaxMigDeviceCount", d.handle) if mode and mode[0] else 0
+                present = [
+                    _text(self._try("nvmlDeviceGetUUID", h) or "")
+                    for s in range(slots or 0)
+                    if (h := self._try("nvmlDeviceGetMigDeviceHandleByIndex", d.handle, s)) is not None
+                ]
+                migs.append((d.index, bool(mode and mode[0]), tuple(present)))
+        return (self._driver_version(), count, tuple(migs))
+
+    def _rescan(self) -> None:
+        """Retry a driver that was not loaded and GPUs that failed; re-read the inventory if the layout changed."""
+        if self._unavailable is not None and not self._devices and self._layout is None:
+            try:
+                self._nvml.nvmlInit()
+            except self._errors as exc:
+                if self._unavailable != f"NVML unavailable: {_describe(exc)}":
+                    self._unavailable = f"NVML unavailable: {_describe(exc)}"
+                    log.info("GPU collector: %s; still waiting", self._unavailable)
+                return
+            self._enumerate()
+            if self._unavailable is None:
+                log.info("NVML started: %d GPU(s) found", len(self._devices))
+                self.generation += 1
+            return
+        layout = self._current_layout()
+        if layout != self._layout or self._failures:
+            before = (self._layout, dict(self._failures))
+            self._enumerate()
+            if (self._layout, self._failures) != before:
+                log.info("GPU layout changed (driver, GPU count or MIG); inventory re-read")
+                self.generation += 1
+
+    def inventory(self) -> Inventory:
+        gpus = []
+        for d in self._devices:
+            h = d.handle
+            mem = self._try("nvmlDeviceGetMemoryInfo", h)
+            physical = d.parent is None
+            limit = self._try("nvmlDeviceGetPowerManagementLimit", h) if physical else None
+            mig = self._try("nvmlDeviceGetMigMode", h) if physical else None
+            name = _text(self._try("nvmlDeviceGetName", h) or "unknown")
+            profile = name.rsplit(" MIG ", 1)[1] if not physical and " MIG " in name else None
+            pci = self._try("nvmlDeviceGetPciInfo", h) if physical else None
+            device_id = getattr(pci, "pciDeviceId", None)
+            gpus.append(
+                GpuInfo(
+                    index=d.index,
+                    uuid=d.uuid,
+                    model=name[:96],
+                    memory_mib=int(mem.total // 2**20) if mem else 0,
+                    nvlink_links=len(d.links),
+                    pcie_gen=self._try("nvmlDeviceGetMaxPcieLinkGeneration", h) if physical else None,
+                    pcie_width=self._try("nvmlDeviceGetMaxPcieLinkWidth", h) if physical else None,
+                    mig_mode=bool(mig and mig[0]),
+                    parent=d.parent,
+                    mig_profile=profile[:32] if profile else None,
+                    power_limit_w=limit / 1000 if limit else None,
+                    pcie_source=d.pcie_source if physical else None,
+                    pci_device_id=f"0x{int(device_id):08x}" if isinstance(device_id, int) else None,
+                    nvswitch=d.nvswitch,
+                )
+            )
+        cuda = self._try("nvmlSystemGetCudaDriverVersion") if self._unavailable is None else None
+        unavailable = self._unavailable
+        if unavailable is None and not gpus and self._failures:
+            unavailable = "no GPU could be read; see gpu_failures"
+        return Inventory(
+            gpus=gpus,
+            gpu_unavailable=unavailable[:300] if unavailable else None,
+            driver_version=self._driver,
+            cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
+            gpu_failures=[GpuFailure(index=i, error=e) for i, e in sorted(self._failures.items())],
+            attribution_warning=self._attribution_warning(),
+        )
+
+    def _attribution_warning(self) -> str | None:
+        if not self._pids.host_pids:
+            return NO_HOST_PIDS
+        if self._devices and not self._process_apis:
+            return "the driver offers no process call NVML's binding can use: GPU workloads are not attributed"
+        return None
+
+    # ------------------------------------------------------------------ sampling
 
     def _event_set(self, physical: list[Any]) -> Any:
         events = self._try("nvmlEventSetCreate")
@@ -139,62 +428,69 @@ class NvmlGpuCollector:
             try:
                 self._nvml.nvmlDeviceRegisterEvents(handle, EVENT_XID_CRITICAL, events)
                 registered += 1
-            except self._nvml.NVMLError:
+            except self._errors:
                 pass  # XID events are not supported on every GPU or driver
-        return events if registered else None
+        if registered:
+            return events
+        self._try("nvmlEventSetFree", events)
+        return None
 
-    def inventory(self) -> Inventory:
-        gpus = []
-        for d in self._devices:
-            h = d.handle
-            mem = self._try("nvmlDeviceGetMemoryInfo", h)
-            limit = self._try("nvmlDeviceGetPowerManagementLimit", h) if d.parent is None else None
-            mig = self._try("nvmlDeviceGetMigMode", h) if d.parent is None else None
-            name = _text(self._try("nvmlDeviceGetName", h) or "unknown")
-            profile = name.rsplit(" MIG ", 1)[1] if d.parent is not None and " MIG " in name else None
-            gpus.append(
-                GpuInfo(
-                    index=d.index,
-                    uuid=d.uuid,
-                    model=name,
-                    memory_mib=int(mem.total // 2**20) if mem else 0,
-                    nvlink_links=d.links,
-                    pcie_gen=self._try("nvmlDeviceGetMaxPcieLinkGeneration", h) if d.parent is None else None,
-                    pcie_width=self._try("nvmlDeviceGetMaxPcieLinkWidth", h) if d.parent is None else None,
-                    mig_mode=bool(mig and mig[0]),
-                    parent=d.parent,
-                    mig_profile=profile,
-                    power_limit_w=limit / 1000 if limit else None,
-                )
-            )
-        driver = self._try("nvmlSystemGetDriverVersion")
-        cuda = self._try("nvmlSystemGetCudaDriverVersion")
-        return Inventory(
-            gpus=gpus,
-            driver_version=_text(driver) if driver else None,
-            cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None,
-        )
+    def _counter(self, d: _Device, name: str, link: int, raw: int, width: int) -> int:
+        c = d.counters.setdefault((name, link), WrappingCounter())
+        before = c.resets
+        total = c.add(raw, width)
+        self.counter_resets += c.resets - before
+        return total
 
-    def _fields(self, handle: Any, links: int) -> dict[str, int]:
-        """PCIe and NVLink cumulative counters in one batched NVML call."""
-        ids: list[Any] = [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES]
-        for link in range(links):
+    def _fields(self, d: _Device) -> dict[str, int]:
+        """PCIe and per-link NVLink counters in one batched NVML call, each kept monotonic on its own."""
+        ids: list[Any] = [FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES] if d.pcie_source == "nvml-fields" else []
+        for link in d.links:
             ids += [(FI_NVLINK_DATA_TX_KIB, link), (FI_NVLINK_DATA_RX_KIB, link)]
-        values = self._try("nvmlDeviceGetFieldValues", handle, ids)
+        if not ids:
+            return {}
+        values = self._try("nvmlDeviceGetFieldValues", d.handle, ids)
+        if values is None:
+            return {}
         out: dict[str, int] = {}
-        for v in values or []:
-            if v.nvmlReturn != 0:
-                continue
-            raw = int(getattr(v.value, _VALUE_ATTR.get(v.valueType, "ullVal")))
-            if v.fieldId == FI_PCIE_TX_BYTES:
-                out["pcie_tx_bps"] = raw
-            elif v.fieldId == FI_PCIE_RX_BYTES:
-                out["pcie_rx_bps"] = raw
-            elif v.fieldId == FI_NVLINK_DATA_TX_KIB:
-                out["nvlink_tx_bps"] = out.get("nvlink_tx_bps", 0) + raw * 1024
-            elif v.fieldId == FI_NVLINK_DATA_RX_KIB:
-                out["nvlink_rx_bps"] = out.get("nvlink_rx_bps", 0) + raw * 1024
+        for v in values:
+            fid = int(v.fieldId)
+            if fid in (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES):
+                if int(v.nvmlReturn) == 0:
+                    raw, width = field_value(v)
+                    name = "pcie_tx_bps" if fid == FI_PCIE_TX_BYTES else "pcie_rx_bps"
+                    out[name] = self._counter(d, name, -1, raw, width)
+            elif fid in (FI_NVLINK_DATA_TX_KIB, FI_NVLINK_DATA_RX_KIB):
+                name = "nvlink_tx_bps" if fid == FI_NVLINK_DATA_TX_KIB else "nvlink_rx_bps"
+                link = int(v.scopeId)
+                if int(v.nvmlReturn) == 0:
+                    raw, width = field_value(v)
+                    self._counter(d, name, link, raw, width)
+                # A link that fails this tick keeps its last total: its bytes show up when it answers again.
+                c = d.counters.get((name, link))
+                if c is not None:
+                    out[name] = out.get(name, 0) + c.total * 1024
         return out
+
+    def _util(self, d: _Device) -> float | None:
+        """Mean GPU utilisation over every NVML sample since the previous tick (falls back to one reading)."""
+        if d.samples_api and hasattr(self._nvml, "nvmlDeviceGetSamples"):
+            try:
+                value_type, samples = self._nvml.nvmlDeviceGetSamples(d.handle, NVML_GPU_UTILIZATION_SAMPLES, d.util_ts)
+            except self._errors as exc:
+                if _code(exc) != NVML_ERROR_NOT_FOUND:  # NOT_FOUND: no new sample since the last tick
+                    d.samples_api = False
+            else:
+                member = _VALUE.get(int(value_type), ("uiVal", 32, False))[0]
+                points = [(int(s.timeStamp), float(getattr(s.sampleValue, member))) for s in samples]
+                newest = max((ts for ts, _ in points), default=0)
+                if d.util_ts == 0:  # the first read returns NVML's whole buffer: keep the last second
+                    points = [(ts, v) for ts, v in points if ts > newest - 1_000_000]
+                points = [(ts, v) for ts, v in points if ts > d.util_ts]
+                if points:
+                    d.util_ts = newest
+                    return sum(v for _, v in points) / len(points)
+        return None
 
     def _drain_events(self) -> None:
         """Count XID events since the last tick without blocking (timeout 0)."""
@@ -203,7 +499,7 @@ class NvmlGpuCollector:
         for _ in range(MAX_EVENTS_PER_TICK):
             try:
                 event = self._nvml.nvmlEventSetWait_v2(self._events, 0)
-            except self._nvml.NVMLError:
+            except self._errors:
                 return  # NVML_ERROR_TIMEOUT: nothing pending
             uuid = _text(self._try("nvmlDeviceGetUUID", event.device) or "")
             index = self._by_uuid.get(uuid)
@@ -217,8 +513,8 @@ class NvmlGpuCollector:
         """(memory info or None, lost): a GPU that fell off the bus is logged once and reported, not fatal."""
         try:
             mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-        except self._nvml.NVMLError as exc:
-            if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
+        except self._errors as exc:
+            if _code(exc) == NVML_ERROR_GPU_IS_LOST:
                 if index not in self._lost:
                     log.warning("GPU %d is lost (fallen off the bus); reporting it without samples", index)
                     self._lost.add(index)
@@ -245,6 +541,10 @@ class NvmlGpuCollector:
         return latest
 
     def sample(self) -> list[Sample]:
+        now = self._clock()
+        if now >= self._next_scan:
+            self._next_scan = now + RESCAN_S
+            self._rescan()
         self._drain_events()
         out = []
         for d in self._devices:
@@ -254,9 +554,11 @@ class NvmlGpuCollector:
                 out.append(Sample(Entity.GPU, str(d.index), latest={"lost": 1}))
                 continue
             gauges: dict[str, float] = {}
-            if (util := self._try("nvmlDeviceGetUtilizationRates", h)) is not None:
-                gauges["util"] = float(util.gpu)
-                gauges["mem_util"] = float(util.memory)
+            if (rates := self._try("nvmlDeviceGetUtilizationRates", h)) is not None:
+                gauges["util"] = float(rates.gpu)
+                gauges["mem_util"] = float(rates.memory)
+            if (util := self._util(d)) is not None:
+                gauges["util"] = util
             if mem is not None:
                 gauges["mem_used_mib"] = mem.used / 2**20
             if d.parent is None:
@@ -267,51 +569,90 @@ class NvmlGpuCollector:
                 if (clock := self._try("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM)) is not None:
                     gauges["sm_clock_mhz"] = float(clock)
             if d.gpm is not None:
-                gauges.update(d.gpm.read())
-            counters = self._fields(h, d.links) if d.parent is None else {}
+                gpm = d.gpm.read()
+                if "gpm_util" in gpm and "util" not in gauges:  # MIG: NVML's utilisation is not supported
+                    gauges["util"] = gpm["gpm_util"]
+                for name in ("sm_active", "tensor_active", "dram_active"):
+                    if name in gpm:
+                        gauges[name] = gpm[name]
+                for name in ("pcie_tx", "pcie_rx"):
+                    if f"{name}_mibps" in gpm:
+                        gauges[f"{name}_bps"] = gpm[f"{name}_mibps"] * 2**20
+            counters = self._fields(d) if d.parent is None else {}
             counters["xid_events"] = self._xids.get(d.index, 0)
             out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters, latest=self._health(d)))
         return out
 
+    # ------------------------------------------------------------------ attribution
+
+    def _device_pids(self, d: _Device) -> list[object]:
+        """PIDs on one device through the first process call the driver has (unchecked)."""
+        while self._process_apis:
+            api = self._process_apis[0]
+            try:
+                procs = getattr(self._nvml, api)(d.handle)
+            except self._errors as exc:
+                code = _code(exc)
+                if code is None or code == NVML_ERROR_FUNCTION_NOT_FOUND:  # no such symbol in this driver
+                    self._process_apis.pop(0)
+                    fallback = self._process_apis[0] if self._process_apis else "none"
+                    log.info("driver lacks %s (%s); using %s", api, _describe(exc), fallback)
+                    continue
+                return []  # NOT_SUPPORTED and the like: this device only
+            return [getattr(p, "pid", None) for p in procs]
+        return []
+
     def workloads(self) -> list[WorkloadRef]:
-        owners: dict[str, tuple[WorkloadKind, str, str | None, set[int]]] = {}
-        for d in self._devices:
-            for proc in self._try("nvmlDeviceGetComputeRunningProcesses", d.handle) or []:
-                owner = self._attributor.owner(int(proc.pid))
-                entry = owners.setdefault(owner.id, (owner.kind, owner.name, owner.hint, set()))
-                entry[3].add(d.index)
+        return self._pids.workloads((d.index, self._device_pids(d)) for d in self._devices if d.index not in self._lost)
+
+    def metrics(self) -> list[Family]:
+        """Self-metrics: what the agent cannot see on this node's GPUs."""
+        failed, lost, apis = len(self._failures), len(self._lost), 1 if self._process_apis else 0
         return [
-            WorkloadRef(id=wid, kind=kind, name=name, gpus=sorted(gpus), hint=hint)
-            for wid, (kind, name, hint, gpus) in sorted(owners.items())
+            gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", failed),
+            gauge("fleetfit_agent_gpu_lost", "GPUs that stopped answering.", lost),
+            counter("fleetfit_agent_gpu_invalid_pids_total", "NVML process ids not in /proc.", self.invalid_pids),
+            counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),
+            counter("fleetfit_agent_gpu_counter_resets_total", "GPU counters that reset.", self.counter_resets),
+            gauge("fleetfit_agent_gpu_process_api", "1 while a process call works.", apis),
         ]
 
-    def close(self) -> None:
+    def _close_devices(self) -> None:
         for d in self._devices:
             if d.gpm is not None:
                 d.gpm.close()
         if self._events is not None:
             self._try("nvmlEventSetFree", self._events)
+            self._events = None
+
+    def close(self) -> None:
+        self._close_devices()
         self._try("nvmlShutdown")
 
 
 def open_gpu_collector(
-    nvml: ModuleType | None = None, attributor: Attributor | None = None
+    nvml: ModuleType | None = None,
+    attributor: Attributor | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> NvmlGpuCollector | NullGpuCollector:
-    """Start NVML and return a GPU collector, or a null one that says why there is none."""
+    """Start NVML and return a GPU collector; a null one when there is no driver library at all."""
     if nvml is None:
         try:
             import pynvml as nvml_module
         except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
             return _disabled(f"nvidia-ml-py is not installed ({exc})")
         nvml = nvml_module
+    attributor = attributor or Attributor()
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        return _disabled(f"NVML unavailable: {exc}")
-    try:
-        return NvmlGpuCollector(nvml, attributor or Attributor())
-    except nvml.NVMLError as exc:
-        return _disabled(f"NVML failed to enumerate GPUs: {exc}")
+        if _code(exc) == NVML_ERROR_LIBRARY_NOT_FOUND:
+            return _disabled(f"NVML unavailable: {_describe(exc)}")
+        # The library is there but the driver is not ready (not loaded yet at boot, being upgraded): wait for it.
+        reason = f"NVML unavailable: {_describe(exc)}"
+        log.info("GPU collector: %s; retrying every %.0f s", reason, RESCAN_S)
+        return NvmlGpuCollector(nvml, attributor, clock, waiting_for=reason)
+    return NvmlGpuCollector(nvml, attributor, clock)
 
 
 def _disabled(reason: str) -> NullGpuCollector:

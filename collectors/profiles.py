@@ -98,5 +98,20 @@ PROFILES: dict[str, NodeProfile] = {
             2100,
             tuple(NicSpec(f"roce{i}", NicKind.ROCE, 400_000) for i in range(8)) + _front(2, 100_000),
         ),
+        # HLS-Gaudi2: 21 of each card's 24 on-chip 100 GbE ports connect the eight cards all-to-all (262.5 GB/s
+        # per card per direction); the other three leave through six 400 GbE QSFP-DD ports.
+        NodeProfile(
+            "gaudi2",
+            "Intel Gaudi 2",
+            8,
+            98304,
+            21,
+            262.5,
+            4,
+            600,
+            90,
+            1650,
+            tuple(NicSpec(f"roce{i}", NicKind.ROCE, 400_000) for i in range(6)) + _front(2, 100_000),
+        ),
     )
 }

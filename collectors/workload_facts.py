@@ -261,3 +261,7 @@ class WithFacts:
 
     def close(self) -> None:
         self._inner.close()
+
+    def __getattr__(self, name: str) -> object:
+        # What a collector may offer beyond the protocol (its hardware generation, its self-metrics).
+        return getattr(self._inner, name)

@@ -167,7 +167,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from optimizer.catalog import CatalogError, load_catalog
     from optimizer.recommend import PlanSettings, plan_snapshot
     from optimizer.render import render_json, render_table
-    from optimizer.snapshot import Snapshot
+    from optimizer.snapshot import Snapshot, unknown_hardware
 
     try:
         snapshot = Snapshot.model_validate_json(args.fleet.read_bytes())
@@ -180,6 +180,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _fail(f"{args.fleet}: {where}: {first['msg']}")
     except CatalogError as exc:
         return _fail(str(exc))
+    unknown = unknown_hardware(catalog, snapshot)
+    if unknown:
+        i, name = unknown[0]
+        return _fail(f"{args.fleet}: nodes.{i}.hardware: unknown hardware {name!r} (not a catalog key or GPU name)")
     over = snapshot.overcommitted()
     if over:
         return _fail(f"{args.fleet}: more GPUs in use than installed on {', '.join(over)}")

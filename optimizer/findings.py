@@ -3,21 +3,26 @@ planner can move it now (no free capacity, pinned, multi-node). Capacity teams p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from agent.protocol import Finding, FindingKind, WorkloadClass
 from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import Demand, fit_problem, monthly_cost
-from optimizer.snapshot import Resolved
+from optimizer.snapshot import Resolved, SnapshotNode, hardware_of
 
 MIN_WASTE_USD_PER_HOUR = 0.05
 SERVING = frozenset({WorkloadClass.INFERENCE, WorkloadClass.INTERACTIVE})
 
 
-def cheapest_fit(catalog: Catalog, demand: Demand, current: GpuType) -> tuple[GpuType, float]:
-    """The catalog GPU where this workload's current work costs least per month, and that cost."""
+def cheapest_fit(
+    catalog: Catalog, demand: Demand, current: GpuType, among: Collection[str] | None = None
+) -> tuple[GpuType, float]:
+    """The catalog GPU (of the keys ``among``, default all) where this workload's current work costs least per
+    month, and that cost."""
     best, best_cost = current, monthly_cost(catalog, demand, current, current)
     for target in catalog.gpu:
+        if among is not None and target.key not in among:
+            continue
         if fit_problem(catalog, demand, current, target) is None:
             cost = monthly_cost(catalog, demand, current, target)
             if cost < best_cost:
@@ -105,4 +110,25 @@ def detect(catalog: Catalog, workloads: Iterable[Resolved]) -> list[Finding]:
                 )
             )
     out.sort(key=lambda x: -x.wasted_usd_per_hour)
+    return out
+
+
+def uncatalogued(catalog: Catalog, nodes: Iterable[SnapshotNode]) -> list[Finding]:
+    """A node whose GPU the catalog does not know: planned around (its work stays, nothing moves onto it)."""
+    out = []
+    for n in nodes:
+        if hardware_of(catalog, n.hardware, n.pci_id) is None:
+            out.append(
+                Finding(
+                    workload=f"node/{n.name}",
+                    workload_name=n.name,
+                    kind=FindingKind.UNCATALOGUED_HARDWARE,
+                    hardware=n.hardware[:96],
+                    nodes=[n.name],
+                    wasted_usd_per_hour=0.0,
+                    confidence=1.0,
+                    detail=f"uncatalogued hardware: add an entry for {n.hardware!r} to the catalog; "
+                    f"its {n.gpus} GPU(s) keep their work and receive none until then",
+                )
+            )
     return out

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agent.protocol import Blocked, Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import THROUGHPUT_BOUND, fit_problem, monthly_cost, throughput
-from optimizer.findings import cheapest_fit, detect
+from optimizer.findings import cheapest_fit, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
@@ -102,10 +102,15 @@ def _why_stays(
         return None
     d = r.w.demand
     now = monthly_cost(catalog, d, r.hardware, r.hardware)
-    target, best = cheapest_fit(catalog, d, r.hardware)
+    worth = max(settings.min_monthly_savings, settings.min_savings_fraction * now)
+    # Hardware the site has comes first: a catalog lists far more models than any site holds.
+    target, best = cheapest_fit(catalog, d, r.hardware, among=present)
     saving = now - best
-    if target.key == r.hardware.key or saving < max(settings.min_monthly_savings, settings.min_savings_fraction * now):
-        return None
+    if target.key == r.hardware.key or saving < worth:
+        target, best = cheapest_fit(catalog, d, r.hardware)
+        saving = now - best
+        if target.key == r.hardware.key or saving < worth or r.w.pinned:
+            return None
     if r.w.pinned:
         return "pinned", saving
     if r.multi_node:
@@ -226,7 +231,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         generated_at=time.time() if now is None else now,
         solver=solution.report,
         workloads=views,
-        findings=detect(catalog, resolved),
+        findings=detect(catalog, resolved) + uncatalogued(catalog, snapshot.nodes),
         recommendations=recommendations,
         blocked=blocked,
         monthly_savings_usd=round(sum(x.monthly_savings_usd for x in recommendations), 2),

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agent.protocol import Ident, WorkloadClass
+from agent.protocol import Birth, Ident, NicKind, WorkloadClass
 from optimizer.catalog import Catalog, GpuType
 from optimizer.classify import classify
 from optimizer.costs import Demand
@@ -28,6 +28,10 @@ class SnapshotNode(_Strict):
     name: str = Field(min_length=1, max_length=128)
     hardware: str = Field(min_length=1, description="a catalog key (h100) or the GPU name NVML reports")
     gpus: int = Field(ge=1, le=64)
+    # Measured on the node (by its agent); when present they replace the catalog's typical values.
+    nvlink: bool | None = Field(default=None, description="every GPU reaches the others over NVLink")
+    fabric: Literal["infiniband", "roce", "ethernet"] | None = Field(default=None, description="RDMA NICs seen")
+    pci_id: str | None = Field(default=None, max_length=16, description="PCI id the catalog matches first")
 
 
 class SnapshotWorkload(_Strict):
@@ -101,16 +105,54 @@ class Resolved:
         return self.w.mem_mib_per_gpu / (self.hardware.memory_gib * 1024)
 
 
-def hardware_of(catalog: Catalog, name: str) -> GpuType | None:
+def hardware_of(catalog: Catalog, name: str, pci_id: str | None = None) -> GpuType | None:
     try:
         return catalog.by_key(name)
     except KeyError:
-        return catalog.lookup(name)
+        return catalog.lookup(name, pci_id)
+
+
+def node_hardware(catalog: Catalog, node: SnapshotNode) -> GpuType | None:
+    """The node's catalog entry with NVLink and fabric as the node measured them, where it did."""
+    hw = hardware_of(catalog, node.hardware, node.pci_id)
+    if hw is None:
+        return None
+    update: dict[str, object] = {}
+    if node.nvlink is not None:
+        update["nvlink"] = node.nvlink
+    if node.fabric is not None:
+        update["fabric"] = node.fabric
+    return hw.model_copy(update=update) if update else hw
+
+
+def unknown_hardware(catalog: Catalog, snapshot: Snapshot) -> list[tuple[int, str]]:
+    """(index, hardware) of each node whose hardware is neither a catalog key nor a GPU the catalog matches."""
+    return [(i, n.hardware) for i, n in enumerate(snapshot.nodes) if hardware_of(catalog, n.hardware, n.pci_id) is None]
 
 
 def resolve(catalog: Catalog, snapshot: Snapshot) -> list[Resolved]:
-    hw = {n.name: hardware_of(catalog, n.hardware) for n in snapshot.nodes}
+    hw = {n.name: node_hardware(catalog, n) for n in snapshot.nodes}
     return [Resolved(w, hw[w.nodes[0]]) for w in snapshot.workloads]
+
+
+def measured(birth: Birth) -> tuple[bool | None, Literal["infiniband", "roce", "ethernet"] | None]:
+    """NVLink and fabric as a node's birth shows them; None where it says nothing."""
+    physical = [g for g in birth.gpus if g.parent is None]
+    nvlink: bool | None = None
+    if physical:
+        linked = all(g.nvlink_links > 0 for g in physical)
+        # Links without an NVSwitch behind them are bridges between pairs: no NVLink across more than two GPUs.
+        bridged = len(physical) > 2 and all(g.nvswitch is False for g in physical)
+        nvlink = linked and not bridged
+    kinds = {n.kind for n in birth.nics}
+    fabric: Literal["infiniband", "roce", "ethernet"] | None = None
+    if NicKind.INFINIBAND in kinds:
+        fabric = "infiniband"
+    elif NicKind.ROCE in kinds:
+        fabric = "roce"
+    elif NicKind.ETHERNET in kinds:
+        fabric = "ethernet"
+    return nvlink, fabric
 
 
 def from_fleet(fleet: Fleet, site: str, pinned: list[str]) -> Snapshot:
@@ -119,7 +161,22 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str]) -> Snapshot:
     for (rec_site, name), record in sorted(fleet.nodes.items()):
         if rec_site == site and record.birth is not None and record.birth.gpus:
             physical = [g for g in record.birth.gpus if g.parent is None]
-            nodes.append(SnapshotNode(name=name, hardware=physical[0].model, gpus=len(physical)))
+            if not physical:  # only MIG instances listed: count their GPUs, name the model without the slice
+                slices = record.birth.gpus
+                model = slices[0].model.split(" MIG ", 1)[0]
+                nodes.append(SnapshotNode(name=name, hardware=model, gpus=max(1, len({g.parent for g in slices}))))
+                continue
+            nvlink, fabric = measured(record.birth)
+            nodes.append(
+                SnapshotNode(
+                    name=name,
+                    hardware=physical[0].model,
+                    gpus=len(physical),
+                    nvlink=nvlink,
+                    fabric=fabric,
+                    pci_id=physical[0].pci_device_id,
+                )
+            )
     known = {n.name for n in nodes}
     workloads = []
     for f in workload_features(fleet, site):

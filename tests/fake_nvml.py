@@ -1,16 +1,29 @@
-"""A stand-in for the pynvml module on machines without an NVIDIA GPU: same call shapes, scripted values."""
+"""A stand-in for the pynvml module on machines without an NVIDIA GPU: same call shapes, scripted values.
+
+It fails the way the real nvidia-ml-py binding fails, because it raises the binding's own classes: errors are
+``pynvml.NVMLError(code)``, which ``NVMLError.__new__`` turns into the per-code subclass
+(``NVMLError_NoPermission``, ``NVMLError_GpuIsLost``...); a symbol the driver lacks is
+``NVMLError_FunctionNotFound``; the unversioned process calls are wrapped in the binding's own
+``throwOnVersionMismatch``, so a driver without ``_v3`` raises ``NVMLLibraryMismatchError``, which is *not* an
+``NVMLError``. Field values are the binding's ``c_nvmlFieldValue_t`` (a real C union: reading the wrong member of
+a 32-bit value returns garbage in the high bits) and utilisation samples are ``c_nvmlSample_t``.
+"""
 
 from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
+import pynvml
 
-class NVMLError(Exception):
-    def __init__(self, value: int = 3) -> None:  # 3 = NVML_ERROR_NOT_SUPPORTED
-        super().__init__(f"NVML error {value}")
-        self.value = value
+NVMLError = pynvml.NVMLError
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
+NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
+FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+UNKNOWN = pynvml.NVML_ERROR_UNKNOWN
 
 
 @dataclass
@@ -21,32 +34,29 @@ class FakeGpu:
     util: int = 90
     mem_util: int = 40
     power_mw: int = 650_000
-    nvlink_links: int = 18
+    nvlink_links: int = 18  # links the GPU has; state queries past them are INVALID_ARGUMENT
+    down_links: set[int] = field(default_factory=set)  # links whose state is 0 and whose counters fail
+    failing_links: set[int] = field(default_factory=set)  # links up but whose counter read fails this tick
+    nvswitch: bool | None = True  # what the links lead to; None: the driver cannot say
+    pci_device_id: int = 0x233010DE
     pcie_tx: int = 0
     pcie_rx: int = 0
+    pcie_value_type: int = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    pcie_fields: bool = True  # fields 197/198 exist from driver R555
     nvlink_kib_per_link: int = 0
+    link_kib: dict[int, int] = field(default_factory=dict)  # per-link override of nvlink_kib_per_link
     pids: list[int] = field(default_factory=list)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
+    handle_error: int | None = None  # nvmlDeviceGetHandleByIndex fails with this code
     uuid: str = ""
     ecc_uncorrected: int = 0
     remapped_rows: int = 0
     gpm: dict[int, float] = field(default_factory=dict)  # metric id -> value; empty: GPM unsupported
     mig: list[FakeGpu | None] = field(default_factory=list)  # MIG slots; empty: MIG off
-
-
-@dataclass
-class _Value:
-    ullVal: int = 0
-
-
-@dataclass
-class _Field:
-    fieldId: int
-    scopeId: int
-    nvmlReturn: int
-    valueType: int
-    value: _Value
+    gpu_instance_id: int = 0
+    util_samples: list[tuple[int, int]] = field(default_factory=list)  # (timestamp µs, %) in NVML's buffer
+    is_mig_slice: bool = False
 
 
 class _MetricsGet:
@@ -58,30 +68,71 @@ class _MetricsGet:
         self.metrics = [types.SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(98)]
 
 
-def make_fake_nvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.ModuleType:
-    """``m.xid_queue`` takes (gpu, xid) pairs that the event set then reports."""
+def _raise(code: int) -> NoReturn:
+    raise NVMLError(code)
+
+
+def make_fake_nvml(
+    gpus: list[FakeGpu],
+    init_error: int | None = None,
+    process_api: str = "v3",
+    driver: str = "550.54.15",
+    samples_api: bool = True,
+) -> types.ModuleType:
+    """A module shaped like ``pynvml``.
+
+    ``process_api``: "v3" (R510 and newer), "v2" (older drivers, and R535 from 535.98: no ``_v3`` symbol) or
+    "none". ``m.init_error``, ``m.driver`` and each GPU's fields may be changed between calls (a driver loaded
+    after boot, a driver upgrade, a MIG reconfiguration). ``m.xid_queue`` takes (gpu, xid) pairs that the event
+    set then reports.
+    """
     m = types.ModuleType("fake_pynvml")
-    everything = gpus + [g for gpu in gpus for g in gpu.mig if g is not None]
-    for i, g in enumerate(everything):
-        g.uuid = g.uuid or f"GPU-{i}"
+    for name in dir(pynvml):  # the error classes and constants, exactly as the binding defines them
+        if name.startswith(("NVMLError", "NVML_")) or name == "NVMLLibraryMismatchError":
+            setattr(m, name, getattr(pynvml, name))
     xid_queue: list[tuple[FakeGpu, int]] = []
     m.xid_queue = xid_queue  # type: ignore[attr-defined]
-    m.NVMLError = NVMLError  # type: ignore[attr-defined]
     m.calls: list[str] = []  # type: ignore[misc]
+    m.init_error = init_error  # type: ignore[attr-defined]
+    m.driver = driver  # type: ignore[attr-defined]
+    m.initialised = False  # type: ignore[attr-defined]
+    counter = iter(range(10_000))
 
     def guard(name: str, gpu: FakeGpu) -> None:
         m.calls.append(name)  # type: ignore[attr-defined]
+        if not m.initialised:  # type: ignore[attr-defined]
+            _raise(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu.lost:
-            raise NVMLError(15)  # GPU_IS_LOST
+            _raise(GPU_IS_LOST)
         if name in gpu.unsupported:
-            raise NVMLError(3)
+            _raise(NOT_SUPPORTED)
 
     def nvmlInit() -> None:
-        if init_error is not None:
-            raise NVMLError(init_error)
+        if m.init_error is not None:  # type: ignore[attr-defined]
+            _raise(m.init_error)  # type: ignore[attr-defined]
+        m.initialised = True  # type: ignore[attr-defined]
+
+    def nvmlShutdown() -> None:
+        m.initialised = False  # type: ignore[attr-defined]
+
+    def count() -> int:
+        if not m.initialised:  # type: ignore[attr-defined]
+            _raise(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(gpus)
 
     def handle(i: int) -> FakeGpu:
+        m.calls.append("handle")  # type: ignore[attr-defined]
+        if not 0 <= i < len(gpus):
+            _raise(INVALID_ARGUMENT)
+        if gpus[i].handle_error is not None:
+            _raise(gpus[i].handle_error)  # type: ignore[arg-type]
         return gpus[i]
+
+    def uuid(h: FakeGpu) -> str:
+        guard("uuid", h)
+        if not h.uuid:
+            h.uuid = f"{'MIG' if h.is_mig_slice else 'GPU'}-{next(counter)}"
+        return h.uuid
 
     def mem(h: FakeGpu) -> Any:
         guard("memory", h)
@@ -89,60 +140,130 @@ def make_fake_nvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.
 
     def util(h: FakeGpu) -> Any:
         guard("util", h)
+        if h.is_mig_slice or h.mig:  # NVML: not supported on a MIG slice, nor on a GPU in MIG mode
+            _raise(NOT_SUPPORTED)
         return types.SimpleNamespace(gpu=h.util, memory=h.mem_util)
 
-    def nvlink_state(h: FakeGpu, link: int) -> int:
-        if link >= h.nvlink_links:
-            raise NVMLError(2)
-        return 1
-
-    def fields(h: FakeGpu, ids: list[Any]) -> list[_Field]:
-        guard("fields", h)
+    def samples(h: FakeGpu, sampling_type: int, since_us: int) -> tuple[int, list[Any]]:
+        guard("samples", h)
+        if h.is_mig_slice or h.mig:
+            _raise(NOT_SUPPORTED)
+        if sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+            _raise(NOT_SUPPORTED)
+        fresh = [(ts, v) for ts, v in h.util_samples if ts > since_us]
+        if not fresh:
+            _raise(NOT_FOUND)  # NVML: no sample newer than the timestamp
         out = []
-        for entry in ids:
+        for ts, v in fresh:
+            s = pynvml.c_nvmlSample_t()
+            s.timeStamp = ts
+            s.sampleValue.uiVal = v
+            out.append(s)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, out
+
+    def nvlink_state(h: FakeGpu, link: int) -> int:
+        guard("nvlink_state", h)
+        if link >= h.nvlink_links:
+            _raise(INVALID_ARGUMENT)
+        return 0 if link in h.down_links else 1
+
+    def remote_type(h: FakeGpu, link: int) -> int:
+        guard("nvlink_remote", h)
+        if h.nvswitch is None or link >= h.nvlink_links:
+            _raise(NOT_SUPPORTED)
+        return pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH if h.nvswitch else pynvml.NVML_NVLINK_DEVICE_TYPE_GPU
+
+    def pci_info(h: FakeGpu) -> Any:
+        guard("pci", h)
+        info = pynvml.nvmlPciInfo_t()
+        info.pciDeviceId = h.pci_device_id
+        return info
+
+    def _set(v: Any, value_type: int, value: int) -> None:
+        v.valueType = value_type
+        v.value.ullVal = 0xDEAD_0000_0000_0000  # stale high bits: reading the wrong member shows them
+        member = {1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}.get(value_type, "ullVal")
+        setattr(v.value, member, value)
+
+    def fields(h: FakeGpu, ids: list[Any]) -> Any:
+        guard("fields", h)
+        values = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        for v, entry in zip(values, ids, strict=True):
             fid, scope = entry if isinstance(entry, tuple) else (entry, 0)
-            value = {197: h.pcie_tx, 198: h.pcie_rx}.get(fid, h.nvlink_kib_per_link)
-            ret = 3 if f"field{fid}" in h.unsupported else 0
-            out.append(_Field(fid, scope, ret, 3, _Value(value)))
+            v.fieldId, v.scopeId = fid, scope
+            if fid in (197, 198):
+                if not h.pcie_fields or f"field{fid}" in h.unsupported:
+                    v.nvmlReturn = NOT_SUPPORTED
+                    continue
+                _set(v, h.pcie_value_type, h.pcie_tx if fid == 197 else h.pcie_rx)
+            elif fid in (138, 139):
+                if scope >= h.nvlink_links:
+                    v.nvmlReturn = INVALID_ARGUMENT
+                elif scope in h.down_links or scope in h.failing_links:
+                    v.nvmlReturn = UNKNOWN
+                else:
+                    _set(v, 3, h.link_kib.get(scope, h.nvlink_kib_per_link))
+            else:
+                v.nvmlReturn = NOT_SUPPORTED
+        return values
+
+    def _procs(h: FakeGpu, garbled: bool) -> list[Any]:
+        out = []
+        for n, pid in enumerate(h.pids):
+            used = (n + 1) * 2**30
+            # 535.43-535.86 fill a larger struct than the binding reads: every entry after the first is
+            # shifted, so its pid field holds part of the previous entry's memory figure.
+            shown = pid if n == 0 or not garbled else (used - 2**30) or 1 << 40
+            out.append(types.SimpleNamespace(pid=shown, usedGpuMemory=used, gpuInstanceId=0, computeInstanceId=0))
         return out
 
-    def procs(h: FakeGpu) -> list[Any]:
+    def procs_v3(h: FakeGpu) -> list[Any]:
         guard("procs", h)
-        return [types.SimpleNamespace(pid=p, usedGpuMemory=1) for p in h.pids]
+        if process_api != "v3":
+            _raise(FUNCTION_NOT_FOUND)
+        return _procs(h, garbled=m.driver.startswith("535.") and "535.43" <= m.driver <= "535.86")  # type: ignore[attr-defined]
 
-    def simple(name: str, attr: str, scale: float = 1) -> Any:
+    def procs_v2(h: FakeGpu) -> list[Any]:
+        guard("procs_v2", h)
+        if process_api == "none":
+            _raise(FUNCTION_NOT_FOUND)
+        return _procs(h, garbled=False)
+
+    def simple(name: str, attr: str) -> Any:
         def fn(h: FakeGpu, *_: Any) -> Any:
             guard(name, h)
-            return getattr(h, attr) if scale == 1 else getattr(h, attr) * scale
+            return getattr(h, attr)
 
         return fn
 
-    m.nvmlInit = nvmlInit  # type: ignore[attr-defined]
-    m.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
-    m.nvmlDeviceGetCount = lambda: len(gpus)  # type: ignore[attr-defined]
-    m.nvmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
-    m.nvmlDeviceGetName = simple("name", "name")  # type: ignore[attr-defined]
-    m.nvmlDeviceGetUUID = lambda h: h.uuid  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMemoryInfo = mem  # type: ignore[attr-defined]
-    m.nvmlDeviceGetUtilizationRates = util  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPowerUsage = simple("power", "power_mw")  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPowerManagementLimit = lambda h: 700_000  # type: ignore[attr-defined]
-    m.nvmlDeviceGetTemperature = lambda h, sensor: 61  # type: ignore[attr-defined]
-    m.nvmlDeviceGetClockInfo = lambda h, clock: 1980  # type: ignore[attr-defined]
-    m.nvmlDeviceGetNvLinkState = nvlink_state  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: 5  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMigMode = lambda h: (1, 1) if h.mig else (0, 0)  # type: ignore[attr-defined]
+    def name_of(h: FakeGpu) -> str:
+        guard("name", h)
+        return h.name
+
+    def mig_mode(h: FakeGpu) -> tuple[int, int]:
+        guard("mig_mode", h)
+        return (1, 1) if h.mig else (0, 0)
 
     def mig_handle(h: FakeGpu, slot: int) -> FakeGpu:
+        guard("mig_handle", h)
+        if slot >= len(h.mig):
+            _raise(INVALID_ARGUMENT)
         found = h.mig[slot]
         if found is None:
-            raise NVMLError(6)  # NOT_FOUND: an empty slot
+            _raise(NOT_FOUND)  # an empty slot
+        assert found is not None
+        found.is_mig_slice = True
         return found
+
+    def gi_id(h: FakeGpu) -> int:
+        guard("gi_id", h)
+        if not h.is_mig_slice:
+            _raise(INVALID_ARGUMENT)
+        return h.gpu_instance_id
 
     def event_wait(event_set: object, timeout_ms: int) -> Any:
         if not xid_queue:
-            raise NVMLError(10)  # TIMEOUT
+            _raise(pynvml.NVML_ERROR_TIMEOUT)
         gpu, xid = xid_queue.pop(0)
         return types.SimpleNamespace(device=gpu, eventType=0x8, eventData=xid)
 
@@ -155,6 +276,14 @@ def make_fake_nvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.
         sample.gpu = h
         return sample
 
+    def gpm_mig_sample_get(h: FakeGpu, instance: int, sample: Any) -> Any:
+        guard("gpm", h)
+        for slice_ in h.mig:
+            if slice_ is not None and slice_.gpu_instance_id == instance:
+                sample.gpu = slice_
+                return sample
+        _raise(NOT_FOUND)
+
     def gpm_metrics_get(request: _MetricsGet) -> _MetricsGet:
         gpu = request.sample2.gpu
         for slot in range(request.numMetrics):
@@ -162,11 +291,37 @@ def make_fake_nvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.
             if metric.metricId in gpu.gpm:
                 metric.value = gpu.gpm[metric.metricId]
             else:
-                metric.nvmlReturn = 3
+                metric.nvmlReturn = NOT_SUPPORTED
         return request
 
+    def driver_version() -> str:
+        if not m.initialised:  # type: ignore[attr-defined]
+            _raise(pynvml.NVML_ERROR_UNINITIALIZED)
+        return m.driver  # type: ignore[attr-defined,no-any-return]
+
+    m.nvmlInit = nvmlInit  # type: ignore[attr-defined]
+    m.nvmlShutdown = nvmlShutdown  # type: ignore[attr-defined]
+    m.nvmlDeviceGetCount = count  # type: ignore[attr-defined]
+    m.nvmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
+    m.nvmlDeviceGetName = name_of  # type: ignore[attr-defined]
+    m.nvmlDeviceGetUUID = uuid  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMemoryInfo = mem  # type: ignore[attr-defined]
+    m.nvmlDeviceGetUtilizationRates = util  # type: ignore[attr-defined]
+    if samples_api:
+        m.nvmlDeviceGetSamples = samples  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPowerUsage = simple("power", "power_mw")  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPowerManagementLimit = lambda h: 700_000  # type: ignore[attr-defined]
+    m.nvmlDeviceGetTemperature = lambda h, sensor: 61  # type: ignore[attr-defined]
+    m.nvmlDeviceGetClockInfo = lambda h, clock: 1980  # type: ignore[attr-defined]
+    m.nvmlDeviceGetNvLinkState = nvlink_state  # type: ignore[attr-defined]
+    m.nvmlDeviceGetNvLinkRemoteDeviceType = remote_type  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPciInfo = pci_info  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: 5  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMigMode = mig_mode  # type: ignore[attr-defined]
     m.nvmlDeviceGetMaxMigDeviceCount = lambda h: len(h.mig)  # type: ignore[attr-defined]
     m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
+    m.nvmlDeviceGetGpuInstanceId = gi_id  # type: ignore[attr-defined]
     m.nvmlEventSetCreate = object  # type: ignore[attr-defined]
     m.nvmlEventSetFree = lambda s: None  # type: ignore[attr-defined]
     m.nvmlDeviceRegisterEvents = lambda h, types_, s: None  # type: ignore[attr-defined]
@@ -177,11 +332,14 @@ def make_fake_nvml(gpus: list[FakeGpu], init_error: int | None = None) -> types.
     m.nvmlGpmSampleAlloc = lambda: types.SimpleNamespace(gpu=None)  # type: ignore[attr-defined]
     m.nvmlGpmSampleFree = lambda s: None  # type: ignore[attr-defined]
     m.nvmlGpmSampleGet = gpm_sample_get  # type: ignore[attr-defined]
+    m.nvmlGpmMigSampleGet = gpm_mig_sample_get  # type: ignore[attr-defined]
     m.nvmlGpmMetricsGet = gpm_metrics_get  # type: ignore[attr-defined]
     m.c_nvmlGpmMetricsGet_t = _MetricsGet  # type: ignore[attr-defined]
-    m.NVML_GPM_METRICS_GET_VERSION = 1  # type: ignore[attr-defined]
     m.nvmlDeviceGetFieldValues = fields  # type: ignore[attr-defined]
-    m.nvmlDeviceGetComputeRunningProcesses = procs  # type: ignore[attr-defined]
-    m.nvmlSystemGetDriverVersion = lambda: "550.54.15"  # type: ignore[attr-defined]
+    # The binding's unversioned call is _v3 behind throwOnVersionMismatch; reproduce exactly that wrapping.
+    m.nvmlDeviceGetComputeRunningProcesses_v3 = procs_v3  # type: ignore[attr-defined]
+    m.nvmlDeviceGetComputeRunningProcesses_v2 = procs_v2  # type: ignore[attr-defined]
+    m.nvmlDeviceGetComputeRunningProcesses = pynvml.throwOnVersionMismatch(procs_v3)  # type: ignore[attr-defined]
+    m.nvmlSystemGetDriverVersion = driver_version  # type: ignore[attr-defined]
     m.nvmlSystemGetCudaDriverVersion = lambda: 12040  # type: ignore[attr-defined]
     return m

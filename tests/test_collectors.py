@@ -98,7 +98,7 @@ def test_attribution_reads_cgroup_and_exe_name_never_the_command_line(tmp_path: 
 
 
 def test_no_driver_disables_the_gpu_collector_with_a_reason() -> None:
-    collector = open_gpu_collector(make_fake_nvml([], init_error=9))  # 9 = DRIVER_NOT_LOADED
+    collector = open_gpu_collector(make_fake_nvml([], init_error=12))  # 12 = LIBRARY_NOT_FOUND: no driver
     assert isinstance(collector, NullGpuCollector)
     assert "NVML unavailable" in (collector.inventory().gpu_unavailable or "")
     assert collector.sample() == []
@@ -113,11 +113,13 @@ def test_gpu_inventory_samples_and_attribution(tmp_path: Path) -> None:
     assert [g.model for g in inv.gpus] == ["NVIDIA H100 80GB HBM3"] * 2
     assert inv.gpus[0].nvlink_links == 18 and inv.gpus[0].memory_mib == 80 * 1024
     assert inv.driver_version == "550.54.15" and inv.cuda_version == "12.4"
+    before, _ = collector.sample()
     gpus[0].pcie_tx, gpus[0].nvlink_kib_per_link = 5_000, 2
     first, second = collector.sample()
     assert first.gauges["util"] == 90 and first.gauges["power_w"] == 650
-    assert first.counters["pcie_tx_bps"] == 5_000
-    assert first.counters["nvlink_tx_bps"] == 18 * 2 * 1024  # summed over links, KiB → bytes
+    assert first.counters["pcie_tx_bps"] - before.counters["pcie_tx_bps"] == 5_000
+    # summed over links, KiB → bytes
+    assert first.counters["nvlink_tx_bps"] - before.counters["nvlink_tx_bps"] == 18 * 2 * 1024
     assert "power_w" not in second.gauges and second.gauges["util"] == 90  # one field unsupported, rest kept
     (w,) = collector.workloads()
     assert w.id == "k8s/0a1b2c3d-0000-4000-8000-000000000001" and w.gpus == [0, 1] and w.hint == "vllm"

@@ -1,0 +1,64 @@
+"""GPU process ids as vendor libraries report them, checked and turned into workloads.
+
+Vendor libraries report host PIDs; some report garbage (NVML's struct mismatch on 535.43–535.86). A PID is
+attributed only when it is a possible PID and, where the agent sees the host's /proc, a live process there. An
+agent in a container without the host PID namespace cannot look host PIDs up at all: it reports each process by
+its host PID and says why in the birth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.protocol import WorkloadKind, WorkloadRef
+from collectors.attribution import Attributor, Owner, host_pid_namespace, unresolved_owner
+
+DEFAULT_PID_MAX = 4_194_304  # the kernel's ceiling for pid_max on 64-bit
+NO_HOST_PIDS = (
+    "the agent does not share the host PID namespace (run it with hostPID: true or --pid=host): "
+    "GPU processes are reported by host PID, not by workload"
+)
+
+
+class PidResolver:
+    def __init__(self, attributor: Attributor) -> None:
+        self._attributor = attributor
+        root = attributor.procfs_root
+        try:
+            self._pid_max = int((root / "sys" / "kernel" / "pid_max").read_text())
+        except (OSError, ValueError):
+            self._pid_max = DEFAULT_PID_MAX
+        self.host_pids = host_pid_namespace(root) is not False
+        self.invalid = 0  # PIDs dropped, over the agent's life
+
+    def valid(self, pid: object) -> bool:
+        ok = isinstance(pid, int) and 0 < pid <= self._pid_max
+        if ok and self.host_pids:
+            ok = (self._attributor.procfs_root / str(pid)).is_dir()
+        if not ok:
+            self.invalid += 1
+        return ok
+
+    def owner(self, pid: int) -> Owner:
+        if self.host_pids:
+            return self._attributor.owner(pid)
+        return unresolved_owner(pid, self._attributor.node)
+
+    def workloads(self, pids_by_device: Iterable[tuple[int, Iterable[object]]]) -> list[WorkloadRef]:
+        """Workloads from (device index, PIDs on it) pairs; PIDs that fail the checks are dropped and counted."""
+        owners: dict[str, tuple[WorkloadKind, str, str | None, set[int]]] = {}
+        for index, pids in pids_by_device:
+            for pid in dict.fromkeys(pids):
+                if not self.valid(pid):
+                    continue
+                assert isinstance(pid, int)
+                owner = self.owner(pid)
+                entry = owners.setdefault(owner.id, (owner.kind, owner.name, owner.hint, set()))
+                entry[3].add(index)
+        return [
+            WorkloadRef(id=wid, kind=kind, name=name, gpus=sorted(gpus), hint=hint)
+            for wid, (kind, name, hint, gpus) in sorted(owners.items())
+        ]
+
+    def warning(self) -> str | None:
+        return None if self.host_pids else NO_HOST_PIDS

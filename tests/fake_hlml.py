@@ -1,0 +1,82 @@
+"""A stand-in for habana-pyhlml's ``pyhlml.main`` on machines without a Gaudi, shaped after its source (1.24).
+
+Like the real one: errors are ``HLMLError(code)`` (NOT_SUPPORTED = 3, DRIVER_NOT_LOADED = 9, AIP_IS_LOST = 15);
+``hlmlInit`` without libhlml prints "Failed to load libhlml" to stdout and raises ``HLMLError(1)``; names, UUIDs
+and versions are bytes; memory in bytes, power in mW; ``pci_device_id`` is the device id in the high 16 bits.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+
+class HLMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return f"HLML Error with code {self.value}"
+
+
+@dataclass
+class FakeGaudi:
+    name: bytes = b"HL-225"
+    device_id: int = 0x1020
+    minor: int = 0
+    memory_total: int = 96 * 2**30
+    memory_used: int = 70 * 2**30
+    aip: int = 93
+    memory_util: int = 35
+    power_mw: int = 480_000
+    handle_error: int | None = None
+    unsupported: set[str] = field(default_factory=set)
+
+
+def make_fake_hlml(devices: list[FakeGaudi], library: bool = True) -> types.ModuleType:
+    m = types.ModuleType("fake_pyhlml_main")
+    m.HLMLError = HLMLError  # type: ignore[attr-defined]
+    state = {"init": False}
+
+    def dev(name: str, h: FakeGaudi) -> FakeGaudi:
+        if not state["init"]:
+            raise HLMLError(1)
+        if name in h.unsupported:
+            raise HLMLError(3)
+        return h
+
+    def init() -> None:
+        if not library:
+            print("Failed to load libhlml")  # the real binding does exactly this, on stdout
+            raise HLMLError(1)
+        state["init"] = True
+
+    def handle(i: int) -> FakeGaudi:
+        if devices[i].handle_error is not None:
+            raise HLMLError(devices[i].handle_error)  # type: ignore[arg-type]
+        return devices[i]
+
+    m.hlmlInit = init  # type: ignore[attr-defined]
+    m.hlmlShutdown = lambda: state.update(init=False)  # type: ignore[attr-defined]
+    m.hlmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
+    m.hlmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
+    m.hlmlDeviceGetName = lambda h: dev("name", h).name  # type: ignore[attr-defined]
+    m.hlmlDeviceGetUUID = lambda h: f"01P0-HL2080A0-15-TNPS34-{dev('uuid', h).minor:02d}".encode()  # type: ignore[attr-defined]
+    m.hlmlDeviceGetMinorNumber = lambda h: dev("minor", h).minor  # type: ignore[attr-defined]
+    m.hlmlDeviceGetPCIInfo = lambda h: types.SimpleNamespace(  # type: ignore[attr-defined]
+        pci_device_id=(dev("pci", h).device_id << 16) | 0x1DA3, bus_id=b"0000:19:00.0"
+    )
+    m.hlmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(  # type: ignore[attr-defined]
+        total=dev("memory", h).memory_total, used=h.memory_used, free=h.memory_total - h.memory_used
+    )
+    m.hlmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(  # type: ignore[attr-defined]
+        aip=dev("util", h).aip, memory=h.memory_util
+    )
+    m.hlmlDeviceGetPowerUsage = lambda h: dev("power", h).power_mw  # type: ignore[attr-defined]
+    m.hlmlDeviceGetTemperature = lambda h, sensor: 45 if dev("temp", h) else 0  # type: ignore[attr-defined]
+    m.hlmlDeviceGetPowerManagementDefaultLimit = lambda h: 600_000 if dev("limit", h) else 0  # type: ignore[attr-defined]
+    m.hlmlDeviceGetCurrPCIELinkGeneration = lambda h: 4 if dev("pcie", h) else 0  # type: ignore[attr-defined]
+    m.hlmlDeviceGetCurrPCIELinkWidth = lambda h: 16 if dev("pcie", h) else 0  # type: ignore[attr-defined]
+    m.hlmlGetDriverVersion = lambda: b"1.18.0-ee698fb"  # type: ignore[attr-defined]
+    return m

@@ -1,0 +1,128 @@
+"""The hardware catalog against the names real fleets report: exact names and PCI ids, the data-centre GPUs in
+service, capabilities a node measured, uncatalogued hardware, and snapshots naming hardware nobody knows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FLEETFIT
+
+from agent.protocol import Birth, FindingKind, GpuInfo, NicInfo, NicKind, NicRole, WorkloadClass
+from optimizer.catalog import CatalogError, load_catalog
+from optimizer.recommend import PlanSettings, plan_snapshot
+from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, measured, node_hardware
+
+CATALOG = load_catalog()
+
+
+@pytest.mark.parametrize(
+    ("reported", "key", "memory_gib"),
+    [
+        ("NVIDIA L40", "l40", 48),  # not an L4
+        ("NVIDIA L4", "l4", 24),
+        ("NVIDIA L40S", "l40s", 48),
+        ("NVIDIA GH200 480GB", "gh200", 96),  # not an H200
+        ("NVIDIA H200", "h200", 141),
+        ("NVIDIA H100 PCIe", "h100_pcie", 80),  # not an H100 SXM with NVLink
+        ("NVIDIA H100 NVL", "h100_nvl", 94),
+        ("NVIDIA H100 80GB HBM3", "h100", 80),
+        ("NVIDIA A100-SXM4-40GB", "a100_40gb", 40),  # not the 80 GB SXM
+        ("NVIDIA A100-PCIE-40GB", "a100_pcie_40gb", 40),
+        ("NVIDIA A100 80GB PCIe", "a100_pcie", 80),
+        ("NVIDIA A100-SXM4-80GB", "a100", 80),
+        ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "h100", 80),  # a MIG slice is its GPU's model
+        ("Tesla T4", "t4", 16),
+        ("Tesla V100-SXM2-32GB", "v100", 32),
+        ("AMD Instinct MI300X", "mi300x", 192),
+    ],
+)
+def test_reported_names_match_exactly(reported: str, key: str, memory_gib: int) -> None:
+    entry = CATALOG.lookup(reported)
+    assert entry is not None and (entry.key, entry.memory_gib) == (key, memory_gib)
+
+
+def test_the_data_centre_gpus_in_service_are_catalogued_with_their_pci_ids() -> None:
+    for name in (
+        "NVIDIA B200", "NVIDIA GB200", "NVIDIA H20", "NVIDIA H800", "NVIDIA A800-SXM4-80GB", "NVIDIA L20",
+        "NVIDIA A10", "NVIDIA A10G", "NVIDIA A30", "NVIDIA A40", "AMD Instinct MI210", "AMD Instinct MI250X",
+        "AMD Instinct MI325X", "Intel Gaudi 2", "Intel Gaudi 3",
+    ):  # fmt: skip
+        assert CATALOG.lookup(name) is not None, name
+    assert all(g.pci_ids for g in CATALOG.gpu)
+    entry = CATALOG.lookup("GPU 0000:17:00.0", "0x26B510DE")  # the PCI id wins over an unhelpful name
+    assert entry is not None and entry.key == "l40"
+    assert CATALOG.lookup("NVIDIA L40G") is None  # near names are not guessed
+
+
+def test_a_catalog_claiming_one_name_twice_is_refused(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parent.parent / "optimizer" / "data" / "catalog.toml").read_text()
+    text = text.replace('match = ["NVIDIA L40"]', 'match = ["NVIDIA L40", "NVIDIA L4"]')
+    path = tmp_path / "catalog.toml"
+    path.write_text(text)
+    with pytest.raises(CatalogError, match="'l4' is claimed by both"):
+        load_catalog(path)
+
+
+def _birth(model: str, nvlink_links: int, nvswitch: bool | None, nics: list[NicKind]) -> Birth:
+    return Birth(
+        node="n1", site="s1", session=1, agent_version="x", hostname="h", timestamp=1.0,
+        gpus=[GpuInfo(index=i, uuid=f"GPU-{i}", model=model, memory_mib=81920, nvlink_links=nvlink_links,
+                      nvswitch=nvswitch) for i in range(8)],
+        nics=[NicInfo(name=f"n{i}", kind=k, role=NicRole.EAST_WEST) for i, k in enumerate(nics)],
+    )  # fmt: skip
+
+
+def test_nvlink_and_fabric_come_from_what_the_node_measured() -> None:
+    switched = measured(_birth("NVIDIA H100 80GB HBM3", 18, True, [NicKind.INFINIBAND]))
+    assert switched == (True, "infiniband")
+    bridged = measured(_birth("NVIDIA A100 80GB PCIe", 12, False, [NicKind.ETHERNET]))
+    assert bridged == (False, "ethernet")  # bridged pairs are not an NVLink fabric across 8 GPUs
+    links_down = measured(_birth("NVIDIA H100 80GB HBM3", 0, None, [NicKind.ROCE]))
+    assert links_down == (False, "roce")
+    node = SnapshotNode(name="n1", hardware="h100", gpus=8, nvlink=False, fabric="ethernet")
+    hw = node_hardware(CATALOG, node)
+    assert hw is not None and (hw.nvlink, hw.rdma) == (False, False)
+    assert CATALOG.by_key("h100").nvlink  # the catalog itself is untouched
+
+
+def test_uncatalogued_hardware_is_a_finding_and_planned_around() -> None:
+    snapshot = Snapshot(
+        site="s1",
+        nodes=[
+            SnapshotNode(name="mystery-01", hardware="NVIDIA Z900 Prototype", gpus=8),
+            SnapshotNode(name="l40s-01", hardware="l40s", gpus=8),
+        ],
+        workloads=[
+            SnapshotWorkload(
+                id="k8s/a", name="chat", workload_class=WorkloadClass.INFERENCE, nodes=["mystery-01"], gpus=8,
+                mean_util=20,
+            ),
+            SnapshotWorkload(
+                id="k8s/b", name="embed", workload_class=WorkloadClass.INFERENCE, nodes=["l40s-01"], gpus=2,
+                mean_util=40,
+            ),
+        ],
+    )  # fmt: skip
+    plan = plan_snapshot(snapshot, CATALOG, PlanSettings(time_limit=5))
+    (finding,) = [f for f in plan.findings if f.kind is FindingKind.UNCATALOGUED_HARDWARE]
+    assert finding.nodes == ["mystery-01"] and "add an entry" in finding.detail
+    assert {w.id for w in plan.workloads} == {"k8s/a", "k8s/b"}  # still in the plan, not dropped
+    assert all(r.to_node != "mystery-01" and r.workload != "k8s/a" for r in plan.recommendations)
+
+
+def test_a_snapshot_naming_unknown_hardware_is_refused_in_one_line(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "fleet.json"
+    raw = json.loads(example.read_text())
+    raw["nodes"][2]["hardware"] = "l41"
+    broken = tmp_path / "fleet.json"
+    broken.write_text(json.dumps(raw))
+    result = subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=False)
+    assert result.returncode != 0
+    lines = result.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "'l41'" in lines[0] and "nodes.2.hardware" in lines[0]
+    raw["nodes"][2]["hardware"] = "l40"  # a catalogued model is accepted
+    broken.write_text(json.dumps(raw))
+    subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=True)
