@@ -47,8 +47,20 @@ class StorageCollector:
     def _counters(self) -> dict[str, object]:
         return dict(psutil.disk_io_counters(perdisk=True, nowrap=False) or {})
 
+    def _holder(self, name: str) -> str | None:
+        """The md RAID or device-mapper device built on this disk: its I/O is counted again on that device."""
+        try:
+            holders = sorted(p.name for p in (self._sysfs / "block" / name / "holders").iterdir())
+        except OSError:
+            return None
+        return holders[0][:64] if holders else None
+
     def inventory(self) -> Inventory:
-        disks = [DiskInfo(name=n, size_bytes=self._size(n)) for n in sorted(self._counters()) if self._is_disk(n)]
+        disks = [
+            DiskInfo(name=n, size_bytes=self._size(n), member_of=self._holder(n))
+            for n in sorted(self._counters())
+            if self._is_disk(n)
+        ]
         return Inventory(disks=disks)
 
     def sample(self) -> list[Sample]:

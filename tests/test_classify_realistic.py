@@ -14,6 +14,7 @@ from agent.protocol import Birth, DiskInfo, DiskWindow, NicInfo, NicKind, NicRol
 from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from collectors.simulated import Pattern
+from collectors.storage import StorageCollector
 from optimizer.classify import classify
 from optimizer.digest import digest, roles
 from optimizer.features import workload_features
@@ -119,3 +120,15 @@ def test_classify_scores_a_recording_with_a_labels_file_and_refuses_a_bad_one(tm
     )
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert "unknown label(s) 'gpu-hog'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_agent_marks_raid_members_from_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for disk in ("nvme0n1", "nvme1n1", "md127", "sda"):
+        (tmp_path / "block" / disk / "holders").mkdir(parents=True)
+        (tmp_path / "block" / disk / "size").write_text("1000\n")
+    for member in ("nvme0n1", "nvme1n1"):
+        (tmp_path / "block" / member / "holders" / "md127").mkdir()
+    storage = StorageCollector(sysfs_root=tmp_path)
+    monkeypatch.setattr(storage, "_counters", lambda: dict.fromkeys(("nvme0n1", "nvme1n1", "md127", "sda")))
+    members = {d.name: d.member_of for d in storage.inventory().disks}
+    assert members == {"md127": None, "nvme0n1": "md127", "nvme1n1": "md127", "sda": None}
