@@ -266,7 +266,8 @@ def classify(f: WorkloadFeatures) -> Classification:
         )
     sufficiency = 0.5 + 0.5 * min(1.0, f.windows / FULL_CONFIDENCE_WINDOWS)
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
-    clients = bool(f.listen_ports and (f.inbound_connections or 0) >= 1) or f.egress_bps >= 20e3
+    # A browser on a notebook's port is one client; a service has several, or traffic to show for them.
+    clients = bool(f.listen_ports and (f.inbound_peers or 0) >= 2) or f.egress_bps >= 20e3
     if f.mean_util < 2 and f.p95_util < 10 and not clients:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
@@ -291,4 +292,20 @@ def classify(f: WorkloadFeatures) -> Classification:
                  for c in (best, second)]  # fmt: skip
         return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *sides))
     reasons = tuple(r for _, r in sorted(led.reasons[best], key=lambda wr: -wr[0]))
-    return Classification(best, round(share * sufficiency, 2), reasons or (util,))
+    return Classification(best, round(share * sufficiency, 2), (_headline(best, f), *reasons))
+
+
+def _headline(c: WorkloadClass, f: WorkloadFeatures) -> str:
+    """What kind of workload this is, in a capacity planner's words, with its level and what it lacks."""
+    level = f"{f.mean_util:.0f} % busy"
+    if c is INF:
+        kind = "continuous-batching server" if f.mean_util >= 70 else "online service"
+        lacks = "" if f.period_s is not None else ", no step period"
+        return f"{kind}: {level}, {f.mem_fraction:.0%} of GPU memory{lacks}"
+    if c is TR:
+        step = f", a step every {f.period_s} s" if f.period_s is not None else ""
+        kind = "distributed training" if f.multi_node else f"training on {f.gpus} GPU(s)"
+        return f"{kind}: {level}{step}"
+    if c is BAT:
+        return f"batch job: {level}, no clients, no gradient exchange"
+    return f"notebook: idle {f.zero_seconds:.0%} of seconds, bursts at {f.busy_level:.0f} %"
