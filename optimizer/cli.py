@@ -196,6 +196,7 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     from agent.config import ConfigError, load_config
     from optimizer.config import OptimizerConfig
     from optimizer.lifecycle import DB_NAME, OPEN, Lifecycle, LifecycleError, RecState
+    from optimizer.render import csv_cell, printable
 
     try:
         state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
@@ -249,30 +250,31 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
         )
         for t in rows:
             r = t.recommendation
-            writer.writerow(
-                [
-                    r.id,
-                    t.state.value,
-                    t.site,
-                    r.workload_name,
-                    r.workload_class.value,
-                    r.from_node,
-                    r.from_hardware,
-                    r.to_node,
-                    r.to_hardware,
-                    r.monthly_savings_usd,
-                    r.risk,
-                    r.reason,
-                ]
-            )
+            row: list[object] = [
+                r.id,
+                t.state.value,
+                t.site,
+                r.workload_name,
+                r.workload_class.value,
+                r.from_node,
+                r.from_hardware,
+                r.to_node,
+                r.to_hardware,
+                r.monthly_savings_usd,
+                r.risk,
+                r.reason,
+            ]
+            writer.writerow([csv_cell(v) for v in row])
     else:
         if not rows:
             print("no recommendations" + ("" if args.all else " open (see --all)"))
         for t in rows:
             r = t.recommendation
             print(
-                f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
-                f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
+                printable(
+                    f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
+                    f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
+                )
             )
     return 0
 

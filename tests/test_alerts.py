@@ -317,6 +317,139 @@ def test_generic_payload_is_versioned_and_says_what_it_left_out() -> None:
     assert alert.firing[0].monthly_savings_usd == max(m.monthly_savings_usd for m in alert.firing)
 
 
+HOSTILE = "@channel <!channel> @here [click me](https://evil.example/x) ![pic](https://evil.example/p.png) ~town-square"
+SCHEMA = json.loads((Path(__file__).parent / "data" / "adaptive-card-1.4" / "adaptive-card.json").read_text())
+
+
+def hostile_notice(resolved: int = 1) -> Notice:
+    bad = rec(1).model_copy(
+        update={"workload_name": HOSTILE, "from_node": "<http://evil.example|n1>", "to_node": "@all"}
+    )
+    items = [Item(bad, Status.NEW, Severity.WARNING)]
+    items += [
+        Item(rec(10_000 + i).model_copy(update={"workload_name": HOSTILE}), Status.APPLIED, Severity.INFO)
+        for i in range(resolved)
+    ]
+    return Notice("<!here>", 1_700_000_000.0, items)
+
+
+def _strings(node: object, skip: str = "") -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [s for k, v in node.items() if k != skip for s in _strings(v, skip)]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v, skip)]
+    return []
+
+
+@pytest.mark.parametrize("kind", ["mattermost", "teams"])
+def test_markdown_platforms_carry_no_mention_link_or_image_from_a_name(kind: str) -> None:
+    import re
+
+    body = json.loads(render(kind, hostile_notice(), 40_000))  # type: ignore[arg-type]
+    text = "\n".join(_strings(body))
+    assert "evil.example" in text  # the names are shown...
+    assert not re.search(r"@(channel|here|all)\b", text)  # ...but notify no one
+    assert not re.search(r"(?<!\\)<(!|http)", text)  # Slack-style <!channel> and <url|text>, which Mattermost reads
+    rendered = "\n".join(_strings(body, skip="fallback"))  # Mattermost's notification text is not Markdown
+    assert not re.search(r"(?<!\\)\]\(", rendered)  # no [text](url) link, no ![](image)
+    assert not re.search(r"https?://evil", rendered)  # no autolinked URL
+    assert not re.search(r"(?<!\\)~town", rendered)  # no channel link
+
+
+def test_slack_escapes_names_in_every_field_and_the_fallback_text() -> None:
+    body = json.loads(render("slack", hostile_notice(), 40_000))
+    del body["blocks"][0]  # the header is plain_text: Slack reads no markup there
+    text = "\n".join(_strings(body))
+    assert "<!channel>" not in text and "<!here>" not in text and "<http://evil" not in text
+    assert "&lt;!channel&gt;" in text
+
+
+def _entities_whole(text: str) -> bool:
+    import re
+
+    return all(re.match(r"&(amp|lt|gt);", text[m.start() :]) for m in re.finditer("&", text))
+
+
+@pytest.mark.parametrize("shift", range(6))
+def test_slack_clipping_never_cuts_an_escape_in_two(shift: int) -> None:
+    # the reason and a node name, escaped, cross the section (3,000) and field (2,000) limits at every offset
+    base = rec(1)
+    long = base.model_copy(
+        update={
+            "reason": "r" * (2985 - len(base.workload_name) * 2 + shift) + "&&&&&&&&&&&&",
+            "from_node": "n" * (1985 + shift) + "<<<<<<<<",
+        }
+    )
+    body = json.loads(render("slack", Notice("eu-1", 1.7e9, [Item(long, Status.NEW, Severity.WARNING)]), 40_000))
+    clipped = 0
+    for block in body["blocks"]:
+        for part in [block.get("text", {}), *block.get("fields", [])]:
+            if part.get("type") == "mrkdwn":
+                assert _entities_whole(part["text"]), part["text"][-12:]
+                clipped += part["text"].endswith("…")
+    assert clipped == 2  # the section and the From field were both cut
+
+
+def test_the_configured_link_cannot_break_out_of_its_markup() -> None:
+    notice = notice_of(1)
+    notice.link = "https://fleetfit.example/recs?site=a&view=<all>|pwned) [x](https://evil.example)"
+    slack_body = json.loads(render("slack", notice, 40_000))
+    footer = slack_body["blocks"][-1]["elements"][-1]["text"]
+    assert footer.startswith("<https://fleetfit.example/recs?site=a&amp;view=&lt;all&gt;%7Cpwned")
+    assert footer.count("|") == 1 and footer.endswith("|all recommendations>")
+    mm = json.loads(render("mattermost", notice, 40_000))["text"]
+    url = mm[mm.index("[all recommendations](") + len("[all recommendations](") :]
+    assert url.endswith(")") and not any(c in url[:-1] for c in " ()[]<>")
+
+
+@pytest.mark.parametrize(("kind", "limit"), [("generic", 256_000), ("teams", 200_000), ("mattermost", 200_000)])
+def test_resolved_moves_are_listed_as_many_as_fit(kind: str, limit: int) -> None:
+    body = render(kind, notice_of(2, resolved=120), limit)  # type: ignore[arg-type]
+    assert len(body) <= limit
+    assert _more(body.decode()) == 0
+    assert body.decode().count("expired") >= 120
+
+
+def _cards(body: bytes) -> list[dict[str, Any]]:
+    data = json.loads(body)
+    cards = []
+    for attachment in data["attachments"]:
+        card = dict(attachment["content"])
+        card.pop("msteams", None)  # Teams' own extension, outside the Adaptive Card schema
+        cards.append(card)
+    return cards
+
+
+@pytest.mark.parametrize(
+    ("notice", "limit"),
+    [
+        (notice_of(1), 28_000),
+        (notice_of(500, resolved=40), 28_000),
+        (notice_of(0, resolved=3), 28_000),
+        (hostile_notice(resolved=5), 28_000),
+        (notice_of(3, resolved=2), 200),  # nothing fits but the headline
+    ],
+    ids=["one", "many", "resolved-only", "hostile", "tiny-limit"],
+)
+def test_every_teams_card_validates_against_the_adaptive_card_1_4_schema(notice: Notice, limit: int) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft6Validator(SCHEMA)
+    for card in _cards(render("teams", notice, limit)):
+        errors = sorted(validator.iter_errors(card), key=lambda e: list(e.path))
+        assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:3]]
+
+
+def test_the_schema_check_catches_a_malformed_card() -> None:
+    import jsonschema
+
+    card = _cards(render("teams", notice_of(1), 28_000))[0]
+    card["body"][0]["weight"] = "heavy"  # not a FontWeight
+    assert list(jsonschema.Draft6Validator(SCHEMA).iter_errors(card))
+
+
 # ------------------------------------------------------------------------------------------ commands
 
 
