@@ -126,7 +126,10 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"state directory {config.optimizer.state_dir}: {exc}")
-    asyncio.run(serve(optimizer))
+    try:
+        asyncio.run(serve(optimizer))
+    except asyncio.CancelledError:  # a second SIGINT/SIGTERM
+        return _fail("optimizer interrupted before a clean shutdown")
     return 0
 
 
@@ -150,7 +153,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         nodes=args.nodes, duration=args.duration, seed=args.seed, time_scale=args.time_scale, webhooks=tuple(webhooks)
     )
     printer = _plan_printer(args.format)
-    plan = asyncio.run(run_demo(options, on_plan=printer))
+    try:
+        plan = asyncio.run(run_demo(options, on_plan=printer))
+    except asyncio.CancelledError:  # a second SIGINT/SIGTERM
+        return _fail("demo interrupted")
     if plan is None:
         return _fail("no plan was produced: no telemetry reached the optimizer")
     if args.format == "json":

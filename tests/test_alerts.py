@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -529,3 +530,64 @@ async def test_optimizer_metrics_count_alerts_per_receiver(tmp_path: Path) -> No
     assert 'fleetfit_alerts_failed_total{receiver="ok",reason="server_error"} 1' in text
     assert 'fleetfit_alert_retries_total{receiver="ok"} 1' in text
     assert "fleetfit_alerts_pending 0" in text
+
+
+# ------------------------------------------------------------------------------------------ shutdown
+
+
+async def _demo_with_a_hook_that_never_answers(signals: list[signal.Signals]) -> tuple[float, int, str]:
+    """Run the demo posting to a server that accepts and never replies; once a post is in flight, send
+    ``signals`` (a second one a moment after the first). Returns (seconds from the first signal to exit, code, stderr)."""
+    connected = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        connected.set()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        FLEETFIT,
+        "demo",
+        "--duration",
+        "120",
+        "--alert-webhook",
+        f"generic=http://127.0.0.1:{port}/hook",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    errors = asyncio.create_task(proc.stderr.read())
+    try:
+        await asyncio.wait_for(connected.wait(), 60)  # an alert is being posted and will hang
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for n, sig in enumerate(signals):
+            if n:
+                await asyncio.sleep(0.5)
+            proc.send_signal(sig)
+        code = await asyncio.wait_for(proc.wait(), 40)
+        return loop.time() - start, code, (await errors).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for w in held:
+            w.close()
+        server.close()
+
+
+@pytest.mark.slow
+async def test_demo_with_an_unreachable_hook_stops_promptly_on_sigterm() -> None:
+    seconds, code, stderr = await _demo_with_a_hook_that_never_answers([signal.SIGTERM])
+    print(f"demo exited {seconds:.1f} s after SIGTERM with an alert post hanging")
+    assert code == 0 and "Traceback" not in stderr
+    assert seconds < 15  # the final plan, then at most the demo's 5 s for the last alerts
+
+
+@pytest.mark.slow
+async def test_a_second_sigint_ends_the_demo_at_once() -> None:
+    seconds, code, stderr = await _demo_with_a_hook_that_never_answers([signal.SIGINT, signal.SIGINT])
+    assert code != 0 and "Traceback" not in stderr and "demo interrupted" in stderr
+    assert seconds < 3
