@@ -591,3 +591,39 @@ async def test_a_second_sigint_ends_the_demo_at_once() -> None:
     seconds, code, stderr = await _demo_with_a_hook_that_never_answers([signal.SIGINT, signal.SIGINT])
     assert code != 0 and "Traceback" not in stderr and "demo interrupted" in stderr
     assert seconds < 3
+
+
+# ------------------------------------------------------------------------------------------ secrets
+
+
+@pytest.mark.slow
+def test_demo_takes_webhooks_from_the_environment_and_a_file_not_argv(tmp_path: Path) -> None:
+    import os
+
+    with webhook_server() as hooks:
+        hook_file = tmp_path / "hooks"
+        hook_file.write_text(f"# the team's channel\nslack={hooks.url('/slack/s3cr3t')}\n")
+        env = os.environ | {"FLEETFIT_ALERT_WEBHOOK": f"generic={hooks.url('/generic/s3cr3t')}"}
+        command = [FLEETFIT, "demo", "--nodes", "8", "--duration", "12", "--alert-webhook-file", str(hook_file)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, check=True)
+        paths = {d.path.split("/")[1] for d in hooks.delivered}
+    assert paths == {"slack", "generic"}
+    assert "s3cr3t" not in result.stdout + result.stderr and "warning" not in result.stderr
+
+
+def test_broker_password_comes_from_a_file_or_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from optimizer.cliargs import broker_settings
+
+    secret = tmp_path / "broker-password"
+    secret.write_text("from-the-file\n")
+    from_file = broker_settings("mqtts://node-7@broker.example:8883", "5", secret, {})
+    assert from_file.username == "node-7" and from_file.password is not None
+    assert from_file.password.get_secret_value() == "from-the-file" and from_file.tls
+    from_env = broker_settings("mqtt://u@127.0.0.1", "5", None, {"FLEETFIT_BROKER_PASSWORD": "from-env"})
+    assert from_env.password is not None and from_env.password.get_secret_value() == "from-env"
+    assert capsys.readouterr().err == ""
+    in_url = broker_settings("mqtt://u:p%40ss@127.0.0.1", "5", None, {})
+    assert in_url.password is not None and in_url.password.get_secret_value() == "p@ss"
+    assert "visible to every user" in capsys.readouterr().err
