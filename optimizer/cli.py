@@ -356,9 +356,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         if record is not None:
             record.close()
-    if not any(a.link.connects for a in fleet.agents):
+    errors = [a.link.last_error for a in fleet.agents if a.link.last_error]
+    if errors and not any(a.link.connects for a in fleet.agents):
         unsent = sum(len(a.queue) for a in fleet.agents)
-        return _fail(f"--broker: never reached the broker at {mqtt.host}:{mqtt.port}; {unsent} window(s) not published")
+        return _fail(
+            f"--broker: never reached the broker at {mqtt.host}:{mqtt.port} ({errors[-1]}); "
+            f"{unsent} window(s) not published"
+        )
     return 0
 
 

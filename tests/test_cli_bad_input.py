@@ -38,7 +38,8 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("demo-duration-0", ["demo", "--duration", "0"], {}, "--duration"),
     ("demo-duration-neg", ["demo", "--duration", "-5"], {}, "--duration"),
     ("simulate-duration-neg", ["simulate", "--broker", BROKER, "--duration", "-1"], {}, "--duration"),
-    ("broker-unreachable", ["simulate", "--broker", BROKER, "--nodes", "2", "--duration", "0.5"], {}, "--broker"),
+    ("broker-unreachable", ["simulate", "--broker", BROKER, "--nodes", "2", "--publish-interval", "1", "--duration", "2"], {},
+     "--broker"),
     ("broker-no-scheme-colon", ["simulate", "--broker", "mqtt//host", "--duration", "0.5"], {}, "--broker"),
     ("broker-bad-port", ["simulate", "--broker", "mqtt://127.0.0.1:99999"], {}, "--broker"),
     ("broker-port-not-a-number", ["simulate", "--broker", "mqtt://127.0.0.1:abc"], {}, "--broker"),
@@ -165,3 +166,21 @@ def test_recommendations_csv_and_table_neutralise_formulas_and_control_bytes(tmp
     assert float(rows[0]["monthly_savings_usd"]) > 0  # numbers stay numbers
     table = subprocess.run(base, capture_output=True, check=True, timeout=60).stdout.decode()
     assert "\x1b" not in table and "\x07" not in table
+
+
+def test_simulate_duration_holds_during_the_staggered_start(mosquitto: object) -> None:
+    import time
+
+    from conftest import MosquittoServer
+
+    assert isinstance(mosquitto, MosquittoServer)
+    started = time.monotonic()
+    done = subprocess.run(
+        [FLEETFIT, "simulate", "--broker", f"mqtt://127.0.0.1:{mosquitto.port}", "--nodes", "20", "--duration", "0.5"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    elapsed = time.monotonic() - started
+    print(f"simulate --duration 0.5 took {elapsed:.1f} s, start-up included")
+    assert elapsed < 5, done.stderr.decode()  # nodes start over 10 s; none may hold the run past its duration
