@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fleetfit")
 
+# Modules a GPU node's (agent-only) install leaves out, and the extra that brings each.
+EXTRAS = {"ortools": "optimizer", "aiohttp": "optimizer", "influxdb_client": "optimizer", "amqtt": "demo"}
+
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
@@ -526,6 +529,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except KeyboardInterrupt:
         return 0
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        extra = "demo" if args.command == "demo" else EXTRAS[top]
+        return _fail(
+            f"`fleetfit {args.command}` needs {top}, which this install left out: pip install 'fleetfit[{extra}]'"
+        )
     except BrokenPipeError:  # the reader left (`fleetfit classify … | head -1`): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not fail again
