@@ -159,7 +159,10 @@ class Agent:
             self.notifier.watchdog(time.monotonic())
             now = self.clock.monotonic()
             if now >= window_end - interval / 2:
-                self._enqueue(self.close_window())
+                try:
+                    self._enqueue(self.close_window())
+                except Exception:  # a window lost is bad; a sampler that stops for good is worse
+                    log.exception("could not close or queue a window; sampling goes on")
                 while window_end <= now + interval / 2:
                     window_end += window
             k += 1
