@@ -123,7 +123,12 @@ class Alerter:
         webhook = self.webhooks[group.receiver]
         notice = Notice(group.site, group.generated_at, list(group.items.values()), self.settings.link)
         body = render(webhook.receiver.kind, notice, webhook.receiver.byte_limit)
-        if not await webhook.post(body):
+        try:
+            posted = await webhook.post(body)
+        except asyncio.CancelledError:  # stopped mid-post: the moves are still unsent
+            self._pending.setdefault((group.receiver, group.site), group)
+            raise
+        if not posted:
             self.notices_failed += 1
             return False  # not journaled: the next plan brings these moves up again
         now = self.clock()
