@@ -127,6 +127,8 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         )
     except (ConfigError, CatalogError) as exc:
         return _fail(str(exc))
+    except UnicodeDecodeError:
+        return _fail(f"catalog {config.optimizer.catalog}: not a text file (a catalog is TOML)")
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"state directory {config.optimizer.state_dir}: {exc}")
     try:

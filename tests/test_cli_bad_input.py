@@ -26,6 +26,7 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("classify-binary", ["classify", "{tmp}/binary.dat"], {}, "not a text file"),
     ("config-binary", ["agent", "--once", "--config", "{tmp}/binary.dat"], {}, "binary.dat: not a text file"),
     ("catalog-binary", ["plan", str(EXAMPLE_FLEET), "--catalog", "{tmp}/binary.dat"], {}, "catalog"),
+    ("optimizer-catalog-binary", ["optimizer", "--config", "{tmp}/optimizer.toml"], {}, "binary.dat: not a text file"),
     ("plan-time-limit-0", ["plan", str(EXAMPLE_FLEET), "--time-limit", "0"], {}, "--time-limit"),
     ("plan-time-limit-neg", ["plan", str(EXAMPLE_FLEET), "--time-limit", "-1"], {}, "--time-limit"),
     ("plan-max-moves-neg", ["plan", str(EXAMPLE_FLEET), "--max-moves", "-1"], {}, "--max-moves"),
@@ -63,6 +64,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "empty.jsonl").write_bytes(b"")
     (tmp / "other.jsonl").write_text('{"hello": "world"}\n{"labels": {}}\n')
     (tmp / "agent.toml").write_text('[agent]\nnode = "n1"\n')
+    (tmp / "optimizer.toml").write_text(f'[optimizer]\ncatalog = "{tmp}/binary.dat"\nstate_dir = "{tmp}/state"\n')
     return tmp
 
 
