@@ -20,7 +20,7 @@ from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
 from optimizer.alerts.alerter import Alerter
 from optimizer.alerts.delivery import Webhook, redact, retry_after
 from optimizer.alerts.journal import Journal
-from optimizer.alerts.notice import Item, Notice, Status
+from optimizer.alerts.notice import Item, Notice, Status, sample_notice
 from optimizer.alerts.payloads import GenericAlert, render
 from optimizer.alerts.settings import AlertSettings, ReceiverSettings, Severity
 from optimizer.catalog import load_catalog
@@ -432,8 +432,9 @@ def _cards(body: bytes) -> list[dict[str, Any]]:
         (notice_of(0, resolved=3), 28_000),
         (hostile_notice(resolved=5), 28_000),
         (notice_of(3, resolved=2), 200),  # nothing fits but the headline
+        (sample_notice(), 28_000),  # what `fleetfit alerts test` sends
     ],
-    ids=["one", "many", "resolved-only", "hostile", "tiny-limit"],
+    ids=["one", "many", "resolved-only", "hostile", "tiny-limit", "sample"],
 )
 def test_every_teams_card_validates_against_the_adaptive_card_1_4_schema(notice: Notice, limit: int) -> None:
     import jsonschema
