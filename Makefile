@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.runtime: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
 	touch $@
 
 $(VENV)/.test: pyproject.toml | $(BIN)/python
@@ -24,13 +24,18 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.runtime
 	$(BIN)/fleetfit demo
 
-# Real programs the tests start: Mosquitto (the broker), VictoriaMetrics (the InfluxDB v2 write API's stand-in)
-# and Chromium (renders the optimizer's page headless). Installed once, with one apt-get update, when missing.
+# Real programs the tests start: Mosquitto (the broker), VictoriaMetrics (the InfluxDB v2 write API's stand-in),
+# Chromium (renders the optimizer's page headless), systemd-analyze and openssl. Only the missing ones are
+# installed (one apt-get update), so a developer's installed packages are never upgraded behind their back.
 deps-test: $(VENV)/.test
-	@{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } && command -v victoria-metrics >/dev/null \
-		&& command -v chromium >/dev/null && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
-		|| { $(APT) update && DEBIAN_FRONTEND=noninteractive \
-		$(APT) install -y --no-install-recommends mosquitto victoria-metrics chromium systemd openssl; }
+	@missing=""; \
+	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto"; \
+	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	[ -z "$$missing" ] || { echo "installing:$$missing"; $(APT) update && DEBIAN_FRONTEND=noninteractive \
+		$(APT) install -y --no-install-recommends $$missing; }
 
 lint: $(VENV)/.test
 	$(BIN)/ruff check .

@@ -154,6 +154,8 @@ def load_config(model: type[ModelT], path: Path | None, environ: Mapping[str, st
             raw = tomllib.loads(path.read_text())
         except OSError as exc:
             raise ConfigError(f"config {path}: cannot read: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config {path}: not a text file (a config is TOML)") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
     sections = set(model.model_fields)
@@ -162,5 +164,9 @@ def load_config(model: type[ModelT], path: Path | None, environ: Mapping[str, st
         return model.model_validate(_merge(raw, overrides))
     except ValidationError as exc:
         first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        loc = [str(p) for p in first["loc"]]
+        key = ".".join(loc) or "(top level)"
+        if len(loc) >= 2 and loc[1] in overrides.get(loc[0], {}):  # the environment, not the file, set it
+            variable = f"{ENV_PREFIX}{loc[0]}_{loc[1]}".upper()
+            raise ConfigError(f"environment {variable}: {key}: {first['msg']}") from None
         raise ConfigError(f"config {where}: {key}: {first['msg']}") from None

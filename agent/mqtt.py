@@ -98,6 +98,7 @@ class Link:
         self.connected = asyncio.Event()
         self.published = 0
         self.connects = 0
+        self.last_error: str | None = None  # why the latest connection attempt failed or was lost
         self._backoff = Backoff(cap=settings.reconnect_max_delay)
         self._client: aiomqtt.Client | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -143,6 +144,7 @@ class Link:
                     log.info("connected to %s:%d as %s", self._settings.host, self._settings.port, self._node)
                     await self._drain(client)
             except aiomqtt.MqttError as exc:
+                self.last_error = str(exc)
                 delay = self._backoff.next_delay()
                 if self.connected.is_set():
                     log.warning("broker connection lost (%s); %d window(s) queued", exc, len(self.queue))

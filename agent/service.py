@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig
-from agent.metrics import Family, MetricsServer, counter, gauge
+from agent.metrics import Family, MetricsServer, counter, gauge, labelled
 from agent.mqtt import Link
 from agent.notify import Notifier
 from agent.protocol import Birth, Telemetry, encode
@@ -167,7 +167,10 @@ class Agent:
             self.notifier.watchdog(time.monotonic())
             now = self.clock.monotonic()
             if now >= window_end - interval / 2:
-                self._enqueue(self.close_window())
+                try:
+                    self._enqueue(self.close_window())
+                except Exception:  # a window lost is bad; a sampler that stops for good is worse
+                    log.exception("could not close or queue a window; sampling goes on")
                 while window_end <= now + interval / 2:
                     window_end += window
             k += 1
@@ -188,6 +191,13 @@ class Agent:
             counter("fleetfit_agent_windows_published_total", "Windows the broker acknowledged.", link.published),
             gauge("fleetfit_agent_windows_spooled", "Windows waiting in the spool for the broker.", len(queue)),
             counter("fleetfit_agent_windows_dropped_total", "Windows dropped from a full spool.", queue.dropped),
+            labelled(
+                "fleetfit_agent_spool_write_errors_total",
+                "counter",
+                "Spool writes the disk refused, by errno (ENOSPC: disk full).",
+                "reason",
+                queue.write_errors,
+            ),
             counter("fleetfit_agent_collector_errors_total", "Collector failures.", self.collector_errors),
             counter("fleetfit_agent_counter_resets_total", "Counter resets seen.", self.builder.counter_resets),
             gauge("fleetfit_agent_broker_connected", "1 while connected to the broker.", link.connected.is_set()),

@@ -97,9 +97,12 @@ class SimulatedFleet:
 
     @staticmethod
     async def _start(agent: Agent, delay: float) -> None:
-        if delay > 0:
-            await asyncio.sleep(delay)
-        await agent.run()
+        """Start ``agent`` after its stagger delay, unless the fleet is told to stop first."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await agent.should_exit.wait()
+        if not agent.should_exit.is_set():
+            await agent.run()
 
     def summary(self) -> str:
         agents = self.agents

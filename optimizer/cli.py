@@ -6,19 +6,22 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 from agent.protocol import Plan
+from optimizer import cliargs
 
 if TYPE_CHECKING:
-    from agent.config import MqttSettings
     from agent.service import Agent
 
 log = logging.getLogger("fleetfit")
+
+# Modules a GPU node's (agent-only) install leaves out, and the extra that brings each.
+EXTRAS = {"ortools": "optimizer", "aiohttp": "optimizer", "influxdb_client": "optimizer", "amqtt": "demo"}
 
 
 def _setup_logging(level: str) -> None:
@@ -124,9 +127,14 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         )
     except (ConfigError, CatalogError) as exc:
         return _fail(str(exc))
+    except UnicodeDecodeError:
+        return _fail(f"catalog {config.optimizer.catalog}: not a text file (a catalog is TOML)")
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"state directory {config.optimizer.state_dir}: {exc}")
-    asyncio.run(serve(optimizer))
+    try:
+        asyncio.run(serve(optimizer))
+    except asyncio.CancelledError:  # a second SIGINT/SIGTERM
+        return _fail("optimizer interrupted before a clean shutdown")
     return 0
 
 
@@ -136,21 +144,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     if args.nodes < 8:
         return _fail("--nodes: the demo fleet needs at least 8 nodes")
-    webhooks = []
-    for spec in args.alert_webhook:
-        kind, sep, url = spec.partition("=")
-        if (
-            not sep
-            or kind not in ("slack", "mattermost", "teams", "generic")
-            or not url.startswith(("http://", "https://"))
-        ):
-            return _fail(f"--alert-webhook {kind}=…: use KIND=URL with KIND slack, mattermost, teams or generic")
-        webhooks.append((kind, url))
+    try:
+        webhooks = cliargs.webhooks(args.alert_webhook, args.alert_webhook_file, os.environ)
+    except ValueError as exc:
+        return _fail(str(exc))
     options = DemoOptions(
         nodes=args.nodes, duration=args.duration, seed=args.seed, time_scale=args.time_scale, webhooks=tuple(webhooks)
     )
     printer = _plan_printer(args.format)
-    plan = asyncio.run(run_demo(options, on_plan=printer))
+    try:
+        plan = asyncio.run(run_demo(options, on_plan=printer))
+    except asyncio.CancelledError:  # a second SIGINT/SIGTERM
+        return _fail("demo interrupted")
     if plan is None:
         return _fail("no plan was produced: no telemetry reached the optimizer")
     if args.format == "json":
@@ -180,6 +185,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _fail(f"{args.fleet}: {where}: {first['msg']}")
     except CatalogError as exc:
         return _fail(str(exc))
+    except UnicodeDecodeError:
+        return _fail(f"catalog {args.catalog}: not a text file (a catalog is TOML)")
     unknown = unknown_hardware(catalog, snapshot)
     if unknown:
         i, name = unknown[0]
@@ -200,6 +207,7 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     from agent.config import ConfigError, load_config
     from optimizer.config import OptimizerConfig
     from optimizer.lifecycle import DB_NAME, OPEN, Lifecycle, LifecycleError, RecState
+    from optimizer.render import csv_cell, printable
 
     try:
         state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
@@ -253,30 +261,31 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
         )
         for t in rows:
             r = t.recommendation
-            writer.writerow(
-                [
-                    r.id,
-                    t.state.value,
-                    t.site,
-                    r.workload_name,
-                    r.workload_class.value,
-                    r.from_node,
-                    r.from_hardware,
-                    r.to_node,
-                    r.to_hardware,
-                    r.monthly_savings_usd,
-                    r.risk,
-                    r.reason,
-                ]
-            )
+            row: list[object] = [
+                r.id,
+                t.state.value,
+                t.site,
+                r.workload_name,
+                r.workload_class.value,
+                r.from_node,
+                r.from_hardware,
+                r.to_node,
+                r.to_hardware,
+                r.monthly_savings_usd,
+                r.risk,
+                r.reason,
+            ]
+            writer.writerow([csv_cell(v) for v in row])
     else:
         if not rows:
             print("no recommendations" + ("" if args.all else " open (see --all)"))
         for t in rows:
             r = t.recommendation
             print(
-                f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
-                f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
+                printable(
+                    f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
+                    f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
+                )
             )
     return 0
 
@@ -314,37 +323,23 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _broker_settings(url: str, protocol: str) -> MqttSettings:
-    from agent.config import MqttSettings
-
-    parts = urlsplit(url if "://" in url else f"mqtt://{url}")
-    if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
-        raise ValueError(f"--broker {url!r}: expected mqtt://host[:port] or mqtts://host[:port]")
-    tls = parts.scheme == "mqtts"
-    return MqttSettings(
-        host=parts.hostname,
-        port=parts.port or (8883 if tls else 1883),
-        tls=tls,
-        username=parts.username,
-        password=parts.password,
-        protocol=protocol,
-    )
-
-
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from agent.clock import Clock
     from agent.simulate import SimulatedFleet, open_record
     from collectors.scenarios import build_scenario
 
     try:
-        mqtt = _broker_settings(args.broker, args.mqtt_protocol)
+        mqtt = cliargs.broker_settings(args.broker, args.mqtt_protocol, args.broker_password_file, os.environ)
         nodes = build_scenario(args.scenario, args.nodes, args.seed)
     except ValueError as exc:
         return _fail(str(exc))
-    record = open_record(args.record)
+    try:
+        record = open_record(args.record)
+    except OSError as exc:
+        return _fail(f"--record {args.record}: {exc.strerror}")
     _raise_open_files_limit()
 
-    async def main() -> None:
+    async def main() -> SimulatedFleet:
         import signal
 
         stop = asyncio.Event()
@@ -363,12 +358,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if args.duration:
             loop.call_later(args.duration, stop.set)
         await fleet.run(stop)
+        return fleet
 
     try:
-        asyncio.run(main())
+        fleet = asyncio.run(main())
     finally:
         if record is not None:
             record.close()
+    errors = [a.link.last_error for a in fleet.agents if a.link.last_error]
+    if errors and not any(a.link.connects for a in fleet.agents):
+        unsent = sum(len(a.queue) for a in fleet.agents)
+        return _fail(
+            f"--broker: never reached the broker at {mqtt.host}:{mqtt.port} ({errors[-1]}); "
+            f"{unsent} window(s) not published"
+        )
     return 0
 
 
@@ -386,7 +389,11 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
     try:
         rec = load_file(args.file, horizon=args.horizon)
-    except (OSError, RecordingError) as exc:
+    except OSError as exc:
+        return _fail(f"{args.file}: {exc.strerror}")
+    except UnicodeDecodeError:
+        return _fail(f"{args.file}: not a text file (a recording is JSON lines of telemetry windows)")
+    except RecordingError as exc:
         return _fail(f"{args.file}: {exc}")
     if args.labels is not None:
         try:
@@ -396,6 +403,11 @@ def _cmd_classify(args: argparse.Namespace) -> int:
         except RecordingError as exc:
             return _fail(str(exc))
     results = classify_all(rec)
+    if not results:
+        return _fail(
+            f"{args.file}: no workload found in {rec.lines} line(s) ({rec.rejected} rejected); "
+            "expected telemetry windows as JSON lines, as `fleetfit simulate --record` writes them"
+        )
     if args.format == "json":
         rows = [
             {
@@ -429,14 +441,16 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fleetfit", description="Find AI workloads on the wrong GPU hardware.")
+    parser = cliargs.Parser(prog="fleetfit", description="Find AI workloads on the wrong GPU hardware.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("agent", help="per-node telemetry daemon")
     p.add_argument("--config", type=Path)
     p.add_argument("--once", action="store_true", help="print one window as JSON and exit")
-    p.add_argument("--window", type=float, default=2.0, help="seconds the --once window spans (default 2)")
+    p.add_argument(
+        "--window", type=cliargs.positive_float, default=2.0, help="seconds the --once window spans (default 2)"
+    )
     p.add_argument("--simulate", metavar="MODELxN[:PATTERN]", help="simulated GPUs (e.g. h100x8) with real NICs/disks")
     p.set_defaults(func=_cmd_agent)
 
@@ -445,17 +459,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_optimizer)
 
     p = sub.add_parser("demo", help="embedded broker + simulated fleet + optimizer")
-    p.add_argument("--nodes", type=int, default=10)
-    p.add_argument("--duration", type=float, default=45.0, help="seconds of real time (default 45)")
+    p.add_argument("--nodes", type=cliargs.positive_int, default=10)
+    p.add_argument("--duration", type=cliargs.positive_float, default=45.0, help="seconds of real time (default 45)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per real second")
+    p.add_argument("--time-scale", type=cliargs.positive_float, default=10.0, help="simulated seconds per real second")
     p.add_argument(
         "--alert-webhook",
         action="append",
         default=[],
+        type=cliargs.webhook,
         metavar="KIND=URL",
-        help="also post the recommendations to this webhook (KIND: slack, mattermost, teams, generic); repeatable",
+        help="also post the recommendations to this webhook (KIND: slack, mattermost, teams, generic); repeatable. "
+        f"The URL is a secret that any user can read here: prefer ${cliargs.WEBHOOK_ENV} (KIND=URL, "
+        "space-separated) or --alert-webhook-file",
+    )
+    p.add_argument(
+        "--alert-webhook-file", type=Path, metavar="FILE", help="a file of KIND=URL lines (# starts a comment)"
     )
     p.set_defaults(func=_cmd_demo)
 
@@ -479,7 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
     p.add_argument("file", type=Path, metavar="FILE.jsonl")
     p.add_argument("--format", choices=["table", "json"], default="table")
-    p.add_argument("--horizon", type=int, default=100_000, help="latest windows per node to use")
+    p.add_argument("--horizon", type=cliargs.positive_int, default=100_000, help="latest windows per node to use")
     p.add_argument(
         "--labels",
         type=Path,
@@ -490,23 +510,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="plan offline from a fleet snapshot (docs/snapshot.md)")
     p.add_argument("fleet", type=Path, metavar="FLEET.json")
-    p.add_argument("--time-limit", type=float, default=10.0, help="solver seconds (default 10)")
-    p.add_argument("--max-moves", type=int, default=20)
+    p.add_argument("--time-limit", type=cliargs.positive_float, default=10.0, help="solver seconds (default 10)")
+    p.add_argument("--max-moves", type=cliargs.non_negative_int, default=20)
     p.add_argument("--catalog", type=Path, help="hardware catalog (default: the one shipped)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="run simulated agents against a broker")
-    p.add_argument("--broker", required=True, help="mqtt://[user:pass@]host[:port]")
+    p.add_argument(
+        "--broker",
+        required=True,
+        help=f"mqtt[s]://[user@]host[:port]; the password from ${cliargs.BROKER_PASSWORD_ENV} or "
+        "--broker-password-file (a password in the URL is visible to every user)",
+    )
+    p.add_argument("--broker-password-file", type=Path, metavar="FILE", help="file holding the broker password")
     p.add_argument("--mqtt-protocol", choices=["5", "3.1.1"], default="5")
-    p.add_argument("--nodes", type=int, default=10)
+    p.add_argument("--nodes", type=cliargs.positive_int, default=10)
     p.add_argument("--scenario", default="mixed")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--site", default="sim")
-    p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument("--publish-interval", type=float, default=10.0)
-    p.add_argument("--duration", type=float, default=0.0, help="seconds of real time; 0 runs until stopped")
-    p.add_argument("--record", type=Path, help="append every window with its ground-truth labels as JSONL")
+    p.add_argument("--time-scale", type=cliargs.positive_float, default=1.0)
+    p.add_argument("--publish-interval", type=cliargs.number(float, at_least=1.0), default=10.0)
+    p.add_argument(
+        "--duration", type=cliargs.non_negative_float, default=0.0, help="seconds of real time; 0 runs until stopped"
+    )
+    p.add_argument(
+        "--record", type=cliargs.output_file, help="append every window with its ground-truth labels as JSONL"
+    )
     p.set_defaults(func=_cmd_simulate)
     return parser
 
@@ -518,6 +548,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except KeyboardInterrupt:
         return 0
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRAS:
+            raise
+        extra = "demo" if args.command == "demo" else EXTRAS[top]
+        return _fail(
+            f"`fleetfit {args.command}` needs {top}, which this install left out: pip install 'fleetfit[{extra}]'"
+        )
+    except BrokenPipeError:  # the reader left (`fleetfit classify … | head -1`): nothing more to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's last flush does not fail again
+        return 141  # as a shell reports a command killed by SIGPIPE
     return code
 
 

@@ -30,6 +30,7 @@ from optimizer.service import Optimizer
 log = logging.getLogger(__name__)
 
 DEMO_SITE = "demo"
+DEMO_FLUSH_TIMEOUT = 5.0  # seconds the demo's last alerts may take at the end: an unreachable hook must not hold it
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,9 @@ def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[L
         variable = f"FLEETFIT_DEMO_WEBHOOK_{n}"
         os.environ[variable] = url
         receivers.append(ReceiverSettings(name=f"demo-{kind}-{n}", kind=kind, url_env=variable))
-    settings = AlertSettings(receivers=receivers, group_wait=3.0, retry_initial=0.5, max_attempts=4)
+    settings = AlertSettings(
+        receivers=receivers, group_wait=3.0, retry_initial=0.5, max_attempts=4, timeout=DEMO_FLUSH_TIMEOUT
+    )
     return Lifecycle.in_state_dir(state_dir), Alerter.in_state_dir(settings, state_dir)
 
 
@@ -63,8 +66,18 @@ async def run_demo(options: DemoOptions, on_plan: Callable[[Plan], None] | None 
     nodes = build_scenario("demo", options.nodes, options.seed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set() and task is not None:  # a second signal: leave now, whatever is still pending
+            log.warning("second %s: exiting now", sig.name)
+            task.cancel()
+            return
+        log.info("%s received: stopping (a second one exits at once)", sig.name)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         with tempfile.TemporaryDirectory(prefix="fleetfit-demo-") as state:
             return await _run(options, nodes, stop, Path(state), on_plan)
@@ -87,6 +100,7 @@ async def _run(
             mqtt=mqtt,
             optimizer=OptimizerSettings(solve_interval=options.solve_interval, horizon_windows=60, state_dir=state_dir),
             plan=PlanSettings(time_limit=5.0),
+            alerts=AlertSettings(flush_timeout=DEMO_FLUSH_TIMEOUT),
         )
         lifecycle, alerter = _alerting(options.webhooks, state_dir)
         optimizer = Optimizer(config, load_catalog(), on_plan=on_plan, lifecycle=lifecycle, alerter=alerter)

@@ -1,10 +1,29 @@
-"""Plans for people (an aligned text table) and for programs (the protocol's JSON)."""
+"""Plans for people (an aligned text table) and for programs (the protocol's JSON); safe cells for CSV."""
 
 from __future__ import annotations
 
 import json
+import re
 
 from agent.protocol import Plan
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (terminal escapes, NUL, newlines) shown as U+FFFD."""
+    return _CONTROL.sub("\N{REPLACEMENT CHARACTER}", text)
+
+
+def csv_cell(value: object) -> object:
+    """A CSV cell no spreadsheet runs as a formula: text starting with ``= + - @`` or a tab or CR gets a leading
+    ``'`` (OWASP's advice); control characters are replaced. Numbers stay numbers."""
+    if not isinstance(value, str):
+        return value
+    if value.startswith(FORMULA_STARTS):
+        value = "'" + value
+    return printable(value)
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:

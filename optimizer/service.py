@@ -208,8 +208,17 @@ async def serve(optimizer: Optimizer) -> None:
     """Run ``optimizer`` under SIGTERM/SIGINT."""
     tune_gc()
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if optimizer.should_exit.is_set() and task is not None:  # a second signal: stop waiting on anything
+            log.warning("second %s: exiting now", sig.name)
+            task.cancel()
+            return
+        optimizer.should_exit.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, optimizer.should_exit.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         await optimizer.run()
     finally:

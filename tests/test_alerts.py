@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
 from optimizer.alerts.alerter import Alerter
 from optimizer.alerts.delivery import Webhook, redact, retry_after
 from optimizer.alerts.journal import Journal
-from optimizer.alerts.notice import Item, Notice, Status
+from optimizer.alerts.notice import Item, Notice, Status, sample_notice
 from optimizer.alerts.payloads import GenericAlert, render
 from optimizer.alerts.settings import AlertSettings, ReceiverSettings, Severity
 from optimizer.catalog import load_catalog
@@ -317,6 +319,140 @@ def test_generic_payload_is_versioned_and_says_what_it_left_out() -> None:
     assert alert.firing[0].monthly_savings_usd == max(m.monthly_savings_usd for m in alert.firing)
 
 
+HOSTILE = "@channel <!channel> @here [click me](https://evil.example/x) ![pic](https://evil.example/p.png) ~town-square"
+SCHEMA = json.loads((Path(__file__).parent / "data" / "adaptive-card-1.4" / "adaptive-card.json").read_text())
+
+
+def hostile_notice(resolved: int = 1) -> Notice:
+    bad = rec(1).model_copy(
+        update={"workload_name": HOSTILE, "from_node": "<http://evil.example|n1>", "to_node": "@all"}
+    )
+    items = [Item(bad, Status.NEW, Severity.WARNING)]
+    items += [
+        Item(rec(10_000 + i).model_copy(update={"workload_name": HOSTILE}), Status.APPLIED, Severity.INFO)
+        for i in range(resolved)
+    ]
+    return Notice("<!here>", 1_700_000_000.0, items)
+
+
+def _strings(node: object, skip: str = "") -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [s for k, v in node.items() if k != skip for s in _strings(v, skip)]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v, skip)]
+    return []
+
+
+@pytest.mark.parametrize("kind", ["mattermost", "teams"])
+def test_markdown_platforms_carry_no_mention_link_or_image_from_a_name(kind: str) -> None:
+    import re
+
+    body = json.loads(render(kind, hostile_notice(), 40_000))  # type: ignore[arg-type]
+    text = "\n".join(_strings(body))
+    assert "evil.example" in text  # the names are shown...
+    assert not re.search(r"@(channel|here|all)\b", text)  # ...but notify no one
+    assert not re.search(r"(?<!\\)<(!|http)", text)  # Slack-style <!channel> and <url|text>, which Mattermost reads
+    rendered = "\n".join(_strings(body, skip="fallback"))  # Mattermost's notification text is not Markdown
+    assert not re.search(r"(?<!\\)\]\(", rendered)  # no [text](url) link, no ![](image)
+    assert not re.search(r"https?://evil", rendered)  # no autolinked URL
+    assert not re.search(r"(?<!\\)~town", rendered)  # no channel link
+
+
+def test_slack_escapes_names_in_every_field_and_the_fallback_text() -> None:
+    body = json.loads(render("slack", hostile_notice(), 40_000))
+    del body["blocks"][0]  # the header is plain_text: Slack reads no markup there
+    text = "\n".join(_strings(body))
+    assert "<!channel>" not in text and "<!here>" not in text and "<http://evil" not in text
+    assert "&lt;!channel&gt;" in text
+
+
+def _entities_whole(text: str) -> bool:
+    import re
+
+    return all(re.match(r"&(amp|lt|gt);", text[m.start() :]) for m in re.finditer("&", text))
+
+
+@pytest.mark.parametrize("shift", range(6))
+def test_slack_clipping_never_cuts_an_escape_in_two(shift: int) -> None:
+    # the reason and a node name, escaped, cross the section (3,000) and field (2,000) limits at every offset
+    base = rec(1)
+    long = base.model_copy(
+        update={
+            "reason": "r" * (2985 - len(base.workload_name) * 2 + shift) + "&&&&&&&&&&&&",
+            "from_node": "n" * (1985 + shift) + "<<<<<<<<",
+        }
+    )
+    body = json.loads(render("slack", Notice("eu-1", 1.7e9, [Item(long, Status.NEW, Severity.WARNING)]), 40_000))
+    clipped = 0
+    for block in body["blocks"]:
+        for part in [block.get("text", {}), *block.get("fields", [])]:
+            if part.get("type") == "mrkdwn":
+                assert _entities_whole(part["text"]), part["text"][-12:]
+                clipped += part["text"].endswith("…")
+    assert clipped == 2  # the section and the From field were both cut
+
+
+def test_the_configured_link_cannot_break_out_of_its_markup() -> None:
+    notice = notice_of(1)
+    notice.link = "https://fleetfit.example/recs?site=a&view=<all>|pwned) [x](https://evil.example)"
+    slack_body = json.loads(render("slack", notice, 40_000))
+    footer = slack_body["blocks"][-1]["elements"][-1]["text"]
+    assert footer.startswith("<https://fleetfit.example/recs?site=a&amp;view=&lt;all&gt;%7Cpwned")
+    assert footer.count("|") == 1 and footer.endswith("|all recommendations>")
+    mm = json.loads(render("mattermost", notice, 40_000))["text"]
+    url = mm[mm.index("[all recommendations](") + len("[all recommendations](") :]
+    assert url.endswith(")") and not any(c in url[:-1] for c in " ()[]<>")
+
+
+@pytest.mark.parametrize(("kind", "limit"), [("generic", 256_000), ("teams", 200_000), ("mattermost", 200_000)])
+def test_resolved_moves_are_listed_as_many_as_fit(kind: str, limit: int) -> None:
+    body = render(kind, notice_of(2, resolved=120), limit)  # type: ignore[arg-type]
+    assert len(body) <= limit
+    assert _more(body.decode()) == 0
+    assert body.decode().count("expired") >= 120
+
+
+def _cards(body: bytes) -> list[dict[str, Any]]:
+    data = json.loads(body)
+    cards = []
+    for attachment in data["attachments"]:
+        card = dict(attachment["content"])
+        card.pop("msteams", None)  # Teams' own extension, outside the Adaptive Card schema
+        cards.append(card)
+    return cards
+
+
+@pytest.mark.parametrize(
+    ("notice", "limit"),
+    [
+        (notice_of(1), 28_000),
+        (notice_of(500, resolved=40), 28_000),
+        (notice_of(0, resolved=3), 28_000),
+        (hostile_notice(resolved=5), 28_000),
+        (notice_of(3, resolved=2), 200),  # nothing fits but the headline
+        (sample_notice(), 28_000),  # what `fleetfit alerts test` sends
+    ],
+    ids=["one", "many", "resolved-only", "hostile", "tiny-limit", "sample"],
+)
+def test_every_teams_card_validates_against_the_adaptive_card_1_4_schema(notice: Notice, limit: int) -> None:
+    import jsonschema
+
+    validator = jsonschema.Draft6Validator(SCHEMA)
+    for card in _cards(render("teams", notice, limit)):
+        errors = sorted(validator.iter_errors(card), key=lambda e: list(e.path))
+        assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:3]]
+
+
+def test_the_schema_check_catches_a_malformed_card() -> None:
+    import jsonschema
+
+    card = _cards(render("teams", notice_of(1), 28_000))[0]
+    card["body"][0]["weight"] = "heavy"  # not a FontWeight
+    assert list(jsonschema.Draft6Validator(SCHEMA).iter_errors(card))
+
+
 # ------------------------------------------------------------------------------------------ commands
 
 
@@ -396,3 +532,101 @@ async def test_optimizer_metrics_count_alerts_per_receiver(tmp_path: Path) -> No
     assert 'fleetfit_alerts_failed_total{receiver="ok",reason="server_error"} 1' in text
     assert 'fleetfit_alert_retries_total{receiver="ok"} 1' in text
     assert "fleetfit_alerts_pending 0" in text
+
+
+# ------------------------------------------------------------------------------------------ shutdown
+
+
+async def _demo_with_a_hook_that_never_answers(signals: list[signal.Signals]) -> tuple[float, int, str]:
+    """Run the demo posting to a server that accepts and never replies; once a post is in flight, send
+    ``signals`` (a second one a moment after the first). Returns (seconds from the first signal to exit, code, stderr)."""
+    connected = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        connected.set()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        FLEETFIT,
+        "demo",
+        "--duration",
+        "120",
+        "--alert-webhook",
+        f"generic=http://127.0.0.1:{port}/hook",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    errors = asyncio.create_task(proc.stderr.read())
+    try:
+        await asyncio.wait_for(connected.wait(), 60)  # an alert is being posted and will hang
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        for n, sig in enumerate(signals):
+            if n:
+                await asyncio.sleep(0.5)
+            proc.send_signal(sig)
+        code = await asyncio.wait_for(proc.wait(), 40)
+        return loop.time() - start, code, (await errors).decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for w in held:
+            w.close()
+        server.close()
+
+
+@pytest.mark.slow
+async def test_demo_with_an_unreachable_hook_stops_promptly_on_sigterm() -> None:
+    seconds, code, stderr = await _demo_with_a_hook_that_never_answers([signal.SIGTERM])
+    print(f"demo exited {seconds:.1f} s after SIGTERM with an alert post hanging")
+    assert code == 0 and "Traceback" not in stderr
+    assert seconds < 15  # the final plan, then at most the demo's 5 s for the last alerts
+    assert re.search(r"alerts still unsent at shutdown: [1-9]\d* move", stderr)  # said, and counted
+
+
+@pytest.mark.slow
+async def test_a_second_sigint_ends_the_demo_at_once() -> None:
+    seconds, code, stderr = await _demo_with_a_hook_that_never_answers([signal.SIGINT, signal.SIGINT])
+    assert code != 0 and "Traceback" not in stderr and "demo interrupted" in stderr
+    assert seconds < 3
+
+
+# ------------------------------------------------------------------------------------------ secrets
+
+
+@pytest.mark.slow
+def test_demo_takes_webhooks_from_the_environment_and_a_file_not_argv(tmp_path: Path) -> None:
+    import os
+
+    with webhook_server() as hooks:
+        hook_file = tmp_path / "hooks"
+        hook_file.write_text(f"# the team's channel\nslack={hooks.url('/slack/s3cr3t')}\n")
+        env = os.environ | {"FLEETFIT_ALERT_WEBHOOK": f"generic={hooks.url('/generic/s3cr3t')}"}
+        command = [FLEETFIT, "demo", "--nodes", "8", "--duration", "12", "--alert-webhook-file", str(hook_file)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, check=True)
+        paths = {d.path.split("/")[1] for d in hooks.delivered}
+    assert paths == {"slack", "generic"}
+    assert "s3cr3t" not in result.stdout + result.stderr and "warning" not in result.stderr
+
+
+def test_broker_password_comes_from_a_file_or_the_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from optimizer.cliargs import broker_settings
+
+    secret = tmp_path / "broker-password"
+    secret.write_text("from-the-file\n")
+    from_file = broker_settings("mqtts://node-7@broker.example:8883", "5", secret, {})
+    assert from_file.username == "node-7" and from_file.password is not None
+    assert from_file.password.get_secret_value() == "from-the-file" and from_file.tls
+    from_env = broker_settings("mqtt://u@127.0.0.1", "5", None, {"FLEETFIT_BROKER_PASSWORD": "from-env"})
+    assert from_env.password is not None and from_env.password.get_secret_value() == "from-env"
+    assert capsys.readouterr().err == ""
+    in_url = broker_settings("mqtt://u:p%40ss@127.0.0.1", "5", None, {})
+    assert in_url.password is not None and in_url.password.get_secret_value() == "p@ss"
+    assert "visible to every user" in capsys.readouterr().err

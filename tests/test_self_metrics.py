@@ -45,6 +45,21 @@ async def _metrics(port: int) -> dict[str, float]:
         return parse(await r.text())
 
 
+async def _listening(port: int, within: float = 30.0) -> None:
+    """Wait for the agent (a fresh process, slow to start on a loaded machine) to open its metrics port."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+        else:
+            writer.close()
+            return
+
+
 async def _until(port: int, check: str, predicate: object, within: float = 30.0) -> dict[str, float]:
     deadline = asyncio.get_running_loop().time() + within
     while True:
@@ -65,7 +80,7 @@ async def test_agent_metrics_follow_a_broker_outage(tmp_path: Path, prefix: str)
     config.write_text(config.read_text().replace("[mqtt]", f"metrics_port = {metrics_port}\n[mqtt]"))
     proc = await start_agent(config)
     try:
-        await asyncio.sleep(1.0)
+        await _listening(metrics_port)
         first = await _until(metrics_port, "fleetfit_agent_windows_published_total", lambda v: v >= 2)
         assert first["fleetfit_agent_broker_connected"] == 1 and first["fleetfit_agent_samples_total"] >= 2
         broker.stop()

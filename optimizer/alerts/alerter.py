@@ -123,7 +123,12 @@ class Alerter:
         webhook = self.webhooks[group.receiver]
         notice = Notice(group.site, group.generated_at, list(group.items.values()), self.settings.link)
         body = render(webhook.receiver.kind, notice, webhook.receiver.byte_limit)
-        if not await webhook.post(body):
+        try:
+            posted = await webhook.post(body)
+        except asyncio.CancelledError:  # stopped mid-post: the moves are still unsent
+            self._pending.setdefault((group.receiver, group.site), group)
+            raise
+        if not posted:
             self.notices_failed += 1
             return False  # not journaled: the next plan brings these moves up again
         now = self.clock()
@@ -152,11 +157,12 @@ class Alerter:
             if due:
                 await asyncio.gather(*(self._send(g) for g in due))
                 continue
-            timeout = min((g.due for g in self._pending.values()), default=None)
+            due_at = min((g.due for g in self._pending.values()), default=None)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
+            # event is set (a plan observed just before shutdown), and this loop would then never end
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), None if timeout is None else max(0.0, timeout - time.monotonic())
-                )
+                async with asyncio.timeout(None if due_at is None else max(0.0, due_at - time.monotonic())):
+                    await self._wake.wait()
 
     async def flush(self) -> None:
         """Post everything pending now (at shutdown, and at the end of the demo)."""

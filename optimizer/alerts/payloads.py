@@ -1,5 +1,5 @@
 """Message bodies per platform, each fitted under its size limit by listing fewer moves and saying
-"and N more".
+"and N more". Names from agents are escaped for each platform (:mod:`optimizer.alerts.escape`).
 
 - Slack: incoming webhook with Block Kit (``blocks`` + ``text`` fallback; at most 50 blocks).
 - Mattermost: its Slack-compatible ``attachments``.
@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from optimizer.alerts import escape
 from optimizer.alerts.notice import Item, Notice
 from optimizer.alerts.settings import ReceiverKind, Severity
 
@@ -23,7 +24,8 @@ Json = dict[str, Any]
 
 SLACK_MAX_BLOCKS = 50
 SLACK_MAX_ITEMS = 44  # header, summary, 44 moves, "more", resolved, footer: 49 blocks
-MAX_RESOLVED_LINES = 25
+SECTION_CHARS = 3000  # Slack's limits on a section's text and on a field
+FIELD_CHARS = 2000
 COLOURS = {Severity.CRITICAL: "#d00000", Severity.WARNING: "#e8a200", Severity.INFO: "#439fe0"}
 RESOLVED_COLOUR = "#2eb67d"
 
@@ -36,39 +38,44 @@ def _when(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _headline(item: Item) -> str:
+def _same(text: str) -> str:
+    return text
+
+
+def _headline(item: Item, esc: Callable[[str], str] = _same) -> str:
     r = item.recommendation
     tag = " (reminder)" if item.status == "reminder" else ""
-    return f"{r.workload_name}: {r.workload_class.value}, {r.confidence:.0%} sure{tag}"
+    return f"{esc(r.workload_name)}: {r.workload_class.value}, {r.confidence:.0%} sure{tag}"
 
 
-def _facts(item: Item) -> list[tuple[str, str]]:
+def _facts(item: Item, esc: Callable[[str], str] = _same) -> list[tuple[str, str]]:
     r = item.recommendation
     return [
-        ("From", f"{r.from_node} ({r.from_hardware}, {r.gpus} GPU)"),
-        ("To", f"{r.to_node} ({r.to_hardware})"),
+        ("From", f"{esc(r.from_node)} ({esc(r.from_hardware)}, {r.gpus} GPU)"),
+        ("To", f"{esc(r.to_node)} ({esc(r.to_hardware)})"),
         ("Saving", f"${r.monthly_savings_usd:,.0f}/month"),
-        ("Risk", f"{r.risk} · {item.severity.value}"),
-        ("Impact", _clip(r.performance_impact or "none expected", 300)),
+        ("Risk", f"{esc(r.risk)} · {item.severity.value}"),
+        ("Impact", esc(_clip(r.performance_impact or "none expected", 300))),
     ]
 
 
-def _resolved_line(item: Item) -> str:
+def _resolved_line(item: Item, esc: Callable[[str], str] = _same) -> str:
     r = item.recommendation
-    how = f"applied: now on {r.to_hardware}" if item.status == "applied" else "expired: no longer proposed"
-    return f"{r.workload_name} ({r.from_node} → {r.to_node}): {how}"
+    how = f"applied: now on {esc(r.to_hardware)}" if item.status == "applied" else "expired: no longer proposed"
+    return f"{esc(r.workload_name)} ({esc(r.from_node)} → {esc(r.to_node)}): {how}"
+
+
+def _title(notice: Notice, esc: Callable[[str], str]) -> str:
+    """The notice's title with the (agent-reported) site name escaped."""
+    return notice.title().replace(f"· {notice.site}:", f"· {esc(notice.site)}:", 1)
 
 
 def _more(n: int) -> str:
     return f"and {n} more"
 
 
-def _slack_escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
-    md = _slack_escape
+    md, clip = escape.slack, escape.slack_clip
     blocks: list[Json] = [
         {"type": "header", "text": {"type": "plain_text", "text": _clip(notice.title(), 150)}},
     ]
@@ -88,34 +95,41 @@ def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
         blocks.append(
             {
                 "type": "section",
-                "text": {"type": "mrkdwn", "text": _clip(f"*{md(_headline(item))}*\n{md(r.reason)}", 3000)},
-                "fields": [{"type": "mrkdwn", "text": _clip(f"*{k}*\n{md(v)}", 2000)} for k, v in _facts(item)],
+                "text": {"type": "mrkdwn", "text": clip(f"*{_headline(item, md)}*\n{md(r.reason)}", SECTION_CHARS)},
+                "fields": [{"type": "mrkdwn", "text": clip(f"*{k}*\n{v}", FIELD_CHARS)} for k, v in _facts(item, md)],
             }
         )
     if resolved:
-        lines = "\n".join(f"• {md(_resolved_line(i))}" for i in resolved)
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _clip(f"*Resolved*\n{lines}", 3000)}})
+        lines = ["*Resolved*"]
+        for i in resolved:  # as many lines as the section holds; the rest count as "more"
+            line = f"• {_resolved_line(i, md)}"
+            if len("\n".join([*lines, line])) > SECTION_CHARS:
+                break
+            lines.append(line)
+        omitted += len(resolved) - (len(lines) - 1)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
     footer = [{"type": "mrkdwn", "text": f"fleetfit plan of {_when(notice.generated_at)}"}]
     if omitted:
         footer.insert(0, {"type": "mrkdwn", "text": f"*{_more(omitted)}*"})
     if notice.link:
-        footer.append({"type": "mrkdwn", "text": f"<{notice.link}|all recommendations>"})
+        footer.append({"type": "mrkdwn", "text": escape.slack_link(notice.link, "all recommendations")})
     blocks.append({"type": "context", "elements": footer})
-    return {"text": notice.title(), "blocks": blocks}
+    return {"text": _title(notice, md), "blocks": blocks}
 
 
 def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    md, plain = escape.markdown, escape.plain
     attachments: list[Json] = []
     for item in firing:
         r = item.recommendation
         attachments.append(
             {
-                "fallback": f"{_headline(item)}: {r.from_hardware} → {r.to_hardware}, "
+                "fallback": f"{_headline(item, plain)}: {plain(r.from_hardware)} → {plain(r.to_hardware)}, "
                 f"${r.monthly_savings_usd:,.0f}/month",
                 "color": COLOURS[item.severity],
-                "title": _headline(item),
-                "text": _clip(r.reason, 2000),
-                "fields": [{"short": k != "Impact", "title": k, "value": v} for k, v in _facts(item)],
+                "title": _headline(item, md),  # Mattermost renders a title's links
+                "text": md(_clip(r.reason, 2000)),
+                "fields": [{"short": k != "Impact", "title": k, "value": v} for k, v in _facts(item, md)],
             }
         )
     if resolved:
@@ -124,20 +138,21 @@ def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted
                 "fallback": f"{len(resolved)} resolved",
                 "color": RESOLVED_COLOUR,
                 "title": "Resolved",
-                "text": "\n".join(f"- {_resolved_line(i)}" for i in resolved),
+                "text": "\n".join(f"- {_resolved_line(i, md)}" for i in resolved),
             }
         )
-    text = f"**{notice.title()}**"
+    text = f"**{_title(notice, md)}**"
     if omitted:
         text += f"\n_{_more(omitted)}_"
     if notice.link:
-        text += f"\n[all recommendations]({notice.link})"
+        text += f"\n[all recommendations]({escape.markdown_url(notice.link)})"
     return {"username": "fleetfit", "text": text, "attachments": attachments}
 
 
 def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    md = escape.markdown
     body: list[Json] = [
-        {"type": "TextBlock", "text": notice.title(), "size": "Large", "weight": "Bolder", "wrap": True},
+        {"type": "TextBlock", "text": _title(notice, md), "size": "Large", "weight": "Bolder", "wrap": True},
         {"type": "TextBlock", "text": f"fleetfit plan of {_when(notice.generated_at)}", "isSubtle": True},
     ]
     for item in firing:
@@ -146,14 +161,14 @@ def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
                 "type": "Container",
                 "separator": True,
                 "items": [
-                    {"type": "TextBlock", "text": _headline(item), "weight": "Bolder", "wrap": True},
-                    {"type": "TextBlock", "text": _clip(item.recommendation.reason, 1000), "wrap": True},
-                    {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in _facts(item)]},
+                    {"type": "TextBlock", "text": _headline(item, md), "weight": "Bolder", "wrap": True},
+                    {"type": "TextBlock", "text": md(_clip(item.recommendation.reason, 1000)), "wrap": True},
+                    {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in _facts(item, md)]},
                 ],
             }
         )
     if resolved:
-        lines = "\n".join(f"- {_resolved_line(i)}" for i in resolved)
+        lines = "\n".join(f"- {_resolved_line(i, md)}" for i in resolved)
         body.append({"type": "TextBlock", "text": f"**Resolved**\n\n{lines}", "wrap": True, "separator": True})
     if omitted:
         body.append({"type": "TextBlock", "text": _more(omitted), "isSubtle": True})
@@ -246,7 +261,7 @@ def render(kind: ReceiverKind, notice: Notice, max_bytes: int) -> bytes:
 
     def build(shown: int) -> bytes:
         f = firing[: min(shown, cap_firing)]
-        r = resolved[: max(0, min(shown - len(f), MAX_RESOLVED_LINES))]
+        r = resolved[: max(0, shown - len(f))]
         return _encode(renderer(notice, f, r, len(firing) + len(resolved) - len(f) - len(r)))
 
     lo, hi = 0, len(firing) + len(resolved)

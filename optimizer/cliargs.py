@@ -1,0 +1,182 @@
+"""Command-line values checked where they are parsed, and secrets read from the environment or files.
+
+Every bad value ends the command with one line that names its option, and exit status 2; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from agent.config import MqttSettings
+
+WEBHOOK_KINDS = ("slack", "mattermost", "teams", "generic")
+WEBHOOK_ENV = "FLEETFIT_ALERT_WEBHOOK"
+BROKER_PASSWORD_ENV = "FLEETFIT_BROKER_PASSWORD"
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*\.?")
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``fleetfit demo: argument --duration: …``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def number(
+    kind: Callable[[str], float], *, above: float | None = None, at_least: float | None = None
+) -> Callable[[str], float]:
+    """An argparse ``type`` for a finite number above (or at least) a bound."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+        if above is not None and value <= above:
+            raise argparse.ArgumentTypeError(f"must be above {above:g}, got {text}")
+        if at_least is not None and value < at_least:
+            raise argparse.ArgumentTypeError(f"must be at least {at_least:g}, got {text}")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    return number(float, above=0)(text)
+
+
+def non_negative_float(text: str) -> float:
+    return number(float, at_least=0)(text)
+
+
+def positive_int(text: str) -> int:
+    return int(number(int, at_least=1)(text))
+
+
+def non_negative_int(text: str) -> int:
+    return int(number(int, at_least=0)(text))
+
+
+def output_file(text: str) -> Path:
+    """A file to append to: its directory must exist and it must not be a directory itself."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory; give a file name in it")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"directory {path.parent} does not exist")
+    return path
+
+
+# ------------------------------------------------------------------------------------------ webhooks
+
+
+def webhook(spec: str) -> tuple[str, str]:
+    """``KIND=URL``; the error never repeats the URL, which is a credential."""
+    kind, sep, url = spec.strip().partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError("expected KIND=URL, e.g. slack=https://hooks.slack.com/services/…")
+    if kind not in WEBHOOK_KINDS:
+        raise argparse.ArgumentTypeError(f"unknown KIND {kind!r} in KIND=URL: use {', '.join(WEBHOOK_KINDS)}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"the URL after {kind}= is not an http:// or https:// URL with a host")
+    return kind, url
+
+
+def webhooks(given: list[tuple[str, str]], file: Path | None, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Webhooks from ``--alert-webhook`` (readable by every user in the process list, so warned about),
+    ``--alert-webhook-file`` (one KIND=URL per line) and ``FLEETFIT_ALERT_WEBHOOK`` (KIND=URL, space-separated).
+    ValueError names the source of a bad entry."""
+    if given:
+        print(
+            f"fleetfit: warning: --alert-webhook shows the webhook URL to every user of this machine (ps); "
+            f"prefer {WEBHOOK_ENV} or --alert-webhook-file",
+            file=sys.stderr,
+        )
+    out = list(given)
+    sources: list[tuple[str, list[str]]] = []
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
+            raise ValueError(f"--alert-webhook-file {file}: {reason}") from None
+        lines = [line.strip() for line in text.splitlines()]
+        sources.append((f"--alert-webhook-file {file}", [line for line in lines if line and not line.startswith("#")]))
+    if environ.get(WEBHOOK_ENV, "").strip():
+        sources.append((WEBHOOK_ENV, environ[WEBHOOK_ENV].split()))
+    for where, specs in sources:
+        for spec in specs:
+            try:
+                out.append(webhook(spec))
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+    return out
+
+
+# ------------------------------------------------------------------------------------------ broker
+
+
+def broker_settings(
+    url: str, protocol: str, password_file: Path | None = None, environ: Mapping[str, str] = os.environ
+) -> MqttSettings:
+    """``mqtt[s]://[user[:password]@]host[:port]``; the password may instead come from ``password_file`` or
+    ``FLEETFIT_BROKER_PASSWORD``, which no other user can read. ValueError names ``--broker``."""
+    from pydantic import SecretStr
+
+    from agent.config import MqttSettings, read_secret
+
+    shape = "expected mqtt://host[:port] or mqtts://host[:port]"
+    if "://" not in url:
+        if "/" in url:  # mqtt//host, a typo, is no host name
+            raise ValueError(f"--broker {url!r}: {shape}")
+        url = f"mqtt://{url}"
+    parts = urlsplit(url)
+    if parts.scheme not in ("mqtt", "mqtts"):
+        raise ValueError(f"--broker: scheme {parts.scheme!r} unknown; {shape}")
+    host = parts.hostname or ""
+    if not (_HOSTNAME.fullmatch(host) or (host and ":" in host)) or parts.path not in ("", "/"):
+        raise ValueError(f"--broker: {parts.netloc.rpartition('@')[2] or url!r} is not a host name; {shape}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"--broker: {shape} (no path, query or fragment)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"--broker: the port must be a number from 1 to 65535 ({shape})") from None
+    if port == 0:
+        raise ValueError("--broker: the port must be a number from 1 to 65535")
+    tls = parts.scheme == "mqtts"
+    password: SecretStr | None = SecretStr(unquote(parts.password)) if parts.password else None
+    if password is not None:
+        print(
+            f"fleetfit: warning: the password in --broker is visible to every user of this machine (ps); "
+            f"prefer {BROKER_PASSWORD_ENV} or --broker-password-file",
+            file=sys.stderr,
+        )
+    elif password_file is not None:
+        try:
+            password = read_secret(password_file)
+        except ValueError as exc:
+            raise ValueError(f"--broker-password-file: {exc}") from None
+    elif environ.get(BROKER_PASSWORD_ENV):
+        password = SecretStr(environ[BROKER_PASSWORD_ENV])
+    return MqttSettings(
+        host=host,
+        port=port or (8883 if tls else 1883),
+        tls=tls,
+        username=unquote(parts.username) if parts.username else None,
+        password=password,
+        protocol=protocol,
+    )
