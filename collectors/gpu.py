@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from agent.protocol import GpuInfo, WorkloadKind, WorkloadRef
-from collectors.attribution import Attributor
+from collectors.attribution import Attributor, OwnerReader
 from collectors.base import Entity, Inventory, Sample
 from collectors.gpm import GpmReader
 
@@ -84,6 +84,7 @@ class NvmlGpuCollector:
     def __init__(self, nvml: ModuleType, attributor: Attributor) -> None:
         self._nvml = nvml
         self._attributor = attributor
+        self._owners = OwnerReader()
         self._devices: list[_Device] = []
         physical = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
         for i, handle in enumerate(physical):
@@ -275,13 +276,24 @@ class NvmlGpuCollector:
 
     def workloads(self) -> list[WorkloadRef]:
         owners: dict[str, tuple[WorkloadKind, str, str | None, set[int]]] = {}
+        teams: dict[str, tuple[str | None, str | None]] = {}
         for d in self._devices:
             for proc in self._try("nvmlDeviceGetComputeRunningProcesses", d.handle) or []:
                 owner = self._attributor.owner(int(proc.pid))
                 entry = owners.setdefault(owner.id, (owner.kind, owner.name, owner.hint, set()))
                 entry[3].add(d.index)
+                if owner.id not in teams:
+                    teams[owner.id] = self._owners.of(int(proc.pid), owner)
         return [
-            WorkloadRef(id=wid, kind=kind, name=name, gpus=sorted(gpus), hint=hint)
+            WorkloadRef(
+                id=wid,
+                kind=kind,
+                name=name,
+                gpus=sorted(gpus),
+                hint=hint,
+                owner=teams[wid][0],
+                owner_user=teams[wid][1],
+            )
             for wid, (kind, name, hint, gpus) in sorted(owners.items())
         ]
 

@@ -131,7 +131,14 @@ class SimulatedNode:
 
     def workloads(self) -> list[WorkloadRef]:
         return [
-            WorkloadRef(id=w.id, kind=WorkloadKind.KUBERNETES_POD, name=w.name, gpus=list(w.gpus), hint=w.hint)
+            WorkloadRef(
+                id=w.id,
+                kind=WorkloadKind.KUBERNETES_POD,
+                name=w.name,
+                gpus=list(w.gpus),
+                hint=w.hint,
+                owner=simulated_namespace(w.name),
+            )
             for w in self.specs
         ]
 
@@ -307,3 +314,21 @@ class SimulatedNode:
             gpus[g].util = rng.uniform(50, 95) if burst else rng.choice((0.0, 0.0, 1.0))
             gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
         return 0.0, 0.01 * GB if burst else 0.0, 0.0, 0.0
+
+
+# Simulated pods live in a namespace per team, chosen from the workload's name as a platform team would
+# name things, so that per-owner views and reports have several owners to show.
+_TEAMS = (
+    ("research", ("pretrain", "finetune", "train", "ddp", "lora", "rl")),
+    ("serving", ("serving", "chat", "-api", "rerank", "embed")),
+    ("data-science", ("notebook", "alloc", "jupyter", "explore")),
+    ("batch", ("batch", "offline", "eval", "score")),
+)
+
+
+def simulated_namespace(name: str) -> str:
+    """The Kubernetes namespace a simulated workload runs in."""
+    for team, words in _TEAMS:
+        if any(w in name for w in words):
+            return f"team-{team}"
+    return "team-platform"

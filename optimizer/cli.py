@@ -57,7 +57,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.once:
         agent = Agent(config, collectors, session=0, queue=MemoryQueue(1))
-        window = asyncio.run(_one_window(agent, args.window))
+        window = asyncio.run(_one_window(agent, args.window, args.jsonl))
         print(window)
         return 0
     agent = Agent(config, collectors, session=next_session(config.agent.state_dir), notifier=Notifier())
@@ -65,7 +65,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _one_window(agent: Agent, seconds: float) -> str:
+async def _one_window(agent: Agent, seconds: float, jsonl: bool = False) -> str:
     from agent.protocol import encode
 
     interval = agent.settings.sample_interval
@@ -79,6 +79,8 @@ async def _one_window(agent: Agent, seconds: float) -> str:
         c.close()
     if window is None:
         raise RuntimeError("no sample was taken")
+    if jsonl:  # one line, as `fleetfit classify` reads recordings back
+        return encode(window).decode()
     return json.dumps(json.loads(encode(window)), indent=2)
 
 
@@ -119,9 +121,11 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         catalog = load_catalog(config.optimizer.catalog)
         lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir)
         alerter = Alerter.in_state_dir(config.alerts, config.optimizer.state_dir) if config.alerts.receivers else None
-        optimizer = Optimizer(
-            config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, api=config.api, alerter=alerter
-        )
+        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, alerter=alerter)
+        if config.api.listen:
+            from optimizer.web.app import WebServer
+
+            optimizer.attach(WebServer(optimizer, config.api))
     except (ConfigError, CatalogError) as exc:
         return _fail(str(exc))
     except (OSError, sqlite3.Error) as exc:
@@ -147,10 +151,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             return _fail(f"--alert-webhook {kind}=…: use KIND=URL with KIND slack, mattermost, teams or generic")
         webhooks.append((kind, url))
     options = DemoOptions(
-        nodes=args.nodes, duration=args.duration, seed=args.seed, time_scale=args.time_scale, webhooks=tuple(webhooks)
+        nodes=args.nodes,
+        duration=args.duration,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        webhooks=tuple(webhooks),
+        console=not args.no_console,
+        console_port=args.port,
+        keep_serving=args.keep_serving,
     )
     printer = _plan_printer(args.format)
-    plan = asyncio.run(run_demo(options, on_plan=printer))
+
+    def console_ready(url: str, token: str) -> None:
+        # on stdout with the table; with --format json stdout carries only the plan
+        out = sys.stderr if args.format == "json" else sys.stdout
+        print(f"console: {url}  (token for its buttons: {token})", file=out, flush=True)
+
+    plan = asyncio.run(run_demo(options, on_plan=printer, on_console=console_ready))
     if plan is None:
         return _fail("no plan was produced: no telemetry reached the optimizer")
     if args.format == "json":
@@ -270,10 +287,29 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
             print("no recommendations" + ("" if args.all else " open (see --all)"))
         for t in rows:
             r = t.recommendation
+            move = f"{r.from_node} -> {r.to_node} [{r.to_hardware}]"
             print(
-                f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
-                f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
+                f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {move[:56]:56} "
+                f"{f'${r.monthly_savings_usd:,.0f}':>9}/month  risk {r.risk}"
             )
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from agent.config import ConfigError, load_config
+    from optimizer.config import OptimizerConfig
+    from optimizer.report import parse_since, run_report
+
+    try:
+        since = parse_since(args.since)
+        state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
+        print(run_report(state_dir, since, args.by, args.format))
+    except (ValueError, ConfigError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    except sqlite3.Error as exc:
+        return _fail(f"{state_dir}: {exc}")
     return 0
 
 
@@ -293,6 +329,14 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
         known = ", ".join(sorted(receivers)) or "none configured"
         return _fail(f"alerts test: no receiver {args.receiver!r} (receivers: {known})")
     receiver = receivers[args.receiver]
+    try:
+        url = receiver.url().get_secret_value()
+    except (ValueError, OSError) as exc:
+        return _fail(f"alerts test: {exc}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        # a malformed URL never becomes valid by retrying: say so now (the URL is a secret: not printed)
+        return _fail(f"alerts test: receiver {receiver.name}'s URL is not an http(s) URL with a host")
     notice = sample_notice()
     notice.link = settings.link
     body = render(receiver.kind, notice, receiver.byte_limit)
@@ -337,6 +381,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         nodes = build_scenario(args.scenario, args.nodes, args.seed)
     except ValueError as exc:
         return _fail(str(exc))
+    if len(nodes) > args.nodes:
+        print(
+            f"simulating {len(nodes)} nodes: the {args.nodes} asked for and {len(nodes) - args.nodes} spare node(s) "
+            "with free GPUs for the planned moves to land on (docs/simulator.md)",
+            file=sys.stderr,
+        )
     record = open_record(args.record)
     _raise_open_files_limit()
 
@@ -418,27 +468,41 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from collectors.scenarios import SCENARIOS
+
     parser = argparse.ArgumentParser(prog="fleetfit", description="Find AI workloads on the wrong GPU hardware.")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (stderr)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+    scenarios = ", ".join(SCENARIOS)
 
     p = sub.add_parser("agent", help="per-node telemetry daemon")
-    p.add_argument("--config", type=Path)
+    p.add_argument("--config", type=Path, help="the agent's TOML config (default: built-in settings)")
     p.add_argument("--once", action="store_true", help="print one window as JSON and exit")
+    p.add_argument("--jsonl", action="store_true", help="with --once: one JSON line, as `classify` reads back")
     p.add_argument("--window", type=float, default=2.0, help="seconds the --once window spans (default 2)")
     p.add_argument("--simulate", metavar="MODELxN[:PATTERN]", help="simulated GPUs (e.g. h100x8) with real NICs/disks")
     p.set_defaults(func=_cmd_agent)
 
-    p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan")
-    p.add_argument("--config", type=Path)
+    p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan, serve the console")
+    p.add_argument("--config", type=Path, help="the optimizer's TOML config (default: built-in settings)")
     p.set_defaults(func=_cmd_optimizer)
 
-    p = sub.add_parser("demo", help="embedded broker + simulated fleet + optimizer")
-    p.add_argument("--nodes", type=int, default=10)
+    p = sub.add_parser(
+        "demo",
+        help="embedded broker + simulated fleet + optimizer, with the console on a local port",
+        description="Run a simulated fleet with three planted misplacements, plan it, and serve the console on "
+        "127.0.0.1 (its URL is printed). Needs nothing installed.",
+    )
+    p.add_argument("--nodes", type=int, default=10, help="simulated nodes, at least 8 (default 10)")
     p.add_argument("--duration", type=float, default=45.0, help="seconds of real time (default 45)")
-    p.add_argument("--format", choices=["table", "json"], default="table")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per real second")
+    p.add_argument("--format", choices=["table", "json"], default="table", help="how plans are printed (stdout)")
+    p.add_argument("--seed", type=int, default=1, help="random seed of the simulated fleet (default 1)")
+    p.add_argument("--time-scale", type=float, default=10.0, help="simulated seconds per real second (default 10)")
+    p.add_argument("--port", type=int, default=0, help="the console's port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--keep-serving", action="store_true", help="after the run, keep the console up until Ctrl-C")
+    p.add_argument("--no-console", action="store_true", help="serve no console")
     p.add_argument(
         "--alert-webhook",
         action="append",
@@ -456,38 +520,56 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_cmd_alerts)
 
     p = sub.add_parser("recommendations", help="list recommendations; acknowledge, dismiss or reopen one")
-    p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"])
-    p.add_argument("id", nargs="?")
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"], help="a decision on recommendation ID")
+    p.add_argument("id", nargs="?", help="the recommendation's id (first column of the list)")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--all", action="store_true", help="include dismissed, applied and expired ones")
-    p.add_argument("--site")
+    p.add_argument("--site", help="only this site's recommendations")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
     p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
     p.set_defaults(func=_cmd_recommendations)
 
+    p = sub.add_parser(
+        "report",
+        help="showback: GPU-hours by class, $ held, $ wasted by finding kind and open savings per owner",
+    )
+    p.add_argument("--by", choices=["owner", "site", "hardware"], default="owner", help="group by (default owner)")
+    p.add_argument("--since", default="7d", help="7d, 24h, 90m, 2w or a date YYYY-MM-DD (UTC; default 7d)")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
+    p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
+    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.set_defaults(func=_cmd_report)
+
     p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
-    p.add_argument("file", type=Path, metavar="FILE.jsonl")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument(
+        "file", type=Path, metavar="FILE.jsonl", help="windows as JSON lines (simulate --record, agent --once --jsonl)"
+    )
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     p.add_argument("--horizon", type=int, default=100_000, help="latest windows per node to use")
     p.set_defaults(func=_cmd_classify)
 
     p = sub.add_parser("plan", help="plan offline from a fleet snapshot (docs/snapshot.md)")
-    p.add_argument("fleet", type=Path, metavar="FLEET.json")
+    p.add_argument("fleet", type=Path, metavar="FLEET.json", help="a fleet snapshot (docs/snapshot.md)")
     p.add_argument("--time-limit", type=float, default=10.0, help="solver seconds (default 10)")
-    p.add_argument("--max-moves", type=int, default=20)
+    p.add_argument("--max-moves", type=int, default=20, help="most moves in the plan (default 20)")
     p.add_argument("--catalog", type=Path, help="hardware catalog (default: the one shipped)")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="run simulated agents against a broker")
-    p.add_argument("--broker", required=True, help="mqtt://[user:pass@]host[:port]")
-    p.add_argument("--mqtt-protocol", choices=["5", "3.1.1"], default="5")
-    p.add_argument("--nodes", type=int, default=10)
-    p.add_argument("--scenario", default="mixed")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--site", default="sim")
-    p.add_argument("--time-scale", type=float, default=1.0)
-    p.add_argument("--publish-interval", type=float, default=10.0)
+    p.add_argument("--broker", required=True, help="mqtt://[user:pass@]host[:port] or mqtts://...")
+    p.add_argument("--mqtt-protocol", choices=["5", "3.1.1"], default="5", help="MQTT version (default 5)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=10,
+        help="nodes to simulate; a few spare nodes with free GPUs are added (default 10)",
+    )
+    p.add_argument("--scenario", default="mixed", choices=SCENARIOS, metavar="NAME", help=f"one of: {scenarios}")
+    p.add_argument("--seed", type=int, default=0, help="random seed: two seeds give two fleets (default 0)")
+    p.add_argument("--site", default="sim", help="the site the nodes report under (default sim)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulated seconds per real second (default 1)")
+    p.add_argument("--publish-interval", type=float, default=10.0, help="simulated seconds per window (default 10)")
     p.add_argument("--duration", type=float, default=0.0, help="seconds of real time; 0 runs until stopped")
     p.add_argument("--record", type=Path, help="append every window with its ground-truth labels as JSONL")
     p.set_defaults(func=_cmd_simulate)
