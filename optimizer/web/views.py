@@ -121,6 +121,8 @@ _UNBLOCK = (
     (re.compile(r"^no free (.+) capacity"), r"free or add \1 capacity (the moves above may free some)"),
     (re.compile(r"moves went to bigger savings"), "raise [plan] max_moves, or carry out the planned moves first"),
     (re.compile(r"no better fit"), "nothing cheaper fits its memory and load"),
+    (re.compile(r"^load would reach"), "a faster GPU in the site, or its load spread over more GPUs"),
+    (re.compile(r"^needs \d+ GiB"), "a GPU with more memory in the site"),
 )
 
 
