@@ -140,13 +140,14 @@ class Ledger:
         self._db.close()
 
     def account(
-        self, plan: Plan, owners: Mapping[str, str], catalog: Catalog, max_seconds: float, now: float | None = None
+        self, plan: Plan, owners: Mapping[str, str], catalog: Catalog, interval: float, now: float | None = None
     ) -> float:
-        """Charge the time since this site's previous plan (at most ``max_seconds``: time the optimizer was
-        down is not charged) to each workload in ``plan``; return the seconds charged."""
+        """Charge the time since this site's previous plan to each workload in ``plan``; return the seconds
+        charged. ``interval`` is the solve interval: the first plan charges one, and a gap longer than three
+        (the optimizer was down) charges three."""
         now = time.time() if now is None else now
         previous = self._last.get(plan.site)
-        seconds = max_seconds if previous is None else min(max(now - previous, 0.0), max_seconds)
+        seconds = interval if previous is None else min(max(now - previous, 0.0), 3 * interval)
         self._last[plan.site] = now
         hours = seconds / 3600
         waste = {f.workload: f for f in plan.findings}

@@ -135,9 +135,9 @@ class Optimizer:
             resolved = await self.tracker.write(lifecycle.record, plan, {w.id: w.hardware for w in plan.workloads})
             states = await self.tracker.write(lifecycle.states, [r.id for r in plan.recommendations])
             if self.ledger is not None:
-                gap = 3 * self.config.optimizer.solve_interval  # longer than that, the optimizer was down
                 owners = owners_of(self.fleet, plan.site)
-                await self.tracker.write(self.ledger.account, plan, owners, self.catalog, gap)
+                interval = self.config.optimizer.solve_interval
+                await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval)
         if self.alerter is not None:
             self.alerter.observe(plan, states, resolved)
 
