@@ -14,7 +14,7 @@ import json
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -88,9 +88,17 @@ class Showback:
         }
 
 
-def _price(catalog: Catalog, hardware: str) -> float:
-    gpu = hardware_of(catalog, hardware)
-    return gpu.price_per_gpu_hour if gpu is not None else 0.0
+def _prices(catalog: Catalog) -> Callable[[str], float]:
+    """Price per GPU-hour by hardware name, looked up once per name (a fleet has a handful of models)."""
+    known: dict[str, float] = {}
+
+    def price(hardware: str) -> float:
+        if hardware not in known:
+            gpu = hardware_of(catalog, hardware)
+            known[hardware] = gpu.price_per_gpu_hour if gpu is not None else 0.0
+        return known[hardware]
+
+    return price
 
 
 def _key(by: By, site: str, owner: str, hardware: str) -> str:
@@ -103,6 +111,7 @@ def live_showback(
     """The current plans per owner: GPUs held by class, US$ held and wasted per hour, open savings per month
     (of the recommendations in ``open_ids``). Most money held first."""
     rows: dict[str, Showback] = {}
+    price = _prices(catalog)
     for plan in plans:
         where: dict[str, Showback] = {}
         for w in plan.workloads:
@@ -110,7 +119,7 @@ def live_showback(
             row = rows.setdefault(key, Showback(key))
             row.workloads += 1
             row.gpus[w.workload_class.value] = row.gpus.get(w.workload_class.value, 0.0) + w.gpus
-            row.held_usd += w.gpus * _price(catalog, w.hardware)
+            row.held_usd += w.gpus * price(w.hardware)
             where[w.id] = row
         for f in plan.findings:
             if (hit := where.get(f.workload)) is not None:
@@ -151,6 +160,7 @@ class Ledger:
         self._last[plan.site] = now
         hours = seconds / 3600
         waste = {f.workload: f for f in plan.findings}
+        price = _prices(catalog)
         sums: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
         for w in plan.workloads:
             finding = waste.get(w.id)
@@ -162,7 +172,7 @@ class Ledger:
             )
             acc = sums[key]
             acc[0] += w.gpus * hours
-            acc[1] += w.gpus * _price(catalog, w.hardware) * hours
+            acc[1] += w.gpus * price(w.hardware) * hours
             acc[2] += finding.wasted_usd_per_hour * hours if finding else 0.0
         with self._db:
             self._db.executemany(

@@ -32,6 +32,7 @@ class WebServer:
         self.started = time.time()
         self._runner: web.AppRunner | None = None
         self.port = settings.port
+        self.console = Console(optimizer)
 
     @property
     def url(self) -> str:
@@ -41,7 +42,7 @@ class WebServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY, middlewares=[self._count, _headers])
         api = JsonApi(self.optimizer, self.settings)
-        console = Console(self.optimizer)
+        console = self.console
         app.router.add_get("/", console.overview)
         app.router.add_get("/recommendations", console.recommendations)
         app.router.add_get("/findings", console.findings)
@@ -65,6 +66,7 @@ class WebServer:
         if addresses:
             self.port = int(addresses[0][1])
         log.info("HTTP API and console on %s", self.url)
+        self.console.warm()
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -8,9 +8,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from agent.protocol import Plan, Recommendation, WorkloadView
-from optimizer.catalog import Catalog
+from optimizer.catalog import Catalog, GpuType
 from optimizer.fleet import Fleet
-from optimizer.history import DIGEST_SECONDS
+from optimizer.history import DIGEST_SECONDS, DIGESTS_KEPT
 from optimizer.snapshot import hardware_of
 
 
@@ -46,16 +46,20 @@ class Overview:
     trend: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # class -> [(time, mean util)]
 
 
-def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog) -> Overview:
+def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) -> Overview:
     out = Overview()
     by_hw: dict[str, HardwareRow] = {}
+    models: dict[str, GpuType | None] = {}
     for record in list(fleet.nodes.values()):
         birth = record.birth
         physical = [g for g in birth.gpus if g.parent is None] if birth else []
         if not physical:
             continue
-        gpu = hardware_of(catalog, physical[0].model)
-        name = gpu.name if gpu else physical[0].model
+        model = physical[0].model
+        if model not in models:  # a fleet has a handful of models and thousands of nodes
+            models[model] = hardware_of(catalog, model)
+        gpu = models[model]
+        name = gpu.name if gpu else model
         row = by_hw.setdefault(name, HardwareRow(name, price=gpu.price_per_gpu_hour if gpu else 0.0))
         row.nodes += 1
         row.gpus += len(physical)
@@ -77,28 +81,56 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog) -> Overview:
     out.workloads = len(views)
     out.hardware = sorted(by_hw.values(), key=lambda r: (-r.gpus, r.name))
     out.classes = sorted(by_cls.values(), key=lambda r: (-r.gpus, r.name))
-    out.trend = trend(fleet, views)
+    out.trend = trend.update(fleet, views)
     return out
 
 
-def trend(fleet: Fleet, views: dict[str, WorkloadView]) -> dict[str, list[tuple[float, float]]]:
-    """GPU-weighted mean utilisation per class per 10-minute digest over the last day."""
-    sums: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
-    for record in list(fleet.nodes.values()):
-        for workload, digests in list(record.history.digests.items()):
-            view = views.get(workload)
-            if view is None:
-                continue
-            per_node = view.gpus / max(len(view.nodes), 1)
-            buckets = sums[view.workload_class.value]
-            for d in list(digests):
-                acc = buckets[d.end - d.end % DIGEST_SECONDS]
-                acc[0] += d.mean_util * per_node
-                acc[1] += per_node
-    return {
-        cls: sorted((t, total / gpus) for t, (total, gpus) in buckets.items() if gpus)
-        for cls, buckets in sorted(sums.items())
-    }
+class Trend:
+    """GPU-weighted mean utilisation per class per 10-minute digest over the last day, kept up to date.
+
+    A day of digests of 5,000 workloads is 720,000 items, most of a second to walk; each update adds only
+    the digests closed since the previous one (a digest counts under the class its workload had then)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str, str], float] = {}  # (site, node, workload) -> latest digest counted
+        self._totals: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+        self._weights: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+
+    def update(self, fleet: Fleet, views: dict[str, WorkloadView]) -> dict[str, list[tuple[float, float]]]:
+        seen: dict[tuple[str, str, str], float] = {}
+        newest = 0.0
+        for record in list(fleet.nodes.values()):
+            for workload, digests in list(record.history.digests.items()):
+                view = views.get(workload)
+                if view is None or not digests:
+                    continue
+                key = (record.site, record.node, workload)
+                counted = self._seen.get(key, float("-inf"))
+                last = digests[-1].end
+                seen[key] = last
+                newest = max(newest, last)
+                if last <= counted:
+                    continue
+                kept = list(digests)
+                per_node = view.gpus / max(len(view.nodes), 1)
+                total, weight = self._totals[view.workload_class.value], self._weights[view.workload_class.value]
+                for d in reversed(kept):
+                    if d.end <= counted:
+                        break
+                    bucket = d.end // DIGEST_SECONDS
+                    total[bucket] += d.mean_util * per_node
+                    weight[bucket] += per_node
+        self._seen = seen  # workloads gone drop out
+        oldest = newest // DIGEST_SECONDS - DIGESTS_KEPT
+        out = {}
+        for cls, totals in sorted(self._totals.items()):
+            weights = self._weights[cls]
+            for bucket in [b for b in totals if b < oldest]:
+                del totals[bucket], weights[bucket]
+            points = sorted((b * DIGEST_SECONDS, t / weights[b]) for b, t in totals.items() if weights[b])
+            if points:
+                out[cls] = points
+        return out
 
 
 def action(catalog: Catalog, r: Recommendation) -> str:
