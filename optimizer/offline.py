@@ -163,11 +163,12 @@ def score(pairs: Iterable[tuple[WorkloadClass, WorkloadClass]]) -> Score:
 
 def render_score(s: Score) -> str:
     width = max(len(c.value) for c in s.classes) + 2
+    column = width  # every class name fits whole in its column header
     lines = ["confusion matrix (rows: truth, columns: predicted)"]
-    lines.append(" " * width + "".join(c.value[:14].rjust(16) for c in s.classes))
+    lines.append(" " * width + "".join(c.value.rjust(column) for c in s.classes))
     for t in s.classes:
         if not any(tt == t for tt, _ in s.confusion):
             continue
-        lines.append(t.value.ljust(width) + "".join(str(s.confusion.get((t, p), 0)).rjust(16) for p in s.classes))
+        lines.append(t.value.ljust(width) + "".join(str(s.confusion.get((t, p), 0)).rjust(column) for p in s.classes))
     lines.append(f"macro-F1 {s.macro_f1:.3f}, accuracy {s.accuracy:.3f} over {s.support} workload(s)")
     return "\n".join(lines)

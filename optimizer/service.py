@@ -97,7 +97,13 @@ class Optimizer:
                 self.connected.clear()
                 self._client = None
                 delay = self._backoff.next_delay()
-                log.warning("broker connection lost (%s); reconnecting in %.1f s", exc, delay)
+                log.warning(
+                    "broker %s:%d: connection lost (%s); reconnecting in %.1f s",
+                    settings.host,
+                    settings.port,
+                    exc,
+                    delay,
+                )
                 await asyncio.sleep(delay)
 
     async def plan_once(self) -> list[Plan]:
