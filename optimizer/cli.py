@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,7 +57,9 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     if args.once:
-        agent = Agent(config, collectors, session=0, queue=MemoryQueue(1))
+        # a session per run (the clock's seconds), so that windows from several runs appended to one file are
+        # not duplicates of each other when `classify` reads them back
+        agent = Agent(config, collectors, session=int(time.time()), queue=MemoryQueue(1))
         window = asyncio.run(_one_window(agent, args.window, args.jsonl))
         print(window)
         return 0
