@@ -334,3 +334,29 @@ async def test_pages_escape_agent_supplied_names(tmp_path: Path, path: str) -> N
             page = await r.text()
             assert r.headers["Content-Security-Policy"].startswith("default-src 'self'")
         assert "<script>alert" not in page
+
+
+def test_the_optimizer_does_not_depend_on_its_http_layer() -> None:
+    """The HTTP layer (optimizer/web) depends on the optimizer; only the entry points that assemble a daemon
+    (the command line and the demo) import it."""
+    import ast
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent / "optimizer"
+    importers = set()
+    for path in root.rglob("*.py"):
+        if "web" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if any(n == "optimizer.web" or n.startswith("optimizer.web.") for n in names):
+                importers.add(path.name)
+    assert importers <= {"cli.py", "demo.py"}
+    code = (
+        "import sys, optimizer.service, optimizer.config, optimizer.report, optimizer.selfmetrics; "
+        "print(sorted(m for m in sys.modules if m.startswith('optimizer.web')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert loaded.stdout.strip() == "[]"
