@@ -44,7 +44,8 @@ CREATE TABLE IF NOT EXISTS owners (
     workload TEXT PRIMARY KEY,
     site TEXT NOT NULL,
     owner TEXT NOT NULL,
-    seen REAL NOT NULL
+    seen REAL NOT NULL,
+    hardware TEXT NOT NULL DEFAULT ''
 );
 """
 
@@ -183,9 +184,9 @@ class Ledger:
                 [(_hour(now), plan.site, *k, *v) for k, v in sums.items()],
             )
             self._db.executemany(
-                "INSERT INTO owners VALUES (?, ?, ?, ?) ON CONFLICT (workload) DO UPDATE SET "
-                "site = excluded.site, owner = excluded.owner, seen = excluded.seen",
-                [(w.id, plan.site, owners.get(w.id, UNATTRIBUTED), now) for w in plan.workloads],
+                "INSERT INTO owners VALUES (?, ?, ?, ?, ?) ON CONFLICT (workload) DO UPDATE SET "
+                "site = excluded.site, owner = excluded.owner, seen = excluded.seen, hardware = excluded.hardware",
+                [(w.id, plan.site, owners.get(w.id, UNATTRIBUTED), now, w.hardware) for w in plan.workloads],
             )
         return seconds
 
@@ -218,14 +219,13 @@ class Ledger:
             key = _key(by, site, owner, str(rec.get("from_hardware", "")))
             row = rows.setdefault(key, Showback(key))
             row.open_savings_usd_month += float(rec.get("monthly_savings_usd", 0.0))
-        for site, owner, workload in self._db.execute(
-            "SELECT site, owner, workload FROM owners WHERE seen >= ?", (since,)
+        for site, owner, workload, hardware in self._db.execute(
+            "SELECT site, owner, workload, hardware FROM owners WHERE seen >= ?", (since,)
         ):
-            workloads[_key(by, site, owner, "")].add(workload)
-        if by != "hardware":
-            for key, ids in workloads.items():
-                if key in rows:
-                    rows[key].workloads = len(ids)
+            workloads[_key(by, site, owner, hardware)].add(workload)
+        for key, ids in workloads.items():
+            if key in rows:
+                rows[key].workloads = len(ids)
         return sorted(rows.values(), key=lambda s: (-s.held_usd, s.key))
 
     def _has_recommendations(self) -> bool:
@@ -239,8 +239,10 @@ _CLASSES = ("training", "inference", "batch_inference", "interactive", "idle", "
 
 
 def render_table(rows: list[Showback], by: By, unit: str = "GPU-h") -> str:
+    """Aligned columns for people; classes nobody ran are left out (CSV and JSON keep every column)."""
     kinds = sorted({k for r in rows for k in r.wasted_usd})
-    headers = [by.upper(), "WORKLOADS", *(f"{c.upper()} {unit}" for c in _CLASSES), "$ HELD", "$ WASTED"]
+    classes = [c for c in _CLASSES if any(r.gpus.get(c) for r in rows)]
+    headers = [by.upper(), "WORKLOADS", *(f"{c.upper()} {unit}" for c in classes), "$ HELD", "$ WASTED"]
     headers += [f"WASTED {k.upper()}" for k in kinds] + ["OPEN SAVINGS $/MONTH"]
     body = []
     for r in rows:
@@ -248,7 +250,7 @@ def render_table(rows: list[Showback], by: By, unit: str = "GPU-h") -> str:
             [
                 r.key,
                 str(r.workloads),
-                *(f"{r.gpus.get(c, 0.0):,.1f}" for c in _CLASSES),
+                *(f"{r.gpus.get(c, 0.0):,.1f}" for c in classes),
                 f"{r.held_usd:,.2f}",
                 f"{r.wasted_total:,.2f}",
                 *(f"{r.wasted_usd.get(k, 0.0):,.2f}" for k in kinds),
