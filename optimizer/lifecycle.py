@@ -159,6 +159,10 @@ class Lifecycle:
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         return sorted(self._select(where, tuple(args)), key=lambda t: -t.recommendation.monthly_savings_usd)
 
+    def of_workload(self, workload: str) -> tuple[Tracked, ...]:
+        """Every move ever proposed for ``workload``, in any state, newest first."""
+        return tuple(sorted(self._select("WHERE workload = ?", (workload,)), key=lambda t: -t.first_seen))
+
     def _select(self, where: str, args: tuple[object, ...]) -> Iterable[Tracked]:
         query = f"SELECT site, state, first_seen, last_seen, changed, body FROM recommendations {where}"
         for site, state, first, last, changed, body in self._db.execute(query, args):

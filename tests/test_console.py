@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -36,6 +37,7 @@ PLANTED = {"chat-serving", "vision-finetune-ddp", "forgotten-notebook-alloc"}
 # With a day's digests the planner sees chat-serving's busiest 10 s (p95 per window), which an L40S would not
 # carry: it is blocked, with its reason, and the other two are moved.
 MOVED = ["forgotten-notebook-alloc", "vision-finetune-ddp"]
+MOVED_IDS: list[str] = []  # their workload ids, once planned
 
 _FLEET: Fleet | None = None
 
@@ -67,6 +69,7 @@ async def console(state_dir: Path, token: str | None = TOKEN) -> AsyncIterator[t
     optimizer = Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(state_dir))
     optimizer.fleet = demo_fleet()
     await optimizer.plan_once()
+    MOVED_IDS[:] = [r.workload for r in optimizer.plans["lab"].recommendations]
     server = WebServer(optimizer, ApiSettings(port=0, token=token))  # type: ignore[arg-type]
     await server.start()
     try:
@@ -242,6 +245,9 @@ async def test_every_page_renders_with_data_offline_and_light(tmp_path: Path) ->
         assert "Not moved: load would reach" in await browser.js(
             "document.querySelector('.finding:last-of-type').textContent"
         )
+
+        await browser.open(f"{base}/workload?id={quote(MOVED_IDS[0])}")
+        assert "new" in await browser.js("document.querySelector('#history tbody').textContent")
 
         await browser.open(f"{base}/owners")
         _only_local(browser, base)

@@ -231,12 +231,6 @@ class Console:
         for p in plans:
             for i, r in enumerate(p.recommendations, 1):
                 order[r.id] = i
-        tracked = await self._tracked(list(RecState))
-        rows_src: list[tuple[str, Recommendation, str]]
-        if tracked is None:
-            rows_src = [(p.site, r, RecState.NEW.value) for p in plans for r in p.recommendations]
-        else:
-            rows_src = [(t.site, t.recommendation, t.state.value) for t in tracked]
         states = [s.value for s in RecState]
         if want_state == "open":
             wanted_states = {s.value for s in OPEN}
@@ -244,6 +238,12 @@ class Console:
             wanted_states = {want_state}
         else:
             wanted_states = set(states)
+        tracked = await self._tracked([RecState(s) for s in wanted_states])
+        rows_src: list[tuple[str, Recommendation, str]]
+        if tracked is None:
+            rows_src = [(p.site, r, RecState.NEW.value) for p in plans for r in p.recommendations]
+        else:
+            rows_src = [(t.site, t.recommendation, t.state.value) for t in tracked]
         catalog = self.optimizer.catalog
         sites = sorted({s for s, _, _ in rows_src} | {p.site for p in plans})
         selected = [
@@ -376,8 +376,17 @@ class Console:
             (f"memory per GPU, GiB ({node})", [(d.end, d.mem_max_mib / 1024) for n, d in history if n == node])
             for node in w.nodes
         ]
-        tracked = await self._tracked(list(RecState))
-        mine = [t for t in tracked or [] if t.recommendation.workload == wid]
+        tracker = self.optimizer.tracker
+        mine: tuple[Tracked, ...] = ()
+        if tracker is not None:
+
+            def query(db: Lifecycle) -> tuple[Tracked, ...]:
+                return db.of_workload(wid)
+
+            try:
+                mine = await tracker.read(query)
+            except sqlite3.Error as exc:
+                raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
         rec_rows = [
             [
                 esc(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.first_seen))),
@@ -387,9 +396,9 @@ class Console:
                 money(t.recommendation.monthly_savings_usd),
                 f'<span class="state" data-state="{esc(t.state.value)}">{esc(t.state.value)}</span>',
             ]
-            for t in sorted(mine, key=lambda t: -t.first_seen)
+            for t in mine
         ]
-        if tracked is None:
+        if tracker is None:
             rec_rows = [
                 ["now", "now", f"{esc(r.from_node)} → {esc(r.to_node)}", money(r.monthly_savings_usd), "new"]
                 for r in plan.recommendations
