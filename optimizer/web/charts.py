@@ -4,6 +4,7 @@ chart of a day of 10-minute digests is a few kilobytes of markup."""
 from __future__ import annotations
 
 import html
+import math
 import time
 
 # one colour per series, distinguishable in print and for the common colour-vision deficiencies (Okabe-Ito)
@@ -14,6 +15,17 @@ Series = tuple[str, list[tuple[float, float]]]  # (label, [(unix time, value)])
 
 def _esc(text: str) -> str:
     return html.escape(text, quote=True)
+
+
+def _nice(value: float) -> float:
+    """The smallest round scale (4 grid steps of 1, 2, 2.5, 3, 5, 6 or 8 × 10^k) at or above ``value``."""
+    if value <= 0:
+        return 1.0
+    step = 10 ** math.floor(math.log10(value / 4))
+    for m in (1, 2, 2.5, 3, 5, 6, 8, 10):
+        if m * step * 4 >= value:
+            return float(m * step * 4)
+    return float(40 * step)
 
 
 def line_chart(
@@ -27,7 +39,7 @@ def line_chart(
     plot_w, plot_h = width - left - right, height - top - bottom
     t0 = min(t for t, _ in points)
     t1 = max(*(t for t, _ in points), t0 + 600)
-    top_value = y_max if y_max is not None else max(*(v for _, v in points), 1e-09) * 1.1
+    top_value = y_max if y_max is not None else _nice(max(v for _, v in points) * 1.05)
 
     def x(t: float) -> float:
         return left + (t - t0) / (t1 - t0) * plot_w
@@ -43,13 +55,16 @@ def line_chart(
         v = top_value * i / 4
         parts.append(
             f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>'
-            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="11">{v:,.0f}{_esc(unit)}</text>'
+            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="11">'
+            f"{v:,.{0 if v == int(v) else 1}f}{_esc(unit)}</text>"
         )
-    span_h = (t1 - t0) / 3600
     for i in range(5):
         t = t0 + (t1 - t0) * i / 4
-        label = time.strftime("%H:%M", time.gmtime(t)) if span_h >= 1 else f"{(t - t1) / 60:+.0f} min"
-        parts.append(f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle" font-size="11">{_esc(label)}</text>')
+        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+        label = time.strftime("%H:%M", time.gmtime(t)) + (" UTC" if i == 4 else "")
+        parts.append(
+            f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="{anchor}" font-size="11">{_esc(label)}</text>'
+        )
     for n, (label, pts) in enumerate(series):
         colour = PALETTE[n % len(PALETTE)]
         coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in sorted(pts))

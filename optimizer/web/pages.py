@@ -451,7 +451,7 @@ class Console:
         rows = live_showback(
             self._plans(), owners_of(self.optimizer.fleet), self.optimizer.catalog, await self._open_ids(), by
         )
-        classes = [c.value for c in WorkloadClass]
+        classes = [c.value for c in WorkloadClass if any(r.gpus.get(c.value) for r in rows)]  # those in use
         kinds = sorted({k for r in rows for k in r.wasted_usd})
         cells = [
             [
@@ -490,12 +490,16 @@ class Console:
                 "owners",
                 numeric=(*tuple(range(1, len(classes) + 4)), len(classes) + 5),
             )
-            + "<section><h2>Held and wasted per hour</h2>"
-            + bar_chart(f"US$ held per hour per {by}", [(r.key, r.held_usd) for r in rows[:20]], "${:,.2f}/h")
+            + "<div class=grid><section><h2>Held per hour</h2>"
+            + bar_chart(f"US$ held per hour per {by}", [(r.key, r.held_usd) for r in rows[:20]], "${:,.2f}/h", 520)
+            + "</section><section><h2>Wasted per hour</h2>"
             + bar_chart(
-                f"US$ wasted per hour per {by}", [(r.key, r.wasted_total) for r in rows if r.wasted_total], "${:,.2f}/h"
+                f"US$ wasted per hour per {by}",
+                [(r.key, r.wasted_total) for r in rows if r.wasted_total][:20],
+                "${:,.2f}/h",
+                520,
             )
-            + "</section>"
+            + "</section></div>"
         )
         return self._page(f"GPU use per {by}", "/owners", body)
 
