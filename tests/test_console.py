@@ -307,7 +307,9 @@ async def test_healthz_answers_while_another_process_holds_the_write_lock(tmp_pa
     """SQLite waits for a lock held elsewhere (up to its timeout); the event loop must not wait with it."""
     async with console(tmp_path) as (_, base), aiohttp.ClientSession() as http:
         async with http.get(f"{base}/api/v1/recommendations") as r:
-            rec_id = (await r.json())[0]["id"]
+            recs = await r.json()
+        rec_id = recs[0]["id"]
+        assert {x["owner"] for x in recs} == {"team-data-science", "team-research"}  # owners reach the API
         other = sqlite3.connect(tmp_path / "fleetfit.db", isolation_level=None)
         other.execute("BEGIN IMMEDIATE")  # the write lock, as `fleetfit recommendations ack` holds it
         started = time.monotonic()

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from optimizer.config import ApiSettings
 from optimizer.lifecycle import OPEN, Lifecycle, LifecycleError, RecState, Tracked
+from optimizer.report import UNATTRIBUTED, owners_of
 from optimizer.service import Optimizer
 
 log = logging.getLogger(__name__)
@@ -18,9 +19,10 @@ log = logging.getLogger(__name__)
 ACTIONS = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
 
 
-def tracked_json(t: Tracked) -> dict[str, object]:
+def tracked_json(t: Tracked, owners: dict[str, str]) -> dict[str, object]:
     return {
         **t.recommendation.model_dump(mode="json"),
+        "owner": owners.get(t.recommendation.workload, UNATTRIBUTED),
         "site": t.site,
         "state": t.state.value,
         "first_seen": t.first_seen,
@@ -60,11 +62,17 @@ class JsonApi:
             tracked = await tracker.read(query)
         except sqlite3.Error as exc:
             raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
-        return web.json_response([tracked_json(t) for t in tracked])
+        owners = owners_of(self.optimizer.fleet)
+        return web.json_response([tracked_json(t, owners) for t in tracked])
 
     async def workloads(self, request: web.Request) -> web.Response:
+        owners = owners_of(self.optimizer.fleet)
         return web.json_response(
-            [dict(w, site=p["site"]) for p in self._plans() for w in p["workloads"]]  # type: ignore[attr-defined]
+            [
+                dict(w, site=p["site"], owner=owners.get(str(w["id"]), UNATTRIBUTED))
+                for p in self._plans()
+                for w in p["workloads"]  # type: ignore[attr-defined]
+            ]
         )
 
     async def nodes(self, request: web.Request) -> web.Response:

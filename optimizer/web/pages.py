@@ -256,6 +256,7 @@ class Console:
         ]
         # execution order: the plan's order per site; moves no longer planned after them, biggest first
         selected.sort(key=lambda x: (x[0], order.get(x[1].id, 10**6), -x[1].monthly_savings_usd))
+        owners = owners_of(self.optimizer.fleet)
         rows = []
         for n, (site, r, state) in enumerate(selected, 1):
             rows.append(
@@ -263,6 +264,7 @@ class Console:
                     str(order.get(r.id, "–")) if r.id in order else "–",
                     esc(site),
                     workload_link(r.workload, r.workload_name),
+                    esc(owners.get(r.workload, UNATTRIBUTED)),
                     esc(r.workload_class.value),
                     f"{esc(r.from_node)} <small>[{esc(r.from_hardware)}]</small>",
                     f"{esc(r.to_node)} <small>[{esc(r.to_hardware)}]</small>",
@@ -282,10 +284,23 @@ class Console:
             '<p id="status" role="status" aria-live="polite"></p>',
             table(
                 "Recommended moves in execution order",
-                ["#", "site", "workload", "class", "from", "to", "action", "saving/month", "risk", "state", "decide"],
+                [
+                    "#",
+                    "site",
+                    "workload",
+                    "owner",
+                    "class",
+                    "from",
+                    "to",
+                    "action",
+                    "saving/month",
+                    "risk",
+                    "state",
+                    "decide",
+                ],
                 rows,
                 "recommendations",
-                numeric=(0, 7),
+                numeric=(0, 8),
             ),
         ]
         details = "".join(
