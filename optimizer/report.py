@@ -8,6 +8,7 @@ sums the ledger; the console's per-owner view shows the same figures as rates fo
 
 from __future__ import annotations
 
+import calendar
 import csv
 import io
 import json
@@ -307,7 +308,7 @@ def parse_since(text: str, now: float | None = None) -> float:
     if text[:-1].isdigit() and text[-1:] in _UNITS:
         return now - int(text[:-1]) * _UNITS[text[-1]]
     try:
-        return time.mktime(time.strptime(text, "%Y-%m-%d")) - time.timezone
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%d")))
     except ValueError:
         raise ValueError(f"--since {text!r}: use 7d, 24h, 90m, 2w or a date YYYY-MM-DD") from None
 

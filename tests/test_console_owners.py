@@ -144,3 +144,4 @@ def test_ledger_does_not_charge_the_time_the_optimizer_was_down(tmp_path: Path) 
     assert ledger.account(plan, owners, optimizer.catalog, 60, now=1030.0) == 30
     assert ledger.account(plan, owners, optimizer.catalog, 60, now=90_000.0) == 180  # a day down: three intervals
     assert parse_since("2d", now=200_000.0) == 200_000.0 - 2 * 86400
+    assert parse_since("1970-01-03") == 2 * 86400  # a date is midnight UTC
