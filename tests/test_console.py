@@ -374,3 +374,33 @@ def test_the_optimizer_does_not_depend_on_its_http_layer() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert loaded.stdout.strip() == "[]"
+
+
+async def test_pages_work_without_a_state_directory_and_before_the_first_plan(tmp_path: Path) -> None:
+    config = OptimizerConfig(mqtt=MqttSettings(port=free_port()))
+    optimizer = Optimizer(config, load_catalog())  # no lifecycle: the current plans are all there is
+    server = WebServer(optimizer, ApiSettings(port=0, token=TOKEN))  # type: ignore[arg-type]
+    await server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    pages = ["/", "/recommendations", "/findings", "/owners"]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in pages:  # nothing planned yet
+                async with http.get(base + path) as r:
+                    assert r.status == 200, path
+            async with http.get(base + "/") as r:
+                assert "No plan yet" in await r.text()
+            optimizer.fleet = demo_fleet()
+            await optimizer.plan_once()
+            for path, shown in zip(pages, ["forgotten-notebook-alloc"] * 3 + ["team-data-science"], strict=True):
+                async with http.get(base + path) as r:
+                    assert r.status == 200 and shown in await r.text(), path
+            async with http.get(base + "/workload?id=nope") as r:
+                assert r.status == 404
+            rec = optimizer.plans["lab"].recommendations[0]
+            async with http.post(
+                f"{base}/api/v1/recommendations/{rec.id}/ack", headers={"Authorization": f"Bearer {TOKEN}"}
+            ) as r:
+                assert r.status == 409  # no state kept: nothing to change, and it says so
+    finally:
+        await server.stop()
