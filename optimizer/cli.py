@@ -18,6 +18,7 @@ from agent.protocol import Plan
 if TYPE_CHECKING:
     from agent.config import MqttSettings
     from agent.service import Agent
+    from optimizer.config import OptimizerConfig
 
 log = logging.getLogger("fleetfit")
 
@@ -307,12 +308,54 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     try:
         since = parse_since(args.since)
-        state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
+        config = load_config(OptimizerConfig, args.config) if args.config or args.post or not args.state_dir else None
+        state_dir: Path = args.state_dir or (config.optimizer.state_dir if config else Path("."))
+        if args.post:
+            return _post_report(state_dir, since, args.by, args.post, config)
         print(run_report(state_dir, since, args.by, args.format))
     except (ValueError, ConfigError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except sqlite3.Error as exc:
         return _fail(f"{state_dir}: {exc}")
+    return 0
+
+
+def _post_report(state_dir: Path, since: float, by: str, name: str, config: OptimizerConfig | None) -> int:
+    """Post the report to one configured alert receiver (a weekly digest, from a timer)."""
+    from optimizer.alerts.delivery import Webhook
+    from optimizer.lifecycle import DB_NAME
+    from optimizer.report import Ledger
+    from optimizer.report_chat import render
+
+    receivers = {r.name: r for r in config.alerts.receivers} if config else {}
+    if name not in receivers:
+        known = ", ".join(sorted(receivers)) or "none configured (give --config)"
+        return _fail(f"report --post: no receiver {name!r} (receivers: {known})")
+    receiver = receivers[name]
+    url = receiver.url().get_secret_value()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return _fail(f"report --post: receiver {receiver.name}'s URL is not an http(s) URL with a host")
+    if not (state_dir / DB_NAME).exists():
+        raise FileNotFoundError(f"no showback yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
+    ledger = Ledger(state_dir / DB_NAME)
+    try:
+        rows = ledger.report(since, by)  # type: ignore[arg-type]
+    finally:
+        ledger.close()
+    body = render(receiver.kind, rows, by, since, receiver.byte_limit)  # type: ignore[arg-type]
+    assert config is not None
+
+    async def send() -> bool:
+        webhook = Webhook(receiver, config.alerts)
+        try:
+            return await webhook.post(body)
+        finally:
+            await webhook.close()
+
+    if not asyncio.run(send()):
+        return _fail(f"report --post: {receiver.name} did not accept the report (see the log above)")
+    print(f"posted the showback of {len(rows)} {by}(s) to {receiver.name} ({len(body)} bytes)")
     return 0
 
 
@@ -541,6 +584,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
     p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.add_argument(
+        "--post",
+        metavar="RECEIVER",
+        help="post it to this alert receiver of --config instead of printing (a weekly digest, from a timer)",
+    )
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")

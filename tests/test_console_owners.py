@@ -145,3 +145,76 @@ def test_ledger_does_not_charge_the_time_the_optimizer_was_down(tmp_path: Path) 
     assert ledger.account(plan, owners, optimizer.catalog, 60, now=90_000.0) == 180  # a day down: three intervals
     assert parse_since("2d", now=200_000.0) == 200_000.0 - 2 * 86400
     assert parse_since("1970-01-03") == 2 * 86400  # a date is midnight UTC
+
+
+def test_report_posts_a_digest_to_each_kind_of_receiver(tmp_path: Path) -> None:
+    from webhook_server import webhook_server
+
+    optimizer = asyncio.run(_planned(tmp_path / "state", rounds=1))
+    plan = optimizer.plans["s1"]
+    # an owner name chosen to abuse chat markup: it must arrive inert
+    evil = "<!channel> @here [click](http://evil.example) `x`"
+    ledger = Ledger(tmp_path / "state" / "fleetfit.db")
+    owners = dict.fromkeys(owners_of(optimizer.fleet), evil)
+    ledger.account(plan, owners, optimizer.catalog, 3600)
+    ledger.close()
+    config = tmp_path / "optimizer.toml"
+    kinds = ("slack", "mattermost", "teams", "generic")
+    config.write_text(
+        f'[optimizer]\nstate_dir = "{tmp_path / "state"}"\n'
+        + "".join(
+            f'[[alerts.receivers]]\nname = "{k}-chat"\nkind = "{k}"\nurl_env = "HOOK_{k.upper()}"\n' for k in kinds
+        )
+    )
+    with webhook_server() as hooks:
+        env = {"PATH": "/usr/bin:/bin"} | {f"HOOK_{k.upper()}": hooks.url(f"/{k}/s3cr3t") for k in kinds}
+        for k in kinds:
+            result = subprocess.run(
+                [FLEETFIT, "report", "--config", str(config), "--since", "7d", "--post", f"{k}-chat"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+                check=False,
+            )
+            assert result.returncode == 0, result.stderr
+            assert f"to {k}-chat" in result.stdout and "s3cr3t" not in result.stdout + result.stderr
+        bodies = {r.path.split("/")[1]: r.json() for r in hooks.wait_for(4)}
+    slack = json.dumps(bodies["slack"])
+    assert bodies["slack"]["blocks"][0]["type"] == "header" and "team-research" in slack
+    assert "<!channel>" not in slack and "@here" not in slack and "[click](" not in slack
+    mattermost = bodies["mattermost"]["text"]
+    assert "@here" not in mattermost and "](http" not in mattermost and mattermost.count("```") == 2
+    facts = bodies["teams"]["attachments"][0]["content"]["body"][2]["facts"]
+    assert {f["title"] for f in facts} >= {"team-research", "team-serving"}
+    assert all("[" not in f["title"] and "@" not in f["title"] for f in facts)
+    generic = bodies["generic"]
+    assert generic["kind"] == "fleetfit.showback" and evil in {r["key"] for r in generic["rows"]}  # data, as is
+
+
+def test_report_post_refuses_an_unknown_receiver_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [FLEETFIT, "report", "--state-dir", str(tmp_path), "--post", "nobody"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2 and "no receiver 'nobody'" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_digest_fits_each_platform_by_listing_fewer_owners() -> None:
+    from optimizer.report import Showback
+    from optimizer.report_chat import render
+
+    rows = [
+        Showback(f"team-{n:03d}-&-<x>", {"training": 100.0 * n}, 2.5 * n, {"idle_allocation": n}) for n in range(300)
+    ]
+    for kind in ("slack", "mattermost", "teams", "generic"):
+        body = render(kind, rows, "owner", 0.0, 4000, now=86400.0)
+        assert len(body) <= 4000, kind
+        text = body.decode()
+        assert "more" in text or '"omitted"' in text, kind
+    slack = json.loads(render("slack", rows, "owner", 0.0, 40_000, now=86400.0))
+    section = slack["blocks"][1]["text"]["text"]
+    assert len(section) <= 3000 and "&amp;" not in section  # names are plain: nothing to escape, nothing cut
