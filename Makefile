@@ -21,8 +21,8 @@ $(VENV)/.test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@ $(VENV)/.runtime
 
-demo: $(VENV)/.runtime
-	$(BIN)/fleetfit demo
+demo: $(VENV)/.runtime  # the console stays up after the run until Ctrl-C
+	$(BIN)/fleetfit demo --keep-serving
 
 # Real programs the tests start: Mosquitto (the broker), VictoriaMetrics (the InfluxDB v2 write API's stand-in),
 # Chromium (renders the optimizer's page headless), systemd-analyze and openssl. Only the missing ones are
@@ -51,6 +51,12 @@ test: lint typecheck pytest
 
 faults: deps-test  # the fault-injection tests at full length (about 6 minutes)
 	$(BIN)/pytest -m fault --full-faults -s
+
+# The benchmarks that need no GPU and no long soak, one after the other (several minutes); each prints its
+# figures against a baseline measured in the same run. BENCH="e2e simulate_scale" runs others (docs/benchmarks.md).
+BENCH ?= console plan classify ingest store_lines
+bench: deps-test
+	@for b in $(BENCH); do echo "== bench/$$b.py"; $(BIN)/python bench/$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

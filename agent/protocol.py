@@ -31,6 +31,8 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 # Node and site ids become topic levels and (for nodes) MQTT usernames, so they are restricted to a
 # character set that needs no escaping anywhere.
 Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+# A namespace, account, user or unit name: printable, no control characters (names reach pages and chat).
+OwnerName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
 Quantity = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -354,6 +356,11 @@ class WorkloadRef(_Model):
     sched_step: str | None = Field(
         default=None, max_length=32, description='the Slurm step it runs in: "batch", "interactive", "extern", "0"…'
     )
+    # Owners (schema 2): who showback charges the workload to. Optional; printable text only.
+    owner: OwnerName | None = Field(
+        default=None, description="Kubernetes namespace, Slurm account or systemd unit: the team that pays"
+    )
+    owner_user: OwnerName | None = Field(default=None, description="Slurm user who submitted the job")
 
 
 class Telemetry(_Model):

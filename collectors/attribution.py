@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,3 +134,83 @@ def host_pid_namespace(procfs_root: Path = Path("/proc")) -> bool | None:
 def unresolved_owner(pid: int, node: str) -> Owner:
     """The owner of a host PID this agent cannot look up: the process itself, named by its host PID."""
     return Owner(f"pid/{node}/{pid}", WorkloadKind.PROCESS_GROUP, f"host pid {pid}", None)
+
+
+# ------------------------------------------------------------------------------------------- owners
+
+_POD_LOG_DIR = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)_[^_]+_([0-9a-f-]{36})$")
+OWNER_CACHE = 4096  # pids (or pods) remembered; beyond that the cache starts afresh
+POD_RESCAN_SECONDS = 30.0
+
+
+class OwnerReader:
+    """Who pays for a workload, read cheaply: the team a showback report charges it to, and for Slurm the user.
+
+    * Kubernetes: the cgroup holds only the pod's uid. The kubelet keeps each pod's logs under
+      ``/var/log/pods/<namespace>_<pod name>_<uid>/``, so one directory listing maps every uid on the node to
+      its namespace with no API server call and no credentials. (A kubelet with another ``--pod-logs-dir``
+      needs ``pods_log_root`` set; without the directory the namespace stays unset.)
+    * Slurm: ``SLURM_JOB_ACCOUNT`` and ``SLURM_JOB_USER`` from the process's environment, read once per pid
+      (``scontrol`` per window would be far too costly). Reading another user's ``environ`` needs root or
+      CAP_SYS_PTRACE; without it the owner stays unset.
+    * systemd: the unit itself.
+    """
+
+    def __init__(
+        self,
+        procfs_root: Path = Path("/proc"),
+        pods_log_root: Path = Path("/var/log/pods"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._proc = procfs_root
+        self._pods = pods_log_root
+        self._clock = clock
+        self._namespaces: dict[str, str] = {}
+        self._scanned = float("-inf")
+        self._slurm: dict[tuple[int, str], tuple[str | None, str | None]] = {}
+
+    def of(self, pid: int, owner: Owner) -> tuple[str | None, str | None]:
+        """(owner, user) of ``pid``, whose workload is ``owner``; either may be None."""
+        if owner.kind is WorkloadKind.KUBERNETES_POD:
+            return self._namespace(owner.id.removeprefix("k8s/")), None
+        if owner.kind is WorkloadKind.SLURM_JOB:
+            return self._slurm_owner(pid, owner.id)
+        if owner.kind is WorkloadKind.SYSTEMD_UNIT:
+            return owner.name, None
+        return None, None
+
+    def _namespace(self, uid: str) -> str | None:
+        if uid not in self._namespaces and self._clock() - self._scanned >= POD_RESCAN_SECONDS:
+            self._scanned = self._clock()
+            found: dict[str, str] = {}
+            try:
+                with os.scandir(self._pods) as entries:
+                    for entry in entries:
+                        if m := _POD_LOG_DIR.match(entry.name):
+                            found[m.group(3)] = m.group(1)
+            except OSError:
+                pass
+            self._namespaces = found  # pods gone from the node drop out here
+        return self._namespaces.get(uid)
+
+    def _slurm_owner(self, pid: int, job: str) -> tuple[str | None, str | None]:
+        key = (pid, job)
+        if key not in self._slurm:
+            if len(self._slurm) >= OWNER_CACHE:
+                self._slurm.clear()
+            account = user = None
+            try:
+                environ = (self._proc / str(pid) / "environ").read_bytes()
+            except OSError:
+                environ = b""
+            for item in environ.split(b"\0"):
+                name, _, value = item.partition(b"=")
+                text = value.decode(errors="replace")[:128]
+                if not text.isprintable() or not text:
+                    continue
+                if name == b"SLURM_JOB_ACCOUNT":
+                    account = text
+                elif name == b"SLURM_JOB_USER":
+                    user = text
+            self._slurm[key] = (account, user)
+        return self._slurm[key]

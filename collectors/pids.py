@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from agent.protocol import WorkloadKind, WorkloadRef
-from collectors.attribution import Attributor, Owner, host_pid_namespace, unresolved_owner
+from collectors.attribution import Attributor, Owner, OwnerReader, host_pid_namespace, unresolved_owner
 
 DEFAULT_PID_MAX = 4_194_304  # the kernel's ceiling for pid_max on 64-bit
 NO_HOST_PIDS = (
@@ -30,6 +30,7 @@ class PidResolver:
             self._pid_max = DEFAULT_PID_MAX
         self.host_pids = host_pid_namespace(root) is not False
         self.invalid = 0  # PIDs dropped, over the agent's life
+        self._owners = OwnerReader(root)  # who pays: a pod's namespace, a Slurm account and user
 
     def valid(self, pid: object) -> bool:
         ok = isinstance(pid, int) and 0 < pid <= self._pid_max
@@ -47,6 +48,7 @@ class PidResolver:
     def workloads(self, pids_by_device: Iterable[tuple[int, Iterable[object]]]) -> list[WorkloadRef]:
         """Workloads from (device index, PIDs on it) pairs; PIDs that fail the checks are dropped and counted."""
         owners: dict[str, tuple[WorkloadKind, str, str | None, set[int]]] = {}
+        teams: dict[str, tuple[str | None, str | None]] = {}
         for index, pids in pids_by_device:
             for pid in dict.fromkeys(pids):
                 if not self.valid(pid):
@@ -55,8 +57,18 @@ class PidResolver:
                 owner = self.owner(pid)
                 entry = owners.setdefault(owner.id, (owner.kind, owner.name, owner.hint, set()))
                 entry[3].add(index)
+                if owner.id not in teams:
+                    teams[owner.id] = self._owners.of(pid, owner)
         return [
-            WorkloadRef(id=wid, kind=kind, name=name, gpus=sorted(gpus), hint=hint)
+            WorkloadRef(
+                id=wid,
+                kind=kind,
+                name=name,
+                gpus=sorted(gpus),
+                hint=hint,
+                owner=teams[wid][0],
+                owner_user=teams[wid][1],
+            )
             for wid, (kind, name, hint, gpus) in sorted(owners.items())
         ]
 

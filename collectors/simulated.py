@@ -175,7 +175,14 @@ class SimulatedNode:
     def workloads(self) -> list[WorkloadRef]:
         refs = []
         for w in self.specs:
-            ref = WorkloadRef(id=w.id, kind=WorkloadKind.KUBERNETES_POD, name=w.name, gpus=list(w.gpus), hint=w.hint)
+            ref = WorkloadRef(
+                id=w.id,
+                kind=WorkloadKind.KUBERNETES_POD,
+                name=w.name,
+                gpus=list(w.gpus),
+                hint=w.hint,
+                owner=simulated_namespace(w.name),
+            )
             if self.schema >= 2:
                 ref = ref.model_copy(update=self._facts(w))
             refs.append(ref)
@@ -407,3 +414,21 @@ _REALISTIC = {
     Pattern.LOADER_BOUND_TRAINING: realistic.loader_bound_training,
     Pattern.LORA_FINE_TUNING: realistic.lora_fine_tuning,
 }
+
+
+# Simulated pods live in a namespace per team, chosen from the workload's name as a platform team would
+# name things, so that per-owner views and reports have several owners to show.
+_TEAMS = (
+    ("research", ("pretrain", "finetune", "train", "ddp", "lora", "rl")),
+    ("serving", ("serving", "chat", "-api", "rerank", "embed")),
+    ("data-science", ("notebook", "alloc", "jupyter", "explore")),
+    ("batch", ("batch", "offline", "eval", "score")),
+)
+
+
+def simulated_namespace(name: str) -> str:
+    """The Kubernetes namespace a simulated workload runs in."""
+    for team, words in _TEAMS:
+        if any(w in name for w in words):
+            return f"team-{team}"
+    return "team-platform"

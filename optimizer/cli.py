@@ -8,15 +8,18 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from agent.protocol import Plan
 from optimizer import cliargs
 
 if TYPE_CHECKING:
     from agent.service import Agent
+    from optimizer.config import OptimizerConfig
 
 log = logging.getLogger("fleetfit")
 
@@ -59,8 +62,10 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     if args.once:
-        agent = Agent(config, collectors, session=0, queue=MemoryQueue(1))
-        window = asyncio.run(_one_window(agent, args.window))
+        # a session per run (the clock's seconds), so that windows from several runs appended to one file are
+        # not duplicates of each other when `classify` reads them back
+        agent = Agent(config, collectors, session=int(time.time()), queue=MemoryQueue(1))
+        window = asyncio.run(_one_window(agent, args.window, args.jsonl))
         print(window)
         return 0
     agent = Agent(config, collectors, session=next_session(config.agent.state_dir), notifier=Notifier())
@@ -68,7 +73,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _one_window(agent: Agent, seconds: float) -> str:
+async def _one_window(agent: Agent, seconds: float, jsonl: bool = False) -> str:
     from agent.protocol import encode
 
     interval = agent.settings.sample_interval
@@ -82,6 +87,8 @@ async def _one_window(agent: Agent, seconds: float) -> str:
         c.close()
     if window is None:
         raise RuntimeError("no sample was taken")
+    if jsonl:  # one line, as `fleetfit classify` reads recordings back
+        return encode(window).decode()
     return json.dumps(json.loads(encode(window)), indent=2)
 
 
@@ -122,9 +129,11 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         catalog = load_catalog(config.optimizer.catalog)
         lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir)
         alerter = Alerter.in_state_dir(config.alerts, config.optimizer.state_dir) if config.alerts.receivers else None
-        optimizer = Optimizer(
-            config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, api=config.api, alerter=alerter
-        )
+        optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, alerter=alerter)
+        if config.api.listen:
+            from optimizer.web.app import WebServer
+
+            optimizer.attach(WebServer(optimizer, config.api))
     except (ConfigError, CatalogError) as exc:
         return _fail(str(exc))
     except UnicodeDecodeError:
@@ -149,11 +158,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     options = DemoOptions(
-        nodes=args.nodes, duration=args.duration, seed=args.seed, time_scale=args.time_scale, webhooks=tuple(webhooks)
+        nodes=args.nodes,
+        duration=args.duration,
+        seed=args.seed,
+        time_scale=args.time_scale,
+        webhooks=tuple(webhooks),
+        console=not args.no_console,
+        console_port=args.port,
+        keep_serving=args.keep_serving,
     )
     printer = _plan_printer(args.format)
+
+    def console_ready(url: str, token: str) -> None:
+        # on stdout with the table; with --format json stdout carries only the plan
+        out = sys.stderr if args.format == "json" else sys.stdout
+        print(f"console: {url}  (token for its buttons: {token})", file=out, flush=True)
+
     try:
-        plan = asyncio.run(run_demo(options, on_plan=printer))
+        plan = asyncio.run(run_demo(options, on_plan=printer, on_console=console_ready))
     except asyncio.CancelledError:  # a second SIGINT/SIGTERM
         return _fail("demo interrupted")
     if plan is None:
@@ -281,12 +303,73 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
             print("no recommendations" + ("" if args.all else " open (see --all)"))
         for t in rows:
             r = t.recommendation
+            move = f"{r.from_node} -> {r.to_node} [{r.to_hardware}]"
             print(
                 printable(
-                    f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {r.from_node} -> {r.to_node} "
-                    f"[{r.to_hardware}]  ${r.monthly_savings_usd:,.0f}/month  risk {r.risk}"
+                    f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {move[:56]:56} "
+                    f"{f'${r.monthly_savings_usd:,.0f}':>9}/month  risk {r.risk}"
                 )
             )
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from agent.config import ConfigError, load_config
+    from optimizer.config import OptimizerConfig
+    from optimizer.report import parse_since, run_report
+
+    try:
+        since = parse_since(args.since)
+        config = load_config(OptimizerConfig, args.config) if args.config or args.post or not args.state_dir else None
+        state_dir: Path = args.state_dir or (config.optimizer.state_dir if config else Path("."))
+        if args.post:
+            return _post_report(state_dir, since, args.by, args.post, config)
+        print(run_report(state_dir, since, args.by, args.format))
+    except (ValueError, ConfigError, FileNotFoundError) as exc:
+        return _fail(str(exc))
+    except sqlite3.Error as exc:
+        return _fail(f"{state_dir}: {exc}")
+    return 0
+
+
+def _post_report(state_dir: Path, since: float, by: str, name: str, config: OptimizerConfig | None) -> int:
+    """Post the report to one configured alert receiver (a weekly digest, from a timer)."""
+    from optimizer.alerts.delivery import Webhook
+    from optimizer.lifecycle import DB_NAME
+    from optimizer.report import Ledger
+    from optimizer.report_chat import render
+
+    receivers = {r.name: r for r in config.alerts.receivers} if config else {}
+    if name not in receivers:
+        known = ", ".join(sorted(receivers)) or "none configured (give --config)"
+        return _fail(f"report --post: no receiver {name!r} (receivers: {known})")
+    receiver = receivers[name]
+    url = receiver.url().get_secret_value()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return _fail(f"report --post: receiver {receiver.name}'s URL is not an http(s) URL with a host")
+    if not (state_dir / DB_NAME).exists():
+        raise FileNotFoundError(f"no showback yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
+    ledger = Ledger(state_dir / DB_NAME)
+    try:
+        rows = ledger.report(since, by)  # type: ignore[arg-type]
+    finally:
+        ledger.close()
+    body = render(receiver.kind, rows, by, since, receiver.byte_limit)  # type: ignore[arg-type]
+    assert config is not None
+
+    async def send() -> bool:
+        webhook = Webhook(receiver, config.alerts)
+        try:
+            return await webhook.post(body)
+        finally:
+            await webhook.close()
+
+    if not asyncio.run(send()):
+        return _fail(f"report --post: {receiver.name} did not accept the report (see the log above)")
+    print(f"posted the showback of {len(rows)} {by}(s) to {receiver.name} ({len(body)} bytes)")
     return 0
 
 
@@ -306,6 +389,14 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
         known = ", ".join(sorted(receivers)) or "none configured"
         return _fail(f"alerts test: no receiver {args.receiver!r} (receivers: {known})")
     receiver = receivers[args.receiver]
+    try:
+        url = receiver.url().get_secret_value()
+    except (ValueError, OSError) as exc:
+        return _fail(f"alerts test: {exc}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        # a malformed URL never becomes valid by retrying: say so now (the URL is a secret: not printed)
+        return _fail(f"alerts test: receiver {receiver.name}'s URL is not an http(s) URL with a host")
     notice = sample_notice()
     notice.link = settings.link
     body = render(receiver.kind, notice, receiver.byte_limit)
@@ -333,6 +424,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         nodes = build_scenario(args.scenario, args.nodes, args.seed)
     except ValueError as exc:
         return _fail(str(exc))
+    if len(nodes) > args.nodes:
+        print(
+            f"simulating {len(nodes)} nodes: the {args.nodes} asked for and {len(nodes) - args.nodes} spare node(s) "
+            "with free GPUs for the planned moves to land on (docs/simulator.md)",
+            file=sys.stderr,
+        )
     try:
         record = open_record(args.record)
     except OSError as exc:
@@ -441,29 +538,48 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from collectors.scenarios import SCENARIOS
+
     parser = cliargs.Parser(prog="fleetfit", description="Find AI workloads on the wrong GPU hardware.")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (stderr)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+    scenarios = ", ".join(SCENARIOS)
 
     p = sub.add_parser("agent", help="per-node telemetry daemon")
-    p.add_argument("--config", type=Path)
+    p.add_argument("--config", type=Path, help="the agent's TOML config (default: built-in settings)")
     p.add_argument("--once", action="store_true", help="print one window as JSON and exit")
+    p.add_argument("--jsonl", action="store_true", help="with --once: one JSON line, as `classify` reads back")
     p.add_argument(
         "--window", type=cliargs.positive_float, default=2.0, help="seconds the --once window spans (default 2)"
     )
     p.add_argument("--simulate", metavar="MODELxN[:PATTERN]", help="simulated GPUs (e.g. h100x8) with real NICs/disks")
     p.set_defaults(func=_cmd_agent)
 
-    p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan")
-    p.add_argument("--config", type=Path)
+    p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan, serve the console")
+    p.add_argument("--config", type=Path, help="the optimizer's TOML config (default: built-in settings)")
     p.set_defaults(func=_cmd_optimizer)
 
-    p = sub.add_parser("demo", help="embedded broker + simulated fleet + optimizer")
-    p.add_argument("--nodes", type=cliargs.positive_int, default=10)
+    p = sub.add_parser(
+        "demo",
+        help="embedded broker + simulated fleet + optimizer, with the console on a local port",
+        description="Run a simulated fleet with three planted misplacements, plan it, and serve the console on "
+        "127.0.0.1 (its URL is printed). Needs nothing installed.",
+    )
+    p.add_argument("--nodes", type=cliargs.positive_int, default=10, help="simulated nodes, at least 8 (default 10)")
     p.add_argument("--duration", type=cliargs.positive_float, default=45.0, help="seconds of real time (default 45)")
-    p.add_argument("--format", choices=["table", "json"], default="table")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--time-scale", type=cliargs.positive_float, default=10.0, help="simulated seconds per real second")
+    p.add_argument("--format", choices=["table", "json"], default="table", help="how plans are printed (stdout)")
+    p.add_argument("--seed", type=int, default=1, help="random seed of the simulated fleet (default 1)")
+    p.add_argument(
+        "--time-scale",
+        type=cliargs.positive_float,
+        default=10.0,
+        help="simulated seconds per real second (default 10)",
+    )
+    p.add_argument("--port", type=cliargs.port, default=0, help="the console's port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--keep-serving", action="store_true", help="after the run, keep the console up until Ctrl-C")
+    p.add_argument("--no-console", action="store_true", help="serve no console")
     p.add_argument(
         "--alert-webhook",
         action="append",
@@ -487,18 +603,36 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_cmd_alerts)
 
     p = sub.add_parser("recommendations", help="list recommendations; acknowledge, dismiss or reopen one")
-    p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"])
-    p.add_argument("id", nargs="?")
-    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"], help="a decision on recommendation ID")
+    p.add_argument("id", nargs="?", help="the recommendation's id (first column of the list)")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--all", action="store_true", help="include dismissed, applied and expired ones")
-    p.add_argument("--site")
+    p.add_argument("--site", help="only this site's recommendations")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
     p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
     p.set_defaults(func=_cmd_recommendations)
 
+    p = sub.add_parser(
+        "report",
+        help="showback: GPU-hours by class, $ held, $ wasted by finding kind and open savings per owner",
+    )
+    p.add_argument("--by", choices=["owner", "site", "hardware"], default="owner", help="group by (default owner)")
+    p.add_argument("--since", default="7d", help="7d, 24h, 90m, 2w or a date YYYY-MM-DD (UTC; default 7d)")
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
+    p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
+    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.add_argument(
+        "--post",
+        metavar="RECEIVER",
+        help="post it to this alert receiver of --config instead of printing (a weekly digest, from a timer)",
+    )
+    p.set_defaults(func=_cmd_report)
+
     p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
-    p.add_argument("file", type=Path, metavar="FILE.jsonl")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument(
+        "file", type=Path, metavar="FILE.jsonl", help="windows as JSON lines (simulate --record, agent --once --jsonl)"
+    )
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     p.add_argument("--horizon", type=cliargs.positive_int, default=100_000, help="latest windows per node to use")
     p.add_argument(
         "--labels",
@@ -509,11 +643,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_classify)
 
     p = sub.add_parser("plan", help="plan offline from a fleet snapshot (docs/snapshot.md)")
-    p.add_argument("fleet", type=Path, metavar="FLEET.json")
+    p.add_argument("fleet", type=Path, metavar="FLEET.json", help="a fleet snapshot (docs/snapshot.md)")
     p.add_argument("--time-limit", type=cliargs.positive_float, default=10.0, help="solver seconds (default 10)")
-    p.add_argument("--max-moves", type=cliargs.non_negative_int, default=20)
+    p.add_argument("--max-moves", type=cliargs.non_negative_int, default=20, help="most moves in the plan (default 20)")
     p.add_argument("--catalog", type=Path, help="hardware catalog (default: the one shipped)")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="run simulated agents against a broker")
@@ -524,13 +658,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--broker-password-file (a password in the URL is visible to every user)",
     )
     p.add_argument("--broker-password-file", type=Path, metavar="FILE", help="file holding the broker password")
-    p.add_argument("--mqtt-protocol", choices=["5", "3.1.1"], default="5")
-    p.add_argument("--nodes", type=cliargs.positive_int, default=10)
-    p.add_argument("--scenario", default="mixed")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--site", default="sim")
-    p.add_argument("--time-scale", type=cliargs.positive_float, default=1.0)
-    p.add_argument("--publish-interval", type=cliargs.number(float, at_least=1.0), default=10.0)
+    p.add_argument("--mqtt-protocol", choices=["5", "3.1.1"], default="5", help="MQTT version (default 5)")
+    p.add_argument(
+        "--nodes",
+        type=cliargs.positive_int,
+        default=10,
+        help="nodes to simulate; a few spare nodes with free GPUs are added (default 10)",
+    )
+    p.add_argument("--scenario", default="mixed", choices=SCENARIOS, metavar="NAME", help=f"one of: {scenarios}")
+    p.add_argument("--seed", type=int, default=0, help="random seed: two seeds give two fleets (default 0)")
+    p.add_argument("--site", default="sim", help="the site the nodes report under (default sim)")
+    p.add_argument(
+        "--time-scale", type=cliargs.positive_float, default=1.0, help="simulated seconds per real second (default 1)"
+    )
+    p.add_argument(
+        "--publish-interval",
+        type=cliargs.number(float, at_least=1.0),
+        default=10.0,
+        help="simulated seconds per window (default 10)",
+    )
     p.add_argument(
         "--duration", type=cliargs.non_negative_float, default=0.0, help="seconds of real time; 0 runs until stopped"
     )

@@ -53,6 +53,14 @@ def number(
     return parse
 
 
+def port(text: str) -> int:
+    """A TCP port, or 0 for a free one."""
+    value = int(number(int, at_least=0)(text))
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {text}")
+    return value
+
+
 def positive_float(text: str) -> float:
     return number(float, above=0)(text)
 

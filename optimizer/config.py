@@ -4,13 +4,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from agent.config import MqttSettings, Section
+from agent.config import MqttSettings, Section, secret_or_file
 from optimizer.alerts.settings import AlertSettings
-from optimizer.api import ApiSettings
 from optimizer.recommend import PlanSettings
 from optimizer.store import StoreSettings
+
+
+class ApiSettings(BaseModel):
+    """The HTTP API and console (``[api]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = Field(default="127.0.0.1", description="address to bind; empty: no HTTP API")
+    port: int = Field(default=8470, ge=0, le=65535)
+    token: SecretStr | None = Field(default=None, description="bearer token for state changes (FLEETFIT_API_TOKEN)")
+    token_file: Path | None = Field(default=None, description="file holding the bearer token (a credential)")
+
+    @model_validator(mode="after")
+    def _token_file(self) -> ApiSettings:
+        self.token = secret_or_file(self.token, self.token_file, "token")
+        return self
 
 
 class OptimizerSettings(Section):

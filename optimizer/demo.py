@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import tempfile
 from collections.abc import Callable
@@ -22,10 +23,11 @@ from optimizer.alerts.alerter import Alerter
 from optimizer.alerts.settings import AlertSettings, ReceiverSettings
 from optimizer.broker import EmbeddedBroker
 from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
+from optimizer.config import ApiSettings, OptimizerConfig, OptimizerSettings
 from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import PlanSettings
 from optimizer.service import Optimizer
+from optimizer.web.app import WebServer
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,12 @@ class DemoOptions:
     time_scale: float = 10.0
     solve_interval: float = 5.0
     webhooks: tuple[tuple[str, str], ...] = ()  # (kind, url) pairs the recommendations are posted to
+    console: bool = True  # serve the console on 127.0.0.1
+    console_port: int = 0  # 0: a free port
+    keep_serving: bool = False  # after the run, keep the console up until SIGINT/SIGTERM
+
+
+ConsoleReady = Callable[[str, str], None]  # (the console's URL, the token its buttons need)
 
 
 def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[Lifecycle | None, Alerter | None]:
@@ -61,7 +69,9 @@ def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[L
     return Lifecycle.in_state_dir(state_dir), Alerter.in_state_dir(settings, state_dir)
 
 
-async def run_demo(options: DemoOptions, on_plan: Callable[[Plan], None] | None = None) -> Plan | None:
+async def run_demo(
+    options: DemoOptions, on_plan: Callable[[Plan], None] | None = None, on_console: ConsoleReady | None = None
+) -> Plan | None:
     """Run the demo for ``options.duration`` seconds (or until SIGINT/SIGTERM); return the final plan."""
     nodes = build_scenario("demo", options.nodes, options.seed)
     stop = asyncio.Event()
@@ -80,7 +90,7 @@ async def run_demo(options: DemoOptions, on_plan: Callable[[Plan], None] | None 
         loop.add_signal_handler(sig, on_signal, sig)
     try:
         with tempfile.TemporaryDirectory(prefix="fleetfit-demo-") as state:
-            return await _run(options, nodes, stop, Path(state), on_plan)
+            return await _run(options, nodes, stop, Path(state), on_plan, on_console)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -92,6 +102,7 @@ async def _run(
     stop: asyncio.Event,
     state_dir: Path,
     on_plan: Callable[[Plan], None] | None,
+    on_console: ConsoleReady | None = None,
 ) -> Plan | None:
     async with EmbeddedBroker() as broker:
         log.info("embedded broker on %s:%d", broker.host, broker.port)
@@ -103,7 +114,14 @@ async def _run(
             alerts=AlertSettings(flush_timeout=DEMO_FLUSH_TIMEOUT),
         )
         lifecycle, alerter = _alerting(options.webhooks, state_dir)
+        if lifecycle is None and options.console:  # the console's buttons keep their state here
+            lifecycle = Lifecycle.in_state_dir(state_dir)
         optimizer = Optimizer(config, load_catalog(), on_plan=on_plan, lifecycle=lifecycle, alerter=alerter)
+        console = _console(optimizer, options)
+        if console is not None:
+            await console[0].start()
+            if on_console is not None:
+                on_console(console[0].url, console[1])
         optimizer_task = asyncio.create_task(optimizer.run(), name="optimizer")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(optimizer.connected.wait(), timeout=10)
@@ -117,11 +135,27 @@ async def _run(
         fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=options.duration)
+        interrupted = stop.is_set()
         stop.set()
         await fleet_task
         await optimizer.plan_once()
+        if console is not None and options.keep_serving and not interrupted:
+            stop.clear()
+            log.info("the run is over; the console stays up until Ctrl-C")
+            await stop.wait()
         optimizer.should_exit.set()
         await optimizer_task  # posts the alerts still gathering
+        if console is not None:
+            await console[0].stop()
         if lifecycle is not None:
             lifecycle.close()
         return optimizer.plans.get(DEMO_SITE)
+
+
+def _console(optimizer: Optimizer, options: DemoOptions) -> tuple[WebServer, str] | None:
+    """The console on 127.0.0.1 with a fresh token for its buttons (the demo's state is thrown away)."""
+    if not options.console:
+        return None
+    token = secrets.token_urlsafe(12)
+    settings = ApiSettings(listen="127.0.0.1", port=options.console_port, token=token)
+    return WebServer(optimizer, settings), token

@@ -18,6 +18,7 @@ class Digest:
     end: float
     mean_util: float  # the workload's mean GPU utilisation over the period
     peak_p95: float  # the highest per-window p95 in the period
+    mem_max_mib: float = 0.0  # the most memory any one of its GPUs held in the period
 
 
 @dataclass(slots=True)
@@ -26,6 +27,7 @@ class _Open:
     total: float = 0.0
     count: int = 0
     peak: float = 0.0
+    mem: float = 0.0
 
 
 @dataclass(slots=True)
@@ -52,11 +54,12 @@ class History:
             current.total += mean
             current.count += 1
             current.peak = max(current.peak, p95)
+            current.mem = max(current.mem, *(g.mem_max_mib or 0.0 for g in gpus))
 
     def _close(self, workload: str, period: _Open, end: float) -> None:
         if period.count:
             kept = self.digests.setdefault(workload, deque(maxlen=DIGESTS_KEPT))
-            kept.append(Digest(end, period.total / period.count, period.peak))
+            kept.append(Digest(end, period.total / period.count, period.peak, period.mem))
 
     def of(self, workload: str) -> list[Digest]:
         return list(self.digests.get(workload, ()))

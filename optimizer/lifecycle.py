@@ -7,13 +7,17 @@ before that. Ids are stable across solves, so states survive re-planning and res
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from agent.protocol import Plan, Recommendation
 
@@ -63,7 +67,9 @@ class Tracked:
 class Lifecycle:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, timeout=10)
+        self.path = path
+        # the daemon opens it on the event loop's thread and uses it from its writer thread (Offloaded)
+        self._db = sqlite3.connect(path, timeout=10, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
         self._db.executescript(_SCHEMA)
 
@@ -153,7 +159,51 @@ class Lifecycle:
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         return sorted(self._select(where, tuple(args)), key=lambda t: -t.recommendation.monthly_savings_usd)
 
+    def of_workload(self, workload: str) -> tuple[Tracked, ...]:
+        """Every move ever proposed for ``workload``, in any state, newest first."""
+        return tuple(sorted(self._select("WHERE workload = ?", (workload,)), key=lambda t: -t.first_seen))
+
     def _select(self, where: str, args: tuple[object, ...]) -> Iterable[Tracked]:
         query = f"SELECT site, state, first_seen, last_seen, changed, body FROM recommendations {where}"
         for site, state, first, last, changed, body in self._db.execute(query, args):
             yield Tracked(Recommendation.model_validate(json.loads(body)), site, RecState(state), first, last, changed)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Offloaded:
+    """The daemon's lifecycle, off the event loop.
+
+    SQLite blocks while another process (``fleetfit recommendations ack``, a backup) holds the write lock, for
+    up to the connection's timeout. Writes run on one thread with the daemon's connection, in order; reads run
+    on another with their own connection, which WAL lets read while a write waits. The loop itself (ingest,
+    ``/healthz``, the console) never waits on the database.
+    """
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="fleetfit-db-write")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="fleetfit-db-read")
+        self._read_db: Lifecycle | None = None  # opened and used on the reader thread only
+
+    async def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn`` (a method of ``self.lifecycle``) on the writer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, partial(fn, *args, **kwargs))
+
+    async def read(self, fn: Callable[[Lifecycle], T]) -> T:
+        """Run ``fn`` with the reader thread's own connection."""
+        return await asyncio.get_running_loop().run_in_executor(self._reader, self._with_reader, fn)
+
+    def _with_reader(self, fn: Callable[[Lifecycle], T]) -> T:
+        if self._read_db is None:
+            self._read_db = Lifecycle(self.lifecycle.path)
+        return fn(self._read_db)
+
+    def close(self) -> None:
+        """Finish queued work and close the reader's connection (the daemon's stays with its owner)."""
+        self._writer.shutdown(wait=True)
+        if self._read_db is not None:
+            self._reader.submit(self._read_db.close).result()
+        self._reader.shutdown(wait=True)

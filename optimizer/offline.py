@@ -223,8 +223,8 @@ def score(pairs: Iterable[tuple[WorkloadClass, WorkloadClass]]) -> Score:
 
 def render_score(s: Score) -> str:
     width = max(len(c.value) for c in s.classes) + 2
+    column = width  # every class name fits whole in its column header
     lines = ["confusion matrix (rows: truth, columns: predicted)"]
-    column = max(len(c.value) for c in s.classes) + 2
     lines.append(" " * width + "".join(c.value.rjust(column) for c in s.classes))
     for t in s.classes:
         if not any(tt == t for tt, _ in s.confusion):

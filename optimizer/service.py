@@ -10,6 +10,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import aiomqtt
 
@@ -18,17 +19,25 @@ from agent.metrics import Family
 from agent.mqtt import make_client
 from agent.protocol import Plan, Recommendation, Telemetry, encode, recommendations_topic, subscription_filters
 from optimizer.alerts.alerter import Alerter
-from optimizer.api import Api, ApiSettings
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet
-from optimizer.lifecycle import Lifecycle, RecState
+from optimizer.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.recommend import plan_snapshot
+from optimizer.report import Ledger, owners_of
 from optimizer.selfmetrics import Lag, optimizer_metrics
 from optimizer.snapshot import Snapshot, from_fleet
 from optimizer.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
+
+
+class Server(Protocol):
+    """Something served beside the optimizer for as long as it runs (the HTTP API and console)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class Optimizer:
@@ -39,7 +48,6 @@ class Optimizer:
         on_plan: Callable[[Plan], None] | None = None,
         store: Store | None = None,
         lifecycle: Lifecycle | None = None,
-        api: ApiSettings | None = None,
         alerter: Alerter | None = None,
     ) -> None:
         self.config = config
@@ -53,7 +61,9 @@ class Optimizer:
         self._backoff = Backoff(cap=config.mqtt.reconnect_max_delay)
         self.store = store if store is not None else (Store(config.influxdb) if config.influxdb.url else None)
         self.lifecycle = lifecycle
-        self.api = Api(self, api) if api is not None and api.listen else None
+        self.tracker = Offloaded(lifecycle) if lifecycle is not None else None  # the lifecycle, off the loop
+        self.ledger = Ledger(lifecycle.path) if lifecycle is not None else None  # showback, written by tracker
+        self.servers: list[Server] = []
         self.alerter = alerter
         self.plans_made = 0
         self.lag = Lag()
@@ -87,7 +97,13 @@ class Optimizer:
                 self.connected.clear()
                 self._client = None
                 delay = self._backoff.next_delay()
-                log.warning("broker connection lost (%s); reconnecting in %.1f s", exc, delay)
+                log.warning(
+                    "broker %s:%d: connection lost (%s); reconnecting in %.1f s",
+                    settings.host,
+                    settings.port,
+                    exc,
+                    delay,
+                )
                 await asyncio.sleep(delay)
 
     async def plan_once(self) -> list[Plan]:
@@ -104,7 +120,7 @@ class Optimizer:
             await self._publish(plan)
             if self.store is not None:
                 self.store.add(plan_points(plan))
-            self._track(plan)
+            await self._track(plan)
             if self.on_plan is not None:
                 self.on_plan(plan)
         return plans
@@ -112,13 +128,22 @@ class Optimizer:
     def self_metrics(self) -> list[Family]:
         return optimizer_metrics(self)
 
-    def _track(self, plan: Plan) -> None:
+    def attach(self, server: Server) -> None:
+        """Serve ``server`` while the optimizer runs (started after the tasks, stopped before the flush)."""
+        self.servers.append(server)
+
+    async def _track(self, plan: Plan) -> None:
         """Fold the plan into the recommendation lifecycle and hand what changed to the alert hooks."""
         resolved: list[tuple[Recommendation, RecState]] = []
         states: dict[str, RecState] = {}
-        if self.lifecycle is not None:
-            resolved = self.lifecycle.record(plan, {w.id: w.hardware for w in plan.workloads})
-            states = self.lifecycle.states(r.id for r in plan.recommendations)
+        if self.tracker is not None:
+            lifecycle = self.tracker.lifecycle
+            resolved = await self.tracker.write(lifecycle.record, plan, {w.id: w.hardware for w in plan.workloads})
+            states = await self.tracker.write(lifecycle.states, [r.id for r in plan.recommendations])
+            if self.ledger is not None:
+                owners = owners_of(self.fleet, plan.site)
+                interval = self.config.optimizer.solve_interval
+                await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval)
         if self.alerter is not None:
             self.alerter.observe(plan, states, resolved)
 
@@ -169,8 +194,8 @@ class Optimizer:
             tasks.append(asyncio.create_task(self.store.run(), name="optimizer-store"))
         if self.alerter is not None:
             tasks.append(asyncio.create_task(self.alerter.run(), name="optimizer-alerts"))
-        if self.api is not None:
-            await self.api.start()
+        for server in self.servers:
+            await server.start()
         try:
             await self.should_exit.wait()
         finally:
@@ -179,8 +204,12 @@ class Optimizer:
             for t in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
-            if self.api is not None:
-                await self.api.stop()
+            for server in self.servers:
+                await server.stop()
+            if self.tracker is not None:
+                await asyncio.to_thread(self.tracker.close)
+            if self.ledger is not None:
+                self.ledger.close()
             if self.alerter is not None:
                 try:  # what was gathered but not yet posted goes out now, within bounds
                     await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)

@@ -1,0 +1,220 @@
+"""Owners from attribution to showback: what the agent reads cheaply on the node, the protocol's optional
+fields, the simulator's namespaces, the ledger every plan charges, and `fleetfit report`."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FLEETFIT, free_port, simulated_fleet
+from pydantic import ValidationError
+
+from agent.config import MqttSettings
+from agent.protocol import WorkloadKind, WorkloadRef
+from collectors.attribution import Attributor, OwnerReader
+from optimizer.catalog import load_catalog
+from optimizer.config import OptimizerConfig, OptimizerSettings
+from optimizer.lifecycle import Lifecycle
+from optimizer.report import UNATTRIBUTED, Ledger, owners_of, parse_since
+from optimizer.service import Optimizer
+
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+def _proc(root: Path, pid: int, cgroup: str, environ: bytes = b"") -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cgroup").write_text(f"0::{cgroup}\n")
+    (d / "comm").write_text("python3\n")
+    (d / "environ").write_bytes(environ)
+
+
+def test_owner_reader_finds_namespace_account_user_and_unit(tmp_path: Path) -> None:
+    proc, pods = tmp_path / "proc", tmp_path / "pods"
+    (pods / f"ml-research_trainer-7c9f_{UID}").mkdir(parents=True)
+    (pods / "kube-system_coredns-1_not-a-uid").mkdir()
+    _proc(proc, 10, f"/kubepods.slice/kubepods-pod{UID.replace('-', '_')}.slice/cri-containerd-abc.scope")
+    _proc(
+        proc,
+        11,
+        "/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0",
+        b"HOME=/home/ada\0SLURM_JOB_ACCOUNT=physics\0SLURM_JOB_USER=ada\0PATH=/bin\0",
+    )
+    _proc(proc, 12, "/system.slice/vllm-chat.service")
+    _proc(proc, 13, "/user.slice/user-1000.slice/session-3.scope")
+    _proc(proc, 14, "/system.slice/slurmstepd.scope/job_4243/step_0", b"SLURM_JOB_ACCOUNT=evil\x1b[2J\0")
+    attributor, owners = Attributor(proc, node="n1"), OwnerReader(proc, pods)
+    assert owners.of(10, attributor.owner(10)) == ("ml-research", None)
+    assert owners.of(11, attributor.owner(11)) == ("physics", "ada")
+    assert owners.of(12, attributor.owner(12)) == ("vllm-chat.service", None)
+    assert owners.of(13, attributor.owner(13)) == (None, None)
+    assert owners.of(14, attributor.owner(14)) == (None, None)  # control characters never leave the node
+    # a pod whose log directory is gone, or a node without /var/log/pods: no namespace, no failure
+    assert OwnerReader(proc, tmp_path / "absent").of(10, attributor.owner(10)) == (None, None)
+
+
+def test_owner_fields_are_optional_and_printable() -> None:
+    ref = WorkloadRef(id="slurm/1", kind=WorkloadKind.SLURM_JOB, name="job 1", gpus=[0], owner="physics")
+    assert WorkloadRef.model_validate_json(ref.model_dump_json()).owner == "physics"
+    # a schema-1 agent sends none
+    old = WorkloadRef.model_validate({"id": "k8s/x", "kind": "k8s_pod", "name": "x", "gpus": [0]})
+    assert old.owner is None and old.owner_user is None
+    with pytest.raises(ValidationError):
+        WorkloadRef(id="k8s/x", kind=WorkloadKind.KUBERNETES_POD, name="x", gpus=[0], owner="team\n@channel")
+
+
+def test_simulated_workloads_carry_their_team() -> None:
+    fleet, _ = simulated_fleet("demo", 8, windows=2)
+    owners = owners_of(fleet)
+    assert len(owners) == 7 and UNATTRIBUTED not in owners.values()
+    names = {ref.id: ref.name for r in fleet.nodes.values() for ref in r.windows[-1].workloads}
+    by_name = {names[w]: o for w, o in owners.items()}
+    assert by_name["llm-pretrain"] == "team-research" and by_name["chat-serving"] == "team-serving"
+    assert by_name["forgotten-notebook-alloc"] == "team-data-science"
+
+
+async def _planned(state_dir: Path, rounds: int) -> Optimizer:
+    fleet, _ = simulated_fleet("demo", 8, windows=8)
+    config = OptimizerConfig(
+        mqtt=MqttSettings(port=free_port()), optimizer=OptimizerSettings(state_dir=state_dir, solve_interval=60)
+    )
+    optimizer = Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(state_dir))
+    optimizer.fleet = fleet
+    for _ in range(rounds):
+        await optimizer.plan_once()
+    return optimizer
+
+
+def _report(state_dir: Path, *args: str) -> str:
+    result = subprocess.run(
+        [FLEETFIT, "report", "--state-dir", str(state_dir), *args], capture_output=True, timeout=60, check=True
+    )
+    return result.stdout.decode()
+
+
+def test_report_sums_gpu_hours_money_and_savings_per_owner(tmp_path: Path) -> None:
+    optimizer = asyncio.run(_planned(tmp_path, rounds=2))
+    plan = optimizer.plans["s1"]
+    assert optimizer.tracker is not None  # its writes were awaited: they are committed
+    rows = {r["key"]: r for r in json.loads(_report(tmp_path, "--format", "json", "--since", "1d"))["rows"]}
+    assert {"team-research", "team-serving", "team-data-science"} <= set(rows)
+    # two plans, each charged one 60 s solve interval (the second came at once, so it charged ~0 s)
+    research = rows["team-research"]
+    assert research["gpus_by_class"]["training"] == pytest.approx(12 * 60 / 3600, rel=0.05)
+    idle = rows["team-data-science"]
+    assert idle["wasted_usd_by_kind"]["idle_allocation"] == pytest.approx(6.0 * 60 / 3600, rel=0.05)
+    assert idle["held_usd"] == pytest.approx(4 * 1.5 * 60 / 3600, rel=0.05)
+    # open savings per owner are the open recommendations of its workloads
+    assert sum(r["open_savings_usd_month"] for r in rows.values()) == pytest.approx(plan.monthly_savings_usd, abs=1)
+    serving = next(r for r in plan.recommendations if r.workload_name == "chat-serving")
+    assert rows["team-serving"]["open_savings_usd_month"] == pytest.approx(serving.monthly_savings_usd, abs=1)
+
+    lines = _report(tmp_path, "--by", "hardware").splitlines()
+    assert lines[1].startswith("HARDWARE") and any(line.startswith("H100 80GB SXM") for line in lines)
+    assert len({len(line) for line in lines[1:]}) == 1  # every row as wide as the header: columns line up
+    csv_rows = list(csv.DictReader(io.StringIO(_report(tmp_path, "--by", "site", "--format", "csv"))))
+    assert [r["site"] for r in csv_rows] == ["s1"] and float(csv_rows[0]["gpu_hours_training"]) > 0
+
+
+def test_report_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
+    for args, words in (
+        (["--since", "yesterday"], b"--since 'yesterday'"),
+        (["--state-dir", str(tmp_path / "none")], b"no showback yet"),
+    ):
+        result = subprocess.run(
+            [FLEETFIT, "report", "--state-dir", str(tmp_path / "none"), *args],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2 and words in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_ledger_does_not_charge_the_time_the_optimizer_was_down(tmp_path: Path) -> None:
+    optimizer = asyncio.run(_planned(tmp_path / "state", rounds=1))
+    plan = optimizer.plans["s1"]
+    ledger = Ledger(tmp_path / "other.db")
+    owners = owners_of(optimizer.fleet)
+    assert ledger.account(plan, owners, optimizer.catalog, 60, now=1000.0) == 60
+    assert ledger.account(plan, owners, optimizer.catalog, 60, now=1030.0) == 30
+    assert ledger.account(plan, owners, optimizer.catalog, 60, now=90_000.0) == 180  # a day down: three intervals
+    assert parse_since("2d", now=200_000.0) == 200_000.0 - 2 * 86400
+    assert parse_since("1970-01-03") == 2 * 86400  # a date is midnight UTC
+
+
+def test_report_posts_a_digest_to_each_kind_of_receiver(tmp_path: Path) -> None:
+    from webhook_server import webhook_server
+
+    optimizer = asyncio.run(_planned(tmp_path / "state", rounds=1))
+    plan = optimizer.plans["s1"]
+    # an owner name chosen to abuse chat markup: it must arrive inert
+    evil = "<!channel> @here [click](http://evil.example) `x`"
+    ledger = Ledger(tmp_path / "state" / "fleetfit.db")
+    owners = dict.fromkeys(owners_of(optimizer.fleet), evil)
+    ledger.account(plan, owners, optimizer.catalog, 3600)
+    ledger.close()
+    config = tmp_path / "optimizer.toml"
+    kinds = ("slack", "mattermost", "teams", "generic")
+    config.write_text(
+        f'[optimizer]\nstate_dir = "{tmp_path / "state"}"\n'
+        + "".join(
+            f'[[alerts.receivers]]\nname = "{k}-chat"\nkind = "{k}"\nurl_env = "HOOK_{k.upper()}"\n' for k in kinds
+        )
+    )
+    with webhook_server() as hooks:
+        env = {"PATH": "/usr/bin:/bin"} | {f"HOOK_{k.upper()}": hooks.url(f"/{k}/s3cr3t") for k in kinds}
+        for k in kinds:
+            result = subprocess.run(
+                [FLEETFIT, "report", "--config", str(config), "--since", "7d", "--post", f"{k}-chat"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+                check=False,
+            )
+            assert result.returncode == 0, result.stderr
+            assert f"to {k}-chat" in result.stdout and "s3cr3t" not in result.stdout + result.stderr
+        bodies = {r.path.split("/")[1]: r.json() for r in hooks.wait_for(4)}
+    slack = json.dumps(bodies["slack"])
+    assert bodies["slack"]["blocks"][0]["type"] == "header" and "team-research" in slack
+    assert "<!channel>" not in slack and "@here" not in slack and "[click](" not in slack
+    mattermost = bodies["mattermost"]["text"]
+    assert "@here" not in mattermost and "](http" not in mattermost and mattermost.count("```") == 2
+    facts = bodies["teams"]["attachments"][0]["content"]["body"][2]["facts"]
+    assert {f["title"] for f in facts} >= {"team-research", "team-serving"}
+    assert all("[" not in f["title"] and "@" not in f["title"] for f in facts)
+    generic = bodies["generic"]
+    assert generic["kind"] == "fleetfit.showback" and evil in {r["key"] for r in generic["rows"]}  # data, as is
+
+
+def test_report_post_refuses_an_unknown_receiver_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [FLEETFIT, "report", "--state-dir", str(tmp_path), "--post", "nobody"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2 and "no receiver 'nobody'" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_digest_fits_each_platform_by_listing_fewer_owners() -> None:
+    from optimizer.report import Showback
+    from optimizer.report_chat import render
+
+    rows = [
+        Showback(f"team-{n:03d}-&-<x>", {"training": 100.0 * n}, 2.5 * n, {"idle_allocation": n}) for n in range(300)
+    ]
+    for kind in ("slack", "mattermost", "teams", "generic"):
+        body = render(kind, rows, "owner", 0.0, 4000, now=86400.0)
+        assert len(body) <= 4000, kind
+        text = body.decode()
+        assert "more" in text or '"omitted"' in text, kind
+    slack = json.loads(render("slack", rows, "owner", 0.0, 40_000, now=86400.0))
+    section = slack["blocks"][1]["text"]["text"]
+    assert len(section) <= 3000 and "&amp;" not in section  # names are plain: nothing to escape, nothing cut
