@@ -295,7 +295,8 @@ def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None
     lags = min(max_lag, n // 3)
     r = np.array([float(np.dot(x[:-lag], x[lag:])) / energy for lag in range(1, lags + 1)])
     best, strength = None, 0.0
-    for lag in range(2, lags + 1):
+    # Lags of 1 and 2 s are at the 1 Hz sampling's Nyquist limit: an alternation there is aliasing, not a step.
+    for lag in range(3, lags + 1):
         value = r[lag - 1]
         if value >= 0.35 and value - float(r[: lag - 1].min()) >= 0.35 and value > strength:
             best, strength = lag, value
