@@ -294,13 +294,13 @@ def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None
         return None, 0.0
     lags = min(max_lag, n // 3)
     r = np.array([float(np.dot(x[:-lag], x[lag:])) / energy for lag in range(1, lags + 1)])
-    best, strength = None, 0.0
-    # Lags of 1 and 2 s are at the 1 Hz sampling's Nyquist limit: an alternation there is aliasing, not a step.
-    for lag in range(3, lags + 1):
+    # The fundamental is the first lag that rises again after a dip. One of 2 s is at the 1 Hz sampling's Nyquist
+    # limit: an alternation every second is aliasing, not a step, and so are its multiples.
+    for lag in range(2, lags + 1):
         value = r[lag - 1]
-        if value >= 0.35 and value - float(r[: lag - 1].min()) >= 0.35 and value > strength:
-            best, strength = lag, value
-    return best, strength
+        if value >= 0.35 and value - float(r[: lag - 1].min()) >= 0.35:
+            return (lag, float(value)) if lag >= 3 else (None, 0.0)
+    return None, 0.0
 
 
 def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:

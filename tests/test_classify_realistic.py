@@ -4,6 +4,8 @@ adapter training, notebooks; confident answers are right; wrong node signals are
 from __future__ import annotations
 
 import json
+import math
+import random
 import subprocess
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from collectors.simulated import Pattern
 from collectors.storage import StorageCollector
 from optimizer.classify import classify
 from optimizer.digest import digest, roles
-from optimizer.features import workload_features
+from optimizer.features import step_period, workload_features
 from optimizer.offline import PATTERN_CLASS, RecordingError, load_labels
 
 
@@ -132,3 +134,18 @@ def test_the_agent_marks_raid_members_from_sysfs(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(storage, "_counters", lambda: dict.fromkeys(("nvme0n1", "nvme1n1", "md127", "sda")))
     members = {d.name: d.member_of for d in storage.inventory().disks}
     assert members == {"md127": None, "nvme0n1": "md127", "nvme1n1": "md127", "sda": None}
+
+
+def test_a_step_period_is_found_only_where_load_repeats() -> None:
+    rng = random.Random(5)
+    square = [95.0 if (t % 6) < 3 else 2.0 for t in range(300)]
+    assert step_period(square)[0] == 6
+    alternating = [90.0 if t % 2 else 10.0 for t in range(300)]
+    assert step_period(alternating)[0] is None  # at 1 Hz, every other second is aliasing, not a step
+    arrivals = [min(100.0, 60 * math.exp(rng.gauss(0, 0.3))) for _ in range(300)]
+    assert step_period(arrivals)[0] is None
+    level, bursts = 0.0, []
+    for _ in range(300):  # a notebook's cells: bursts that persist and fade
+        level = 90.0 if rng.random() < 0.02 else level * 0.9
+        bursts.append(level)
+    assert step_period(bursts)[0] is None
