@@ -106,10 +106,14 @@ class Resolved:
 
 
 def hardware_of(catalog: Catalog, name: str, pci_id: str | None = None) -> GpuType | None:
+    """A catalog entry by key, by the display name plans carry ("A100 80GB SXM"), or by the name and PCI id a
+    vendor tool reports."""
     try:
         return catalog.by_key(name)
     except KeyError:
-        return catalog.lookup(name, pci_id)
+        pass
+    shown = next((g for g in catalog.gpu if g.name == name), None)
+    return shown if shown is not None else catalog.lookup(name, pci_id)
 
 
 def node_hardware(catalog: Catalog, node: SnapshotNode) -> GpuType | None:
