@@ -34,6 +34,36 @@ Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9
 Quantity = Annotated[float, Field(allow_inf_nan=False)]
 
 
+# Bounds on values no honest agent sends (schema 2 tightens them; schema-1 agents never sent such values).
+FLOAT32_MAX = 3.4028234663852886e38  # the optimizer keeps per-second series as float32
+MAX_GPU_INDEX = 63  # a birth lists at most 64 devices (physical GPUs and MIG instances)
+LATEST_TIMESTAMP = 9.0e9  # seconds; nanoseconds past this overflow the int64 a time-series store keeps
+PERCENT_FIELDS = frozenset({"util", "mem_util", "sm_active", "tensor_active", "dram_active"})
+
+
+def _check_stats(name: str, s: Stats | None, upper: float = FLOAT32_MAX) -> None:
+    """A summary must be one an agent could compute: non-negative, ordered (mean, p95 <= max) and bounded."""
+    if s is None:
+        return
+    if min(s) < 0:
+        raise ValueError(f"{name}: negative value")
+    if s.mean > s.max or s.p95 > s.max:
+        raise ValueError(f"{name}: mean or p95 above max")
+    if s.max > upper:
+        raise ValueError(f"{name}: max {s.max} above {upper:g}")
+
+
+def _check_window_stats(model: BaseModel, percent: frozenset[str] = frozenset()) -> None:
+    for name, value in model.__dict__.items():
+        if isinstance(value, Stats):
+            _check_stats(name, value, 100.0 if name in percent else FLOAT32_MAX)
+
+
+def _check_timestamp(name: str, value: float) -> None:
+    if not 0 <= value <= LATEST_TIMESTAMP:
+        raise ValueError(f"{name} {value} is not a plausible Unix time")
+
+
 class ProtocolError(ValueError):
     """A topic or payload that does not follow the protocol; ``reason`` is a short metric label."""
 
@@ -184,6 +214,17 @@ class Birth(_Model):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
+    @model_validator(mode="after")
+    def _inventory(self) -> Birth:
+        _check_timestamp("timestamp", self.timestamp)
+        indices = [g.index for g in self.gpus]
+        if sorted(indices) != list(range(len(indices))):
+            raise ValueError("gpus: indices must be unique and run from 0 to the number of devices - 1")
+        physical = {g.index for g in self.gpus if g.parent is None}
+        if any(g.parent is not None and g.parent not in physical for g in self.gpus):
+            raise ValueError("gpus: a MIG instance names a parent GPU that is not listed")
+        return self
+
 
 class NodeStatus(StrEnum):
     ONLINE = "online"
@@ -198,6 +239,11 @@ class State(_Model):
     timestamp: Quantity
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> State:
+        _check_timestamp("timestamp", self.timestamp)
+        return self
 
 
 # ------------------------------------------------------------------------------------------- telemetry
@@ -269,6 +315,13 @@ class GpuWindow(_Model):
     remapped_rows: int | None = Field(default=None, ge=0, description="rows remapped for uncorrectable errors")
     lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 
+    @model_validator(mode="after")
+    def _bounded(self) -> GpuWindow:
+        _check_window_stats(self, PERCENT_FIELDS)
+        if self.util_series and (min(self.util_series) < 0 or max(self.util_series) > 100):
+            raise ValueError("util_series: utilisation outside 0-100 %")
+        return self
+
 
 class NicWindow(_Model):
     name: str = Field(min_length=1, max_length=64)
@@ -276,6 +329,11 @@ class NicWindow(_Model):
     tx_bps: Stats | None = None
     errors: int = Field(default=0, ge=0)
     drops: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> NicWindow:
+        _check_window_stats(self)
+        return self
 
 
 class DiskWindow(_Model):
@@ -285,10 +343,20 @@ class DiskWindow(_Model):
     read_iops: Stats | None = None
     write_iops: Stats | None = None
 
+    @model_validator(mode="after")
+    def _bounded(self) -> DiskWindow:
+        _check_window_stats(self)
+        return self
+
 
 class HostWindow(_Model):
     cpu_util: Stats | None = None
     mem_used_pct: Stats | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> HostWindow:
+        _check_window_stats(self, frozenset({"cpu_util", "mem_used_pct"}))
+        return self
 
 
 class MountWindow(_Model):
@@ -316,6 +384,14 @@ class WorkloadRef(_Model):
     gpus: list[int] = Field(max_length=64)
     hint: str | None = Field(default=None, max_length=64, description="executable name, never a command line")
 
+    @model_validator(mode="after")
+    def _gpu_indices(self) -> WorkloadRef:
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError("gpus: an index is listed twice")
+        if any(not 0 <= g <= MAX_GPU_INDEX for g in self.gpus):
+            raise ValueError(f"gpus: indices run from 0 to {MAX_GPU_INDEX}")
+        return self
+
 
 class Telemetry(_Model):
     """One window of a node's telemetry."""
@@ -342,6 +418,18 @@ class Telemetry(_Model):
     def _window_order(self) -> Telemetry:
         if self.end < self.start:
             raise ValueError("window end precedes its start")
+        return self
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Telemetry:
+        _check_timestamp("start", self.start)
+        _check_timestamp("end", self.end)
+        indices = [g.index for g in self.gpus]
+        if len(set(indices)) != len(indices) or any(i > MAX_GPU_INDEX for i in indices):
+            raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
+        # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
+        if any(len(g.util_series) > self.samples for g in self.gpus):
+            raise ValueError("util_series: more values than samples in the window")
         return self
 
 
