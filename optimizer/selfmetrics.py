@@ -110,6 +110,11 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             counter("fleetfit_store_values_written_total", "Field values in those points.", store.values_written),
             counter("fleetfit_store_points_dropped_total", "Points dropped from a full buffer.", store.dropped),
             counter("fleetfit_store_write_failures_total", "Failed write attempts.", store.failures),
+            counter(
+                "fleetfit_store_points_rejected_total",
+                "Points the store refused as bad (HTTP 4xx), dropped.",
+                store.rejected,
+            ),
             gauge("fleetfit_store_buffered_points", "Points waiting for the store.", len(store)),
         ]
     if optimizer.alerter is not None:
