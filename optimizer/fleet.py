@@ -244,7 +244,11 @@ class Fleet:
         bucket.tokens = min(burst, bucket.tokens + max(0.0, now - bucket.at) * rate)
         bucket.at = now
         if bucket.tokens < 1.0:
-            raise ProtocolError("rate_limited", f"more than {rate:g} windows a second (burst {burst:g})")
+            raise ProtocolError(
+                "rate_limited",
+                f"more than {rate:g} windows a second (burst {burst:g}); agents publishing more often than every "
+                f"{2 / rate:g} s need a higher optimizer.node_window_rate",
+            )
         bucket.tokens -= 1.0
 
     def _check_time(self, message: Birth | State | Telemetry) -> None:
