@@ -557,12 +557,16 @@ async def test_a_hostile_node_on_the_shipped_broker(shipped: Shipped, tmp_path: 
         optimizer.should_exit.set()
         await task
 
-    # a restart: the retained messages come back, the lies among them are refused again, every site plans
+    # the node leaves a poisoned birth retained (only MIG instances, naming no GPU it lists), and the optimizer
+    # restarts: the birth comes back and is refused, every other site plans
+    mig_only = mutated(birth, lambda r: r.update(gpus=[dict(r["gpus"][0], index=0, parent=3)]))
+    await _publish(evil, [(topic("aaa", "evil", TopicKind.BIRTH), mig_only, True)])
     again = Optimizer(config, load_catalog())
     task = asyncio.create_task(again.run())
     try:
-        await wait_until(lambda: again.fleet.accepted["birth"] >= 9, 15, "the retained births")
-        assert {p.site for p in await again.plan_once()} == {"aaa", "good"}
+        await wait_until(lambda: again.fleet.accepted["birth"] >= 8 and again.fleet.rejected, 15, "the retained births")
+        assert again.fleet.rejected == {"schema": 1}
+        assert [p.site for p in await again.plan_once()] == ["good"]
     finally:
         again.should_exit.set()
         await task
