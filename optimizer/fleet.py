@@ -276,11 +276,12 @@ class Fleet:
         kept: list[WorkloadRef] = []
         dropped = False
         for ref in window.workloads:
-            reason = self._claim(record, ref, now)
-            if reason is None and cap is not None and ref.id not in known:
-                reason = "workload_cap" if len(known) >= cap else None
-                known.add(ref.id)
+            if cap is not None and ref.id not in known and len(known) >= cap:
+                reason: str | None = "workload_cap"  # checked first: a dropped id must not claim ownership
+            else:
+                reason = self._claim(record, ref, now)
             if reason is None:
+                known.add(ref.id)
                 kept.append(ref)
                 continue
             dropped = True
