@@ -41,6 +41,7 @@ MULTI_NODE_KINDS = frozenset({WorkloadKind.SLURM_JOB})
 # A single-node workload changes node (a StatefulSet pod rescheduled) once its old node has not reported it
 # for this long; until then another node reporting its id is a conflict.
 TAKEOVER_SECONDS = 120.0
+TOPICS_CACHED = 100_000  # parsed topics remembered (three per node)
 # Control characters (C0, DEL, C1), zero-width and bidirectional overrides: names end up in terminals, chat
 # messages and spreadsheets, where these hide or rewrite text.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
@@ -114,6 +115,7 @@ class Fleet:
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._owners: dict[tuple[str, str], _Owner] = {}  # (site, workload id) -> the node it runs on
         self._owners_pruned = 0.0
+        self._topics: dict[str, Topic] = {}
 
     def _record(self, site: str, node: str) -> NodeRecord:
         key = (site, node)
@@ -145,7 +147,12 @@ class Fleet:
         """Apply one message; return it once accepted, or None (the reason counted) when it is rejected."""
         where: Topic | None = None
         try:
-            where = parse_topic(self.prefix, topic)
+            where = self._topics.get(topic)
+            if where is None:
+                where = parse_topic(self.prefix, topic)
+                if len(self._topics) >= TOPICS_CACHED:
+                    self._topics.clear()
+                self._topics[topic] = where  # a node sends on the same three topics all its life
             return self._apply(where, payload)
         except ProtocolError as exc:
             self.rejected[exc.reason] += 1
