@@ -154,7 +154,8 @@ def main() -> None:
     print(f"flood: node-0000 at {FLOOD_FACTOR}x for the first half, {len(flood)} windows naming 64 new workloads each")
     flood_accepted = fleet.accepted["telemetry"] - len(honest)
     print(
-        f"  accepted: {flood_accepted} flood windows (the burst, then the sustained rate); rejected: {dict(fleet.rejected)}"
+        f"  accepted: {flood_accepted} flood windows (the burst, then the sustained rate); "
+        f"rejected: {dict(fleet.rejected)}"
     )
     print(f"  workload references dropped: {dict(fleet.dropped_refs)}")
     print(f"ingest CPU, median of {args.rounds}: {base:.2f} s without the flood, {with_flood:.2f} s with it")
