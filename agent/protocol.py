@@ -39,24 +39,24 @@ FLOAT32_MAX = 3.4028234663852886e38  # the optimizer keeps per-second series as 
 MAX_GPU_INDEX = 63  # a birth lists at most 64 devices (physical GPUs and MIG instances)
 LATEST_TIMESTAMP = 9.0e9  # seconds; nanoseconds past this overflow the int64 a time-series store keeps
 PERCENT_FIELDS = frozenset({"util", "mem_util", "sm_active", "tensor_active", "dram_active"})
+HOST_PERCENT_FIELDS = frozenset({"cpu_util", "mem_used_pct"})
 
 
-def _check_stats(name: str, s: Stats | None, upper: float = FLOAT32_MAX) -> None:
-    """A summary must be one an agent could compute: non-negative, ordered (mean, p95 <= max) and bounded."""
-    if s is None:
-        return
-    if min(s) < 0:
-        raise ValueError(f"{name}: negative value")
-    if s.mean > s.max or s.p95 > s.max:
-        raise ValueError(f"{name}: mean or p95 above max")
-    if s.max > upper:
-        raise ValueError(f"{name}: max {s.max} above {upper:g}")
+def _stats_fields(model: type[BaseModel]) -> tuple[str, ...]:
+    return tuple(name for name, f in model.model_fields.items() if f.annotation == (Stats | None))
 
 
-def _check_window_stats(model: BaseModel, percent: frozenset[str] = frozenset()) -> None:
-    for name, value in model.__dict__.items():
-        if isinstance(value, Stats):
-            _check_stats(name, value, 100.0 if name in percent else FLOAT32_MAX)
+def _check_stats(section: BaseModel, names: tuple[str, ...], percent: frozenset[str] = frozenset()) -> None:
+    """Each summary must be one an agent could compute: non-negative, mean and p95 at most max, bounded.
+    One pass of plain comparisons: this runs for every signal of every window the optimizer takes in."""
+    values = section.__dict__
+    for name in names:
+        s = values[name]
+        if s is None:
+            continue
+        mean, p95, top, _ = s
+        if mean < 0 or p95 < 0 or mean > top or p95 > top or top > (100.0 if name in percent else FLOAT32_MAX):
+            raise ValueError(f"{name}: {list(s)} is no summary an agent computes (0 <= mean, p95 <= max)")
 
 
 def _check_timestamp(name: str, value: float) -> None:
@@ -315,13 +315,6 @@ class GpuWindow(_Model):
     remapped_rows: int | None = Field(default=None, ge=0, description="rows remapped for uncorrectable errors")
     lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 
-    @model_validator(mode="after")
-    def _bounded(self) -> GpuWindow:
-        _check_window_stats(self, PERCENT_FIELDS)
-        if self.util_series and (min(self.util_series) < 0 or max(self.util_series) > 100):
-            raise ValueError("util_series: utilisation outside 0-100 %")
-        return self
-
 
 class NicWindow(_Model):
     name: str = Field(min_length=1, max_length=64)
@@ -329,11 +322,6 @@ class NicWindow(_Model):
     tx_bps: Stats | None = None
     errors: int = Field(default=0, ge=0)
     drops: int = Field(default=0, ge=0)
-
-    @model_validator(mode="after")
-    def _bounded(self) -> NicWindow:
-        _check_window_stats(self)
-        return self
 
 
 class DiskWindow(_Model):
@@ -343,20 +331,10 @@ class DiskWindow(_Model):
     read_iops: Stats | None = None
     write_iops: Stats | None = None
 
-    @model_validator(mode="after")
-    def _bounded(self) -> DiskWindow:
-        _check_window_stats(self)
-        return self
-
 
 class HostWindow(_Model):
     cpu_util: Stats | None = None
     mem_used_pct: Stats | None = None
-
-    @model_validator(mode="after")
-    def _bounded(self) -> HostWindow:
-        _check_window_stats(self, frozenset({"cpu_util", "mem_used_pct"}))
-        return self
 
 
 class MountWindow(_Model):
@@ -427,10 +405,27 @@ class Telemetry(_Model):
         indices = [g.index for g in self.gpus]
         if len(set(indices)) != len(indices) or any(i > MAX_GPU_INDEX for i in indices):
             raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
-        # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
-        if any(len(g.util_series) > self.samples for g in self.gpus):
-            raise ValueError("util_series: more values than samples in the window")
+        fields = _STATS_FIELDS or _stats_fields_of_sections()
+        for g in self.gpus:
+            _check_stats(g, fields[0], PERCENT_FIELDS)
+            series = g.util_series
+            # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
+            if series and (len(series) > self.samples or min(series) < 0 or max(series) > 100):
+                raise ValueError(f"gpus.{g.index}.util_series: more values than samples, or outside 0-100 %")
+        for n in self.nics:
+            _check_stats(n, fields[1])
+        for d in self.disks:
+            _check_stats(d, fields[2])
+        _check_stats(self.host, fields[3], HOST_PERCENT_FIELDS)
         return self
+
+
+_STATS_FIELDS: list[tuple[str, ...]] = []
+
+
+def _stats_fields_of_sections() -> list[tuple[str, ...]]:
+    _STATS_FIELDS.extend(_stats_fields(m) for m in (GpuWindow, NicWindow, DiskWindow, HostWindow))
+    return _STATS_FIELDS
 
 
 # ------------------------------------------------------------------------------------- recommendations

@@ -35,6 +35,7 @@ from optimizer.catalog import load_catalog
 from optimizer.config import OptimizerSettings
 from optimizer.fleet import Fleet, IngestLimits
 from optimizer.inventory import inventory_check
+from optimizer.service import tune_gc
 
 PREFIX = "fleetfit/v1"
 SITE = "bench"
@@ -139,6 +140,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     logging.disable(logging.WARNING)  # the flood's rejections are counted below, not logged line by line
+    tune_gc()  # as the daemon does at start
 
     births, honest, flood = streams(args.nodes, args.minutes)
     flooded = sorted(honest + flood, key=lambda m: m[0])
