@@ -38,25 +38,20 @@ Quantity = Annotated[float, Field(allow_inf_nan=False)]
 FLOAT32_MAX = 3.4028234663852886e38  # the optimizer keeps per-second series as float32
 MAX_GPU_INDEX = 63  # a birth lists at most 64 devices (physical GPUs and MIG instances)
 LATEST_TIMESTAMP = 9.0e9  # seconds; nanoseconds past this overflow the int64 a time-series store keeps
-PERCENT_FIELDS = frozenset({"util", "mem_util", "sm_active", "tensor_active", "dram_active"})
-HOST_PERCENT_FIELDS = frozenset({"cpu_util", "mem_used_pct"})
+PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active")
+HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
+# What a stats array summarises is never negative, and the optimizer keeps some of it as float32.
+Measured = Annotated[float, Field(ge=0, le=FLOAT32_MAX, allow_inf_nan=False)]
 
 
-def _stats_fields(model: type[BaseModel]) -> tuple[str, ...]:
-    return tuple(name for name, f in model.model_fields.items() if f.annotation == (Stats | None))
-
-
-def _check_stats(section: BaseModel, names: tuple[str, ...], percent: frozenset[str] = frozenset()) -> None:
-    """Each summary must be one an agent could compute: non-negative, mean and p95 at most max, bounded.
-    One pass of plain comparisons: this runs for every signal of every window the optimizer takes in."""
+def _check_percent(section: BaseModel, names: tuple[str, ...]) -> None:
+    """Percentages stay within 0-100 and every summary is ordered (mean and p95 at most max); the bounds on
+    each value are checked by the validator itself. Plain comparisons: this runs for every window taken in."""
     values = section.__dict__
     for name in names:
         s = values[name]
-        if s is None:
-            continue
-        mean, p95, top, _ = s
-        if mean < 0 or p95 < 0 or mean > top or p95 > top or top > (100.0 if name in percent else FLOAT32_MAX):
-            raise ValueError(f"{name}: {list(s)} is no summary an agent computes (0 <= mean, p95 <= max)")
+        if s is not None and (s[2] > 100.0 or s[0] > s[2] or s[1] > s[2]):
+            raise ValueError(f"{name}: {list(s)} is no percentage summary an agent computes")
 
 
 def _check_timestamp(name: str, value: float) -> None:
@@ -264,9 +259,9 @@ class Stats(NamedTuple):
     ~100 of these per window and thousands of windows a second at the optimizer.
     """
 
-    mean: Quantity
-    p95: Quantity
-    max: Quantity
+    mean: Measured
+    p95: Measured
+    max: Measured
     std: Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
     @classmethod
@@ -307,7 +302,7 @@ class GpuWindow(_Model):
     sm_active: Stats | None = Field(default=None, description="GPM (Hopper and newer): SM activity, %")
     tensor_active: Stats | None = Field(default=None, description="GPM: tensor-core activity, %")
     dram_active: Stats | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
-    util_series: list[Quantity] = Field(default_factory=list, max_length=3600)
+    util_series: list[Measured] = Field(default_factory=list, max_length=3600)
     workload: str | None = Field(default=None, max_length=200)
     xid_events: int = Field(default=0, ge=0, description="XID errors reported in the window")
     last_xid: int | None = Field(default=None, ge=0)
@@ -403,29 +398,16 @@ class Telemetry(_Model):
         _check_timestamp("start", self.start)
         _check_timestamp("end", self.end)
         indices = [g.index for g in self.gpus]
-        if len(set(indices)) != len(indices) or any(i > MAX_GPU_INDEX for i in indices):
+        if indices and (len(set(indices)) != len(indices) or max(indices) > MAX_GPU_INDEX):
             raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
-        fields = _STATS_FIELDS or _stats_fields_of_sections()
         for g in self.gpus:
-            _check_stats(g, fields[0], PERCENT_FIELDS)
+            _check_percent(g, PERCENT_FIELDS)
             series = g.util_series
             # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
-            if series and (len(series) > self.samples or min(series) < 0 or max(series) > 100):
-                raise ValueError(f"gpus.{g.index}.util_series: more values than samples, or outside 0-100 %")
-        for n in self.nics:
-            _check_stats(n, fields[1])
-        for d in self.disks:
-            _check_stats(d, fields[2])
-        _check_stats(self.host, fields[3], HOST_PERCENT_FIELDS)
+            if series and (len(series) > self.samples or max(series) > 100):
+                raise ValueError(f"gpus.{g.index}.util_series: more values than samples, or above 100 %")
+        _check_percent(self.host, HOST_PERCENT_FIELDS)
         return self
-
-
-_STATS_FIELDS: list[tuple[str, ...]] = []
-
-
-def _stats_fields_of_sections() -> list[tuple[str, ...]]:
-    _STATS_FIELDS.extend(_stats_fields(m) for m in (GpuWindow, NicWindow, DiskWindow, HostWindow))
-    return _STATS_FIELDS
 
 
 # ------------------------------------------------------------------------------------- recommendations
