@@ -368,10 +368,16 @@ async def test_an_overcommitted_node_is_planned_without(tmp_path: Path) -> None:
     assert {m for m in _moves(plan)} >= {m for m in baseline if m[1] != "l4-002"}
 
 
-def test_recommendation_ids_differ_between_sites(tmp_path: Path) -> None:
-    from optimizer.recommend import recommendation_id
-
-    assert recommendation_id("lab", "k8s/x", "n1", "l4") != recommendation_id("s2", "k8s/x", "n1", "l4")
+async def test_the_same_move_in_two_sites_is_two_recommendations(tmp_path: Path) -> None:
+    optimizer = _optimizer(tmp_path)
+    _feed(optimizer, "lab", range(8))
+    _feed(optimizer, "s2", range(8))  # the same node names and workload ids
+    plans = {p.site: p for p in await optimizer.plan_once()}
+    assert _moves(plans["lab"]) == _moves(plans["s2"]) and plans["lab"].recommendations
+    assert optimizer.lifecycle is not None
+    for site in ("lab", "s2"):
+        tracked = optimizer.lifecycle.list(site)
+        assert {t.recommendation.id for t in tracked} == {r.id for r in plans[site].recommendations}
 
 
 # ---------------------------------------------------------------------------------------------- the store
