@@ -37,6 +37,7 @@ def make_client(
     identifier: str,
     will: aiomqtt.Will | None = None,
     max_queued_incoming: int | None = None,
+    max_packet_size: int | None = None,
 ) -> aiomqtt.Client:
     """An aiomqtt client configured from ``settings``; connect it with ``async with``."""
     tls_context = None
@@ -52,6 +53,9 @@ def make_client(
     if persistent and v5:
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = settings.session_expiry
+    if max_packet_size and v5:  # the broker then never forwards this client a larger packet
+        properties = properties or Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.MaximumPacketSize = max_packet_size
     return aiomqtt.Client(
         settings.host,
         settings.port,

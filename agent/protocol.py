@@ -36,6 +36,31 @@ OwnerName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00
 Quantity = Annotated[float, Field(allow_inf_nan=False)]
 
 
+# Bounds on values no honest agent sends (schema 2 tightens them; schema-1 agents never sent such values).
+FLOAT32_MAX = 3.4028234663852886e38  # the optimizer keeps per-second series as float32
+MAX_GPU_INDEX = 63  # a birth lists at most 64 devices (physical GPUs and MIG instances)
+LATEST_TIMESTAMP = 9.0e9  # seconds; nanoseconds past this overflow the int64 a time-series store keeps
+PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active")
+HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
+# What a stats array summarises is never negative, and the optimizer keeps some of it as float32.
+Measured = Annotated[float, Field(ge=0, le=FLOAT32_MAX, allow_inf_nan=False)]
+
+
+def _check_percent(section: BaseModel, names: tuple[str, ...]) -> None:
+    """Percentages stay within 0-100 and every summary is ordered (mean and p95 at most max); the bounds on
+    each value are checked by the validator itself. Plain comparisons: this runs for every window taken in."""
+    values = section.__dict__
+    for name in names:
+        s = values[name]
+        if s is not None and (s[2] > 100.0 or s[0] > s[2] or s[1] > s[2]):
+            raise ValueError(f"{name}: {list(s)} is no percentage summary an agent computes")
+
+
+def _check_timestamp(name: str, value: float) -> None:
+    if not 0 <= value <= LATEST_TIMESTAMP:
+        raise ValueError(f"{name} {value} is not a plausible Unix time")
+
+
 class ProtocolError(ValueError):
     """A topic or payload that does not follow the protocol; ``reason`` is a short metric label."""
 
@@ -209,6 +234,17 @@ class Birth(_Model):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
+    @model_validator(mode="after")
+    def _inventory(self) -> Birth:
+        _check_timestamp("timestamp", self.timestamp)
+        indices = [g.index for g in self.gpus]
+        if sorted(indices) != list(range(len(indices))):
+            raise ValueError("gpus: indices must be unique and run from 0 to the number of devices - 1")
+        physical = {g.index for g in self.gpus if g.parent is None}
+        if any(g.parent is not None and g.parent not in physical for g in self.gpus):
+            raise ValueError("gpus: a MIG instance names a parent GPU that is not listed")
+        return self
+
 
 class NodeStatus(StrEnum):
     ONLINE = "online"
@@ -223,6 +259,11 @@ class State(_Model):
     timestamp: Quantity
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> State:
+        _check_timestamp("timestamp", self.timestamp)
+        return self
 
 
 # ------------------------------------------------------------------------------------------- telemetry
@@ -243,9 +284,9 @@ class Stats(NamedTuple):
     ~100 of these per window and thousands of windows a second at the optimizer.
     """
 
-    mean: Quantity
-    p95: Quantity
-    max: Quantity
+    mean: Measured
+    p95: Measured
+    max: Measured
     std: Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
     @classmethod
@@ -286,7 +327,7 @@ class GpuWindow(_Model):
     sm_active: Stats | None = Field(default=None, description="GPM (Hopper and newer): SM activity, %")
     tensor_active: Stats | None = Field(default=None, description="GPM: tensor-core activity, %")
     dram_active: Stats | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
-    util_series: list[Quantity] = Field(default_factory=list, max_length=3600)
+    util_series: list[Measured] = Field(default_factory=list, max_length=3600)
     workload: str | None = Field(default=None, max_length=200)
     xid_events: int = Field(default=0, ge=0, description="XID errors reported in the window")
     last_xid: int | None = Field(default=None, ge=0)
@@ -362,6 +403,14 @@ class WorkloadRef(_Model):
     )
     owner_user: OwnerName | None = Field(default=None, description="Slurm user who submitted the job")
 
+    @model_validator(mode="after")
+    def _gpu_indices(self) -> WorkloadRef:
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError("gpus: an index is listed twice")
+        if any(not 0 <= g <= MAX_GPU_INDEX for g in self.gpus):
+            raise ValueError(f"gpus: indices run from 0 to {MAX_GPU_INDEX}")
+        return self
+
 
 class Telemetry(_Model):
     """One window of a node's telemetry."""
@@ -388,6 +437,22 @@ class Telemetry(_Model):
     def _window_order(self) -> Telemetry:
         if self.end < self.start:
             raise ValueError("window end precedes its start")
+        return self
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Telemetry:
+        _check_timestamp("start", self.start)
+        _check_timestamp("end", self.end)
+        indices = [g.index for g in self.gpus]
+        if indices and (len(set(indices)) != len(indices) or max(indices) > MAX_GPU_INDEX):
+            raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
+        for g in self.gpus:
+            _check_percent(g, PERCENT_FIELDS)
+            series = g.util_series
+            # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
+            if series and (len(series) > self.samples or max(series) > 100):
+                raise ValueError(f"gpus.{g.index}.util_series: more values than samples, or above 100 %")
+        _check_percent(self.host, HOST_PERCENT_FIELDS)
         return self
 
 

@@ -42,6 +42,17 @@ class OptimizerSettings(Section):
     max_queued_messages: int = Field(
         default=200_000, ge=1000, description="client-side queue; size the broker's max_queued_messages too"
     )
+    max_clock_skew: float = Field(
+        default=86_400.0, gt=0, description="seconds a window may lie behind or ahead of now (a birth: ahead)"
+    )
+    node_window_rate: float = Field(
+        default=0.2, gt=0, description="windows a second one node may send, sustained: twice an agent's default rate"
+    )
+    node_window_burst: int = Field(default=360, ge=1, description="windows one node may send at once (spool replay)")
+    max_workloads_per_node: int = Field(
+        default=32, ge=1, le=10_000, description="distinct workloads within the horizon"
+    )
+    max_gpus_per_node: int = Field(default=16, ge=1, le=64, description="physical GPUs a node's birth may claim")
 
 
 class OptimizerConfig(Section):

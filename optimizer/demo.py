@@ -109,7 +109,14 @@ async def _run(
         mqtt = MqttSettings(host=broker.host, port=broker.port, protocol="3.1.1", reconnect_max_delay=2.0)
         config = OptimizerConfig(
             mqtt=mqtt,
-            optimizer=OptimizerSettings(solve_interval=options.solve_interval, horizon_windows=60, state_dir=state_dir),
+            optimizer=OptimizerSettings(
+                solve_interval=options.solve_interval,
+                horizon_windows=60,
+                state_dir=state_dir,
+                # simulated time runs faster: windows come more often and their timestamps run ahead of now
+                node_window_rate=0.2 * max(1.0, options.time_scale),
+                max_clock_skew=86_400.0 * max(1.0, options.time_scale),
+            ),
             plan=PlanSettings(time_limit=5.0),
             alerts=AlertSettings(flush_timeout=DEMO_FLUSH_TIMEOUT),
         )

@@ -64,5 +64,10 @@ class History:
     def of(self, workload: str) -> list[Digest]:
         return list(self.digests.get(workload, ()))
 
+    def retain(self, workloads: set[str]) -> None:
+        """Forget every workload but ``workloads`` (those gone longer than the horizon)."""
+        self.digests = {k: v for k, v in self.digests.items() if k in workloads}
+        self._open = {k: v for k, v in self._open.items() if k in workloads}
+
     def copy(self) -> History:
         return History({k: deque(v, maxlen=DIGESTS_KEPT) for k, v in self.digests.items()}, dict(self._open))

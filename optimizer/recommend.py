@@ -35,9 +35,10 @@ class PlanSettings(BaseModel):
     pools: bool = Field(default=True, description="solve identical nodes with free room as pools")
 
 
-def recommendation_id(workload: str, from_node: str, to_hardware: str) -> str:
-    """Stable across solves: the same move keeps its id whichever free node of that hardware it lands on."""
-    return hashlib.sha256(f"{workload}|{from_node}|{to_hardware}".encode()).hexdigest()[:16]
+def recommendation_id(site: str, workload: str, from_node: str, to_hardware: str) -> str:
+    """Stable across solves: the same move keeps its id whichever free node of that hardware it lands on.
+    The site is part of it: node and workload names repeat across sites, and ids key the lifecycle's rows."""
+    return hashlib.sha256(f"{site}|{workload}|{from_node}|{to_hardware}".encode()).hexdigest()[:16]
 
 
 def _label(cls: WorkloadClass) -> str:
@@ -175,7 +176,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         impact, risk = _impact(catalog, r, target)
         recommendations.append(
             Recommendation(
-                id=recommendation_id(r.w.id, r.node, target.key),
+                id=recommendation_id(snapshot.site, r.w.id, r.node, target.key),
                 workload=r.w.id,
                 workload_name=r.w.name,
                 workload_class=r.w.workload_class,

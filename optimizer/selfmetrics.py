@@ -59,6 +59,43 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             {s: len(p.recommendations) for s, p in plans},
         ),
         labelled(
+            "fleetfit_plan_failures_total",
+            "counter",
+            "Planning rounds that failed, per site (the site keeps its previous plan).",
+            "site",
+            optimizer.plan_failures,
+        ),
+        labelled(
+            "fleetfit_site_planning_failed",
+            "gauge",
+            "1 while the last planning round of the site failed.",
+            "site",
+            {s: float(s in optimizer.failing_sites) for s in optimizer.plan_failures},
+        ),
+        Family(
+            "fleetfit_nodes_excluded",
+            "gauge",
+            "Nodes the last plan of their site left out, and why.",
+            [
+                ({"site": s, "node": n, "reason": why.split(":", 1)[0]}, 1)
+                for s, nodes in sorted(optimizer.excluded_nodes.items())
+                for n, why in sorted(nodes.items())
+            ],
+        ),
+        Family(
+            "fleetfit_node_rejections_total",
+            "counter",
+            "Messages and workload references rejected per node, by reason.",
+            [({"site": s, "node": n, "reason": r}, v) for (s, n, r), v in sorted(fleet.node_rejections.items())],
+        ),
+        labelled(
+            "fleetfit_workload_refs_dropped_total",
+            "counter",
+            "Workload references dropped from accepted windows, by reason.",
+            "reason",
+            fleet.dropped_refs,
+        ),
+        labelled(
             "fleetfit_monthly_savings_usd",
             "gauge",
             "US$ a month the last plan per site would save.",
@@ -73,6 +110,11 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             counter("fleetfit_store_values_written_total", "Field values in those points.", store.values_written),
             counter("fleetfit_store_points_dropped_total", "Points dropped from a full buffer.", store.dropped),
             counter("fleetfit_store_write_failures_total", "Failed write attempts.", store.failures),
+            counter(
+                "fleetfit_store_points_rejected_total",
+                "Points the store refused as bad (HTTP 4xx), dropped.",
+                store.rejected,
+            ),
             gauge("fleetfit_store_buffered_points", "Points waiting for the store.", len(store)),
         ]
     if optimizer.alerter is not None:

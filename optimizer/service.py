@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
@@ -17,11 +18,20 @@ import aiomqtt
 from agent.backoff import Backoff
 from agent.metrics import Family
 from agent.mqtt import make_client
-from agent.protocol import Plan, Recommendation, Telemetry, encode, recommendations_topic, subscription_filters
+from agent.protocol import (
+    MAX_PAYLOAD_BYTES,
+    Plan,
+    Recommendation,
+    Telemetry,
+    encode,
+    recommendations_topic,
+    subscription_filters,
+)
 from optimizer.alerts.alerter import Alerter
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
-from optimizer.fleet import Fleet
+from optimizer.fleet import Fleet, IngestLimits
+from optimizer.inventory import inventory_check
 from optimizer.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.recommend import plan_snapshot
 from optimizer.report import Ledger, owners_of
@@ -30,6 +40,9 @@ from optimizer.snapshot import Snapshot, from_fleet
 from optimizer.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
+
+# The largest packet the broker may forward: a maximal payload plus its topic and headers.
+MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + 4096
 
 
 class Server(Protocol):
@@ -52,7 +65,15 @@ class Optimizer:
     ) -> None:
         self.config = config
         self.catalog = catalog.with_prices(config.prices)
-        self.fleet = Fleet(config.mqtt.prefix, config.optimizer.horizon_windows)
+        settings = config.optimizer
+        limits = IngestLimits(
+            clock_skew=settings.max_clock_skew,
+            window_rate=settings.node_window_rate,
+            window_burst=settings.node_window_burst,
+            workloads_per_node=settings.max_workloads_per_node,
+            inventory=inventory_check(self.catalog, settings.max_gpus_per_node),
+        )
+        self.fleet = Fleet(config.mqtt.prefix, settings.horizon_windows, limits)
         self.plans: dict[str, Plan] = {}
         self.on_plan = on_plan
         self.should_exit = asyncio.Event()
@@ -67,6 +88,9 @@ class Optimizer:
         self.alerter = alerter
         self.plans_made = 0
         self.lag = Lag()
+        self.plan_failures: Counter[str] = Counter()  # per site
+        self.failing_sites: dict[str, str] = {}  # site -> why its last round failed
+        self.excluded_nodes: dict[str, dict[str, str]] = {}  # site -> node -> "reason: detail", last round
 
     async def _ingest(self) -> None:
         settings = self.config.mqtt
@@ -76,6 +100,7 @@ class Optimizer:
                     settings,
                     self.config.optimizer.client_id,
                     max_queued_incoming=self.config.optimizer.max_queued_messages,
+                    max_packet_size=MAX_PACKET_BYTES,
                 ) as client:
                     for topic_filter in subscription_filters(settings.prefix, self.config.optimizer.shared_group):
                         await client.subscribe(topic_filter, qos=1)
@@ -107,23 +132,47 @@ class Optimizer:
                 await asyncio.sleep(delay)
 
     async def plan_once(self) -> list[Plan]:
-        """Plan every site seen so far; publish and report each plan."""
+        """Plan every site seen so far; publish and report each plan. A site whose planning fails keeps its
+        previous plan and is counted and named; the other sites plan regardless."""
         snapshot = self.fleet.snapshot()
         plans = []
         for site in snapshot.sites():
-            # features, classification and the solve all run off the event loop, so ingest goes on meanwhile
-            fleet_snapshot, plan = await asyncio.to_thread(self._plan_site, snapshot, site)
-            self._export(fleet_snapshot)
-            self.plans[site] = plan
-            self.plans_made += 1
+            try:
+                plan = await self._plan_and_publish(snapshot, site)
+            except Exception as exc:
+                self.plan_failures[site] += 1
+                first = site not in self.failing_sites  # the traceback once, not every round
+                self.failing_sites[site] = _brief(exc)
+                log.warning("planning site %s failed, keeping its previous plan: %s", site, _brief(exc), exc_info=first)
+                continue
+            self.failing_sites.pop(site, None)
             plans.append(plan)
-            await self._publish(plan)
-            if self.store is not None:
-                self.store.add(plan_points(plan))
-            await self._track(plan)
-            if self.on_plan is not None:
-                self.on_plan(plan)
         return plans
+
+    async def _plan_and_publish(self, snapshot: Fleet, site: str) -> Plan:
+        # features, classification and the solve all run off the event loop, so ingest goes on meanwhile
+        fleet_snapshot, plan, excluded = await asyncio.to_thread(self._plan_site, snapshot, site)
+        if excluded != self.excluded_nodes.get(site, {}):
+            for node, why in sorted(excluded.items()):
+                log.warning("site %s: planning without node %s (%s)", site, node, why)
+        self.excluded_nodes[site] = excluded
+        self._export(fleet_snapshot)
+        self.plans[site] = plan
+        self.plans_made += 1
+        await self._publish(plan)
+        if self.store is not None:
+            self.store.add(plan_points(plan))
+        await self._track(plan)
+        if self.on_plan is not None:
+            self.on_plan(plan)
+        return plan
+
+    def health(self) -> dict[str, object]:
+        """What /healthz reports beyond the broker: sites that fail to plan and nodes left out of planning."""
+        return {
+            "failing_sites": dict(sorted(self.failing_sites.items())),
+            "excluded_nodes": {s: dict(sorted(n.items())) for s, n in sorted(self.excluded_nodes.items()) if n},
+        }
 
     def self_metrics(self) -> list[Family]:
         return optimizer_metrics(self)
@@ -147,9 +196,26 @@ class Optimizer:
         if self.alerter is not None:
             self.alerter.observe(plan, states, resolved)
 
-    def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan]:
-        fleet_snapshot = from_fleet(fleet, site, self.config.plan.pinned)
-        return fleet_snapshot, plan_snapshot(fleet_snapshot, self.catalog, self.config.plan)
+    def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan, dict[str, str]]:
+        pinned = self.config.plan.pinned
+        excluded: dict[str, str] = {}
+        try:
+            fleet_snapshot = from_fleet(fleet, site, pinned, excluded)
+        except Exception:
+            # Some node's data breaks the snapshot: find which, one node at a time, and plan without them.
+            for name in sorted(node for s, node in fleet.nodes if s == site):
+                alone = Fleet(fleet.prefix, fleet.horizon)
+                alone.nodes[(site, name)] = fleet.nodes[(site, name)]
+                try:
+                    from_fleet(alone, site, pinned, {})
+                except Exception as exc:
+                    excluded[name] = f"error: {_brief(exc)}"
+            if not excluded:
+                raise
+            rest = Fleet(fleet.prefix, fleet.horizon)
+            rest.nodes = {k: r for k, r in fleet.nodes.items() if not (k[0] == site and k[1] in excluded)}
+            fleet_snapshot = from_fleet(rest, site, pinned, excluded)
+        return fleet_snapshot, plan_snapshot(fleet_snapshot, self.catalog, self.config.plan), excluded
 
     def _export(self, fleet_snapshot: Snapshot) -> None:
         """Leave the live snapshot in the state directory for `fleetfit plan` what-if runs (daemon only)."""
@@ -219,6 +285,11 @@ class Optimizer:
             if self.store is not None:
                 await self.store.flush(5.0)
                 self.store.close()
+
+
+def _brief(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:200]
 
 
 def tune_gc() -> None:

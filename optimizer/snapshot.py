@@ -159,8 +159,11 @@ def measured(birth: Birth) -> tuple[bool | None, Literal["infiniband", "roce", "
     return nvlink, fabric
 
 
-def from_fleet(fleet: Fleet, site: str, pinned: list[str]) -> Snapshot:
-    """The live fleet as a snapshot: every node with an inventory, every workload classified."""
+def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, str] | None = None) -> Snapshot:
+    """The live fleet as a snapshot: every node with an inventory, every workload classified.
+
+    A node the planner cannot trust is left out, with the reason in ``excluded`` (node -> "reason: detail")."""
+    excluded = {} if excluded is None else excluded
     nodes = []
     for (rec_site, name), record in sorted(fleet.nodes.items()):
         if rec_site == site and record.birth is not None and record.birth.gpus:
@@ -202,4 +205,14 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str]) -> Snapshot:
                 evidence=list(result.evidence),
             )
         )
-    return Snapshot(site=site, nodes=nodes, workloads=workloads)
+    snapshot = Snapshot(site=site, nodes=nodes, workloads=workloads)
+    over = set(snapshot.overcommitted())
+    if not over:
+        return snapshot
+    # Its workloads claim more GPUs than it has: planning around it would make the whole site infeasible.
+    excluded.update({n: "overcommitted: its workloads hold more GPUs than its inventory lists" for n in over})
+    return Snapshot(
+        site=site,
+        nodes=[n for n in nodes if n.name not in over],
+        workloads=[w for w in workloads if not over & set(w.nodes)],
+    )

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 Writer = Callable[[list[str]], None]
 
+# 4xx answers that speak of the server or the credentials rather than the batch: the batch is retried.
+RETRIED_CLIENT_ERRORS = frozenset({401, 403, 404, 408, 429})
+
 
 class StoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -178,6 +181,7 @@ class Store:
         self.values_written = 0  # field values: what a Prometheus-style store counts as samples
         self.dropped = 0
         self.failures = 0
+        self.rejected = 0  # points in batches the server refused as bad (HTTP 4xx), dropped
         self.healthy = True
 
     def _influx_writer(self) -> Writer:
@@ -227,6 +231,10 @@ class Store:
         try:
             await asyncio.to_thread(self._writer, batch)
         except Exception as exc:
+            status = getattr(exc, "status", None)
+            if isinstance(status, int) and 400 <= status < 500 and status not in RETRIED_CLIENT_ERRORS:
+                self._reject(batch, status, exc)
+                return True
             self.failures += 1
             if self.healthy:
                 log.warning("store write failed (%s); %d point(s) buffered, retrying", _brief(exc), len(self._buffer))
@@ -240,6 +248,18 @@ class Store:
         self.healthy = True
         self._backoff.reset()
         return True
+
+    def _reject(self, batch: list[str], status: int, exc: Exception) -> None:
+        """The server refuses the batch itself: the same batch would be refused forever and wedge the store."""
+        for _ in batch:
+            self._buffer.popleft()
+        first = self.rejected == 0
+        self.rejected += len(batch)
+        if first or self.rejected % 10_000 < len(batch):
+            log.warning(
+                "store refused %d point(s) with HTTP %d (%s); dropped them (%d so far)",
+                len(batch), status, _brief(exc), self.rejected,
+            )  # fmt: skip
 
     async def flush(self, limit: float) -> None:
         """Try to write what is buffered within ``limit`` seconds (on shutdown)."""

@@ -19,7 +19,7 @@ import aiomqtt
 import pytest
 
 from agent.config import MqttSettings
-from agent.protocol import TopicKind, encode, node_topic
+from agent.protocol import Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from collectors.simulated import Pattern
@@ -288,3 +288,10 @@ def simulated_fleet(
             assert fleet.ingest(node_topic(FLEET_PREFIX, site, node.name, TopicKind.TELEMETRY), encode(w))
         truth.update({w.id: w.pattern for w in node.workloads})
     return fleet, truth
+
+
+def recent(windows: list[Telemetry]) -> list[Telemetry]:
+    """``windows`` moved in time to end now: the live optimizer takes only windows of the last day, while
+    offline simulation starts at a fixed date."""
+    shift = time.time() - max(w.end for w in windows)
+    return [w.model_copy(update={"start": w.start + shift, "end": w.end + shift}) for w in windows]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from conftest import MosquittoServer, free_port
+from conftest import MosquittoServer, free_port, recent
 
 from agent.config import MqttSettings
 from agent.mqtt import make_client
@@ -50,9 +50,9 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
     directory = tmp_path_factory.mktemp("secure-broker")
     creds = directory / "creds"
     mint = str(EXAMPLES / "mint")
-    for args in (["ca"], ["broker", "127.0.0.1", "localhost"], ["node", "node-a"], ["node", "node-b"], ["optimizer"]):
+    for args in (["ca"], ["broker", "127.0.0.1", "localhost"], ["node", "lab", "node-a"], ["node", "lab", "node-b"]):
         subprocess.run([mint, args[0], str(creds), *args[1:]], check=True, capture_output=True, timeout=60)
-    (creds / "acl").write_text((EXAMPLES / "acl").read_text())
+    subprocess.run([mint, "optimizer", str(creds)], check=True, capture_output=True, timeout=60)
     port = free_port()
     config = (EXAMPLES / "fleetfit.conf").read_text()
     config = config.replace("/etc/mosquitto/fleetfit", str(creds)).replace("/var/lib/mosquitto/", f"{directory}/")
@@ -68,7 +68,7 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
 def _node_messages(node: str) -> tuple[Birth, list[Telemetry]]:
     template = build_scenario("well-placed", 1, seed=3)[0]
     birth, windows = offline_windows(template, 3, site="lab", seed=3)
-    return birth.model_copy(update={"node": node}), [w.model_copy(update={"node": node}) for w in windows]
+    return birth.model_copy(update={"node": node}), [w.model_copy(update={"node": node}) for w in recent(windows)]
 
 
 async def _publish(settings: MqttSettings, client_id: str, messages: list[tuple[str, bytes]]) -> None:

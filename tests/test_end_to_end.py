@@ -12,7 +12,15 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from conftest import MosquittoServer, durable_subscriber, private_broker, start_agent, wait_until, write_agent_config
+from conftest import (
+    MosquittoServer,
+    durable_subscriber,
+    private_broker,
+    recent,
+    start_agent,
+    wait_until,
+    write_agent_config,
+)
 
 from agent.clock import Clock
 from agent.mqtt import make_client
@@ -182,6 +190,7 @@ async def test_a_restarted_optimizer_receives_what_was_published_while_it_was_aw
     await task
     node = build_scenario("demo", 8)[0]
     birth, windows = offline_windows(node, 5, site="away")
+    windows = recent(windows)
     async with make_client(mosquitto.settings(prefix), "publisher") as client:
         await client.publish(node_topic(prefix, "away", node.name, TopicKind.BIRTH), encode(birth), qos=1, retain=True)
         for w in windows:
@@ -217,7 +226,7 @@ async def test_a_shared_subscription_group_splits_the_stream(mosquitto: Mosquitt
         async with make_client(mosquitto.settings(prefix), "publisher") as client:
             for node in nodes:
                 _, windows = offline_windows(node, 10, site="shared")
-                for w in windows:
+                for w in recent(windows):
                     await client.publish(node_topic(prefix, "shared", node.name, TopicKind.TELEMETRY), encode(w), qos=1)
         await wait_until(lambda: sum(o.fleet.accepted["telemetry"] for o in optimizers) == 40, 15, "all windows")
         counts = [o.fleet.accepted["telemetry"] for o in optimizers]

@@ -95,7 +95,10 @@ class JsonApi:
 
     async def healthz(self, request: web.Request) -> web.Response:
         ok = self.optimizer.connected.is_set()
-        body = {"status": "ok" if ok else "broker unreachable", "nodes": len(self.optimizer.fleet.nodes)}
+        health = self.optimizer.health()
+        # a failing site or a node left out is degraded service, not a dead daemon: 200, for probes that restart
+        status = "broker unreachable" if not ok else "degraded" if any(health.values()) else "ok"
+        body = {"status": status, "nodes": len(self.optimizer.fleet.nodes), **health}
         return web.json_response(body, status=200 if ok else 503)
 
     async def change(self, request: web.Request) -> web.Response:

@@ -1,0 +1,598 @@
+"""A hostile node against the optimizer: every attack is rejected and counted by reason, and the other sites'
+plans do not change. The first part drives the optimizer's ingest and planning directly; the second goes
+through a real Mosquitto running the shipped configuration, ACL and ``mint`` credentials."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiomqtt
+import pytest
+from conftest import MosquittoServer, free_port, recent, wait_until
+from optimizer.api import ApiSettings
+from webhook_server import webhook_server
+
+from agent.config import MqttSettings
+from agent.mqtt import make_client
+from agent.protocol import Birth, GpuInfo, Plan, Telemetry, TopicKind, WorkloadKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from optimizer.catalog import load_catalog
+from optimizer.config import OptimizerConfig, OptimizerSettings
+from optimizer.fleet import Fleet, IngestLimits
+from optimizer.inventory import inventory_check
+from optimizer.lifecycle import Lifecycle
+from optimizer.service import Optimizer
+from optimizer.store import Store, StoreSettings
+
+pytestmark = pytest.mark.fault
+
+P = "fleetfit/v1"
+EXAMPLES = Path(__file__).resolve().parent.parent / "systemd" / "mosquitto"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def node_data(index: int, site: str, windows: int = 6, name: str | None = None) -> tuple[Birth, list[Telemetry]]:
+    """A demo node's birth and recent windows, in ``site``, optionally renamed."""
+    template = build_scenario("demo", 8)[index]
+    birth, telemetry = offline_windows(template, windows, site=site, seed=index)
+    telemetry = recent(telemetry)
+    if name is not None:
+        birth = birth.model_copy(update={"node": name})
+        telemetry = [w.model_copy(update={"node": name}) for w in telemetry]
+    return birth, telemetry
+
+
+def topic(site: str, node: str, kind: TopicKind) -> str:
+    return node_topic(P, site, node, kind)
+
+
+def mutated(message: Birth | Telemetry, change: Callable[[dict[str, Any]], None]) -> bytes:
+    raw = json.loads(encode(message))
+    change(raw)
+    return json.dumps(raw).encode()
+
+
+def live_fleet(clock: Clock, **limits: Any) -> Fleet:
+    settings = OptimizerSettings()
+    defaults: dict[str, Any] = {
+        "clock_skew": settings.max_clock_skew,
+        "window_rate": settings.node_window_rate,
+        "window_burst": settings.node_window_burst,
+        "workloads_per_node": settings.max_workloads_per_node,
+        "inventory": inventory_check(load_catalog(), settings.max_gpus_per_node),
+    }
+    return Fleet(P, 60, IngestLimits(**(defaults | limits)), clock=clock)
+
+
+# ------------------------------------------------------------------------------------------ bad values
+
+
+def _gpu0(change: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    return lambda raw: change(raw["gpus"][0])
+
+
+BAD_WINDOWS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "negative utilisation": _gpu0(lambda g: g.update(util=[-5, 10, 20, 1])),
+    "utilisation above 100": _gpu0(lambda g: g.update(util=[150, 160, 170, 1])),
+    "p95 above max": _gpu0(lambda g: g.update(util=[50, 90, 80, 1])),
+    "negative memory": _gpu0(lambda g: g.update(mem_used_mib=[-100, -50, -10, 1])),
+    "series beyond float32": _gpu0(lambda g: g.update(util_series=[3.5e38] * 3)),
+    "series above 100": _gpu0(lambda g: g.update(util_series=[101.0] * 3)),
+    "infinite power": _gpu0(lambda g: g.update(power_w=[1, 1, 1e400, 0])),
+    "series longer than the window": lambda raw: raw["gpus"][0].update(util_series=[5.0] * (raw["samples"] + 1)),
+    "duplicate GPU": lambda raw: raw["gpus"].append(raw["gpus"][0]),
+    "GPU index 70": _gpu0(lambda g: g.update(index=70)),
+    "a workload holding GPU 0 64 times": lambda raw: raw["workloads"][0].update(gpus=[0] * 64),
+    "timestamp 1e15": lambda raw: raw.update(end=1e15),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(BAD_WINDOWS))
+def test_values_no_agent_sends_are_rejected_at_ingest(attack: str) -> None:
+    fleet = live_fleet(Clock())
+    birth, windows = node_data(0, "aaa")
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), mutated(windows[0], BAD_WINDOWS[attack])) is None
+    assert fleet.rejected == {"schema": 1}
+    assert fleet.node_rejections == {("aaa", birth.node, "schema"): 1}
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(windows[1]))  # the next one is fine
+
+
+def test_ingest_checks_what_the_model_cannot() -> None:
+    clock = Clock()
+    fleet = live_fleet(clock)
+    birth, windows = node_data(3, "aaa")  # an L40S node with 8 GPUs, one workload on 0-3
+    node = birth.node
+    assert fleet.ingest(topic("aaa", node, TopicKind.BIRTH), encode(birth))
+    attacks = {
+        "control_character": mutated(windows[0], lambda r: r["workloads"][0].update(name="ok\u001b[2Jowned")),
+        "timestamp": encode(
+            windows[0].model_copy(update={"start": clock.now - 3 * 86400, "end": clock.now - 2 * 86400})
+        ),
+        "gpu_index": mutated(windows[0], lambda r: r["workloads"][0].update(gpus=[8, 9])),
+    }
+    for reason, payload in attacks.items():
+        assert fleet.ingest(topic("aaa", node, TopicKind.TELEMETRY), payload) is None, reason
+    future = birth.model_copy(update={"timestamp": clock.now + 2 * 86400, "session": 5})
+    assert fleet.ingest(topic("aaa", node, TopicKind.BIRTH), encode(future)) is None
+    bidi = mutated(windows[1], lambda r: r["workloads"][0].update(hint="\u202egnp.exe"))
+    assert fleet.ingest(topic("aaa", node, TopicKind.TELEMETRY), bidi) is None
+    assert fleet.rejected == {"control_character": 2, "timestamp": 2, "gpu_index": 1}
+    # a retained birth days old is a node up for days, not an attack
+    old = birth.model_copy(update={"timestamp": clock.now - 5 * 86400, "session": 2})
+    assert fleet.ingest(topic("aaa", node, TopicKind.BIRTH), encode(old))
+    assert fleet.ingest(topic("aaa", node, TopicKind.TELEMETRY), encode(windows[2]))
+
+
+def test_the_plan_topic_level_is_no_node_name() -> None:
+    fleet = live_fleet(Clock())
+    birth, _ = node_data(0, "aaa", name="recommendations")
+    assert fleet.ingest(topic("aaa", "recommendations", TopicKind.BIRTH), encode(birth)) is None
+    assert fleet.rejected == {"reserved_name": 1} and not fleet.nodes
+
+
+def _with_gpus(birth: Birth, count: int, memory_mib: int | None = None) -> Birth:
+    first = birth.gpus[0]
+    gpus = [
+        first.model_copy(update={"index": i, "uuid": f"GPU-{i}", "memory_mib": memory_mib or first.memory_mib})
+        for i in range(count)
+    ]
+    return birth.model_copy(update={"gpus": gpus})
+
+
+def test_implausible_hardware_claims_are_rejected() -> None:
+    fleet = live_fleet(Clock())
+    birth, _ = node_data(3, "aaa")  # L40S
+    assert birth.gpus[0].model.startswith("NVIDIA L40S")
+    for claim in (_with_gpus(birth, 64), _with_gpus(birth, 8, memory_mib=400_000)):
+        assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(claim)) is None
+    mig_only = birth.model_copy(
+        update={"gpus": [GpuInfo(index=0, uuid="MIG-0", model="NVIDIA L40S", memory_mib=10_000, parent=3)]}
+    )
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(mig_only)) is None
+    assert fleet.rejected == {"implausible_inventory": 2, "schema": 1}
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))  # the truth is accepted
+
+
+def test_a_node_cannot_hijack_another_nodes_pod() -> None:
+    clock = Clock()
+    fleet = live_fleet(clock)
+    b1, w1 = node_data(1, "aaa")  # chat-serving on h100-002
+    b2, w2 = node_data(2, "aaa")  # h100-003, idle
+    pod = w1[0].workloads[0]
+    for b in (b1, b2):
+        assert fleet.ingest(topic("aaa", b.node, TopicKind.BIRTH), encode(b))
+    for a, b in zip(w1, w2, strict=True):
+        assert fleet.ingest(topic("aaa", b1.node, TopicKind.TELEMETRY), encode(a))
+        forged = b.model_copy(update={"workloads": [pod]})
+        assert fleet.ingest(topic("aaa", b2.node, TopicKind.TELEMETRY), encode(forged))  # the GPU data stays
+        clock.now += 10
+    from optimizer.features import workload_features
+
+    features = {f.id: f for f in workload_features(fleet, "aaa")}
+    assert features[pod.id].nodes == [b1.node]
+    assert fleet.dropped_refs == {"workload_conflict": len(w2)}
+    assert fleet.node_rejections[("aaa", b2.node, "workload_conflict")] == len(w2)
+
+
+def test_a_slurm_job_spans_nodes_and_a_silent_pods_node_hands_it_over() -> None:
+    clock = Clock()
+    fleet = live_fleet(clock)
+    b1, w1 = node_data(1, "aaa")
+    b2, w2 = node_data(2, "aaa")
+    job = w1[0].workloads[0].model_copy(update={"id": "slurm/4242", "kind": WorkloadKind.SLURM_JOB})
+    for b in (b1, b2):
+        fleet.ingest(topic("aaa", b.node, TopicKind.BIRTH), encode(b))
+    fleet.ingest(topic("aaa", b1.node, TopicKind.TELEMETRY), encode(w1[0].model_copy(update={"workloads": [job]})))
+    fleet.ingest(topic("aaa", b2.node, TopicKind.TELEMETRY), encode(w2[0].model_copy(update={"workloads": [job]})))
+    assert not fleet.dropped_refs  # multi-node training
+    pod = w1[0].workloads[0]
+    clock.now += 200  # the pod's first node went quiet about it: it was rescheduled
+    fleet.ingest(topic("aaa", b2.node, TopicKind.TELEMETRY), encode(w2[1].model_copy(update={"workloads": [pod]})))
+    assert not fleet.dropped_refs
+
+
+def test_window_rate_and_workload_cap_per_node() -> None:
+    clock = Clock()
+    fleet = live_fleet(clock, window_rate=1.0, window_burst=5, workloads_per_node=3)
+    birth, windows = node_data(5, "aaa", windows=1)  # l4-001: two workloads
+    fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+    template = windows[0]
+    ref = template.workloads[0]
+    sent = [
+        template.model_copy(
+            update={
+                "seq": i,
+                "workloads": [ref.model_copy(update={"id": f"k8s/fake-{i}-{j}", "gpus": [j]}) for j in range(2)],
+            }
+        )
+        for i in range(20)
+    ]
+    for w in sent:  # all at once: a burst of 5, then nothing until tokens come back
+        fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(w))
+    assert fleet.accepted["telemetry"] == 5 and fleet.rejected == {"rate_limited": 15}
+    record = fleet.record("aaa", birth.node)
+    assert record is not None
+    assert len({r.id for d in record.windows for r in d.workloads}) == 3  # the cap, the rest dropped
+    assert fleet.dropped_refs == {"workload_cap": 7}
+    clock.now += 2.0
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(template.model_copy(update={"seq": 99})))
+
+
+def test_workloads_gone_longer_than_the_horizon_are_forgotten() -> None:
+    fleet = Fleet(P, horizon_windows=5)
+    birth, windows = node_data(5, "aaa", windows=40)
+    fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+    ref = windows[0].workloads[0]
+    for i, w in enumerate(windows):
+        churned = [ref.model_copy(update={"id": f"k8s/job-{i}"})]  # a new short job every window
+        fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(w.model_copy(update={"workloads": churned})))
+    record = fleet.record("aaa", birth.node)
+    assert record is not None
+    assert len(record.history.digests) + len(record.history._open) <= 2 * 5
+    assert len(record.workload_seen) <= 2 * 5 and len(record.known_workloads) <= 2 * 5
+
+
+# --------------------------------------------------------------------------------------- planning isolation
+
+
+def _optimizer(tmp_path: Path, **settings: Any) -> Optimizer:
+    config = OptimizerConfig(
+        mqtt=MqttSettings(port=free_port()),
+        optimizer=OptimizerSettings(state_dir=tmp_path, solve_interval=3600, **settings),
+    )
+    return Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path), api=ApiSettings(port=0))
+
+
+def _feed(optimizer: Optimizer, site: str, indices: range, prefix: str = "") -> None:
+    for i in indices:
+        birth, windows = node_data(i, site, name=prefix + build_scenario("demo", 8)[i].name)
+        assert optimizer.fleet.ingest(topic(site, birth.node, TopicKind.BIRTH), encode(birth))
+        for w in windows:
+            assert optimizer.fleet.ingest(topic(site, birth.node, TopicKind.TELEMETRY), encode(w))
+
+
+def _moves(plan: Plan) -> list[tuple[str, str, str]]:
+    return sorted((r.workload, r.from_node, r.to_hardware) for r in plan.recommendations)
+
+
+async def test_a_node_that_breaks_planning_is_left_out_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    optimizer = _optimizer(tmp_path)
+    _feed(optimizer, "good", range(8))
+    _feed(optimizer, "aaa", range(8), prefix="a-")
+    baseline = {p.site: _moves(p) for p in await optimizer.plan_once()}
+    assert baseline["good"] and baseline["aaa"]
+    # Births that slipped past ingest (built without validation, as a bug would let one through): one with
+    # only MIG instances, and one whose node breaks the snapshot in a way nobody foresaw.
+    mig = optimizer.fleet.record("aaa", "a-h100-003")
+    assert mig is not None and mig.birth is not None
+    only_mig = GpuInfo.model_construct(index=0, uuid="MIG-0", model="NVIDIA H100", memory_mib=10_000, parent=7)
+    mig.birth = Birth.model_construct(**{**dict(mig.birth), "gpus": [only_mig]})
+    import optimizer.snapshot as snapshot_module
+
+    original = snapshot_module.SnapshotNode
+
+    def node_breaks(**kw: Any) -> Any:
+        if kw["name"] == "a-l40s-002":
+            raise ZeroDivisionError("division by zero")
+        return original(**kw)
+
+    monkeypatch.setattr(snapshot_module, "SnapshotNode", node_breaks)
+    plans = {p.site: p for p in await optimizer.plan_once()}
+    assert _moves(plans["good"]) == baseline["good"]
+    assert plans["aaa"].solver.status in ("OPTIMAL", "FEASIBLE") and {v.id for v in plans["aaa"].workloads}
+    excluded = optimizer.excluded_nodes["aaa"]
+    assert set(excluded) == {"a-h100-003", "a-l40s-002"} and not optimizer.excluded_nodes["good"]
+    assert excluded["a-h100-003"].startswith("no_gpu") and excluded["a-l40s-002"].startswith("error: ZeroDivision")
+    assert optimizer.api is not None
+    await optimizer.api.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{optimizer.api.port}"
+            async with http.get(f"{base}/healthz") as r:
+                health = await r.json()
+            async with http.get(f"{base}/metrics") as r:
+                metrics = await r.text()
+    finally:
+        await optimizer.api.stop()
+    assert health["excluded_nodes"] == {"aaa": excluded}
+    assert 'fleetfit_nodes_excluded{site="aaa",node="a-l40s-002",reason="error"} 1' in metrics
+    assert 'fleetfit_nodes_excluded{site="aaa",node="a-h100-003",reason="no_gpu"} 1' in metrics
+
+
+async def test_a_site_that_fails_to_plan_does_not_stop_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    optimizer = _optimizer(tmp_path)
+    for site in ("aaa", "good", "zzz"):
+        _feed(optimizer, site, range(8))
+    import optimizer.service as service_module
+
+    original = service_module.plan_snapshot
+
+    def fails_for_aaa(snapshot: Any, *args: Any) -> Plan:
+        if snapshot.site == "aaa":
+            raise ValueError("solver crashed")
+        return original(snapshot, *args)
+
+    monkeypatch.setattr(service_module, "plan_snapshot", fails_for_aaa)
+    plans = await optimizer.plan_once()
+    await optimizer.plan_once()
+    monkeypatch.undo()
+    assert [p.site for p in plans] == ["good", "zzz"]
+    assert optimizer.plan_failures == {"aaa": 2}
+    health = optimizer.health()
+    assert health["failing_sites"] == {"aaa": "ValueError: solver crashed"}
+    from agent.metrics import render
+
+    text = render(optimizer.self_metrics())
+    assert 'fleetfit_plan_failures_total{site="aaa"} 2' in text
+    assert 'fleetfit_site_planning_failed{site="aaa"} 1' in text
+    await optimizer.plan_once()
+    assert optimizer.health()["failing_sites"] == {}
+
+
+async def test_an_overcommitted_node_is_planned_without(tmp_path: Path) -> None:
+    optimizer = _optimizer(tmp_path)
+    _feed(optimizer, "good", range(8))
+    baseline = _moves((await optimizer.plan_once())[0])
+    # l4-002 (8 GPUs, asr-api on all 8) also reports a second workload on its GPUs 0-3
+    birth, windows = node_data(6, "good", windows=7)
+    extra = windows[0].workloads[0].model_copy(update={"id": "k8s/squatter", "gpus": [0, 1, 2, 3]})
+    last = windows[-1].model_copy(update={"seq": 100, "workloads": [*windows[-1].workloads, extra]})
+    assert optimizer.fleet.ingest(topic("good", birth.node, TopicKind.TELEMETRY), encode(last))
+    plan = (await optimizer.plan_once())[0]
+    assert optimizer.excluded_nodes["good"] == {
+        "l4-002": "overcommitted: its workloads hold more GPUs than its inventory lists"
+    }
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
+    assert {m for m in _moves(plan)} >= {m for m in baseline if m[1] != "l4-002"}
+
+
+async def test_the_same_move_in_two_sites_is_two_recommendations(tmp_path: Path) -> None:
+    optimizer = _optimizer(tmp_path)
+    _feed(optimizer, "lab", range(8))
+    _feed(optimizer, "s2", range(8))  # the same node names and workload ids
+    plans = {p.site: p for p in await optimizer.plan_once()}
+    assert _moves(plans["lab"]) == _moves(plans["s2"]) and plans["lab"].recommendations
+    assert optimizer.lifecycle is not None
+    for site in ("lab", "s2"):
+        tracked = optimizer.lifecycle.list(site)
+        assert {t.recommendation.id for t in tracked} == {r.id for r in plans[site].recommendations}
+
+
+# ---------------------------------------------------------------------------------------------- the store
+
+
+async def test_a_batch_the_store_refuses_is_dropped_and_counted() -> None:
+    with webhook_server([(400, {}), (503, {})]) as server:
+        store = Store(StoreSettings(url=f"http://127.0.0.1:{server.port}", batch_size=2, flush_interval=0.05))
+        store._backoff.base = 0.05
+        from optimizer.lineproto import encode_line
+
+        lines = [encode_line("m", {"t": "a"}, {"v": float(i)}, time.time()) for i in range(4)]
+        store.add(line for line in lines if line is not None)
+        task = asyncio.create_task(store.run())
+        try:
+            await wait_until(lambda: store.written == 2, 10, "the second batch")
+        finally:
+            task.cancel()
+            store.close()
+    assert store.rejected == 2 and store.failures == 1 and len(store) == 0
+    assert [r.status for r in server.received] == [400, 503, 200]
+
+
+# ------------------------------------------------------------------------- through the shipped broker
+
+
+@dataclass
+class Shipped:
+    server: MosquittoServer
+    credentials: Path
+
+    def settings(self, user: str) -> MqttSettings:
+        return MqttSettings(
+            host="127.0.0.1",
+            port=self.server.port,
+            tls=True,
+            ca_file=self.credentials / "ca.crt",
+            username=user,
+            password=(self.credentials / "clients" / user / "mqtt-password").read_text(),
+            reconnect_max_delay=1.0,
+        )
+
+
+GOOD = [build_scenario("demo", 8)[i].name for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shipped]:
+    directory = tmp_path_factory.mktemp("shipped-broker")
+    creds = directory / "creds"
+    mint = str(EXAMPLES / "mint")
+
+    def run(*args: str) -> None:
+        subprocess.run([mint, args[0], str(creds), *args[1:]], check=True, capture_output=True, timeout=60)
+
+    run("ca")
+    run("broker", "127.0.0.1")
+    run("optimizer")
+    for name in GOOD:
+        run("node", "good", name)
+    run("node", "aaa", "evil")
+    port = free_port()
+    config = (EXAMPLES / "fleetfit.conf").read_text()
+    config = config.replace("/etc/mosquitto/fleetfit", str(creds)).replace("/var/lib/mosquitto/", f"{directory}/")
+    config = config.replace("listener 8883", f"listener {port} 127.0.0.1")
+    path = directory / "mosquitto.conf"
+    path.write_text(config + "user root\nlog_type error\n")
+    server = MosquittoServer("127.0.0.1", port, path, directory / "mosquitto.log")
+    server.start()
+    yield Shipped(server, creds)
+    server.stop()
+
+
+async def _publish(settings: MqttSettings, messages: list[tuple[str, bytes, bool]]) -> None:
+    async with make_client(settings, f"pub-{settings.username}-{time.monotonic_ns()}") as client:
+        for t, payload, retain in messages:
+            await client.publish(t, payload, qos=1, retain=retain)
+
+
+def test_mint_refuses_the_plan_topic_level_as_a_node(tmp_path: Path) -> None:
+    subprocess.run([str(EXAMPLES / "mint"), "ca", str(tmp_path)], check=True, capture_output=True, timeout=60)
+    done = subprocess.run(
+        [str(EXAMPLES / "mint"), "node", str(tmp_path), "lab", "recommendations"],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "reserved" in done.stderr and not (tmp_path / "clients").exists()
+
+
+async def test_a_hostile_node_on_the_shipped_broker(shipped: Shipped, tmp_path: Path) -> None:
+    config = OptimizerConfig(
+        mqtt=shipped.settings("fleetfit-optimizer"),
+        optimizer=OptimizerSettings(
+            client_id="fleetfit-optimizer", solve_interval=3600, state_dir=tmp_path, node_window_burst=20
+        ),
+    )
+    optimizer = Optimizer(config, load_catalog())
+    task = asyncio.create_task(optimizer.run())
+    await asyncio.wait_for(optimizer.connected.wait(), 10)
+    try:
+        for i, name in enumerate(GOOD):
+            birth, windows = node_data(i, "good")
+            honest = [(topic("good", name, TopicKind.BIRTH), encode(birth), True)]
+            honest += [(topic("good", name, TopicKind.TELEMETRY), encode(w), False) for w in windows]
+            await _publish(shipped.settings(name), honest)
+        await wait_until(lambda: optimizer.fleet.accepted["telemetry"] == 48, 15, "the honest windows")
+        baseline = _moves(next(p for p in await optimizer.plan_once() if p.site == "good"))
+        assert baseline
+
+        evil = shipped.settings("evil")
+        birth, windows = node_data(3, "aaa", windows=40, name="evil")
+        pod = node_data(1, "good")[1][0].workloads[0]
+        flood = [w.model_copy(update={"seq": 100 + i}) for i, w in enumerate(windows)]
+        attacks = [
+            # outside its site or its node: the ACL drops these at the broker
+            (topic("good", "evil", TopicKind.BIRTH), encode(birth.model_copy(update={"site": "good"})), True),
+            (
+                topic("good", GOOD[0], TopicKind.TELEMETRY),
+                encode(windows[0].model_copy(update={"site": "good"})),
+                False,
+            ),
+            (f"{P}/good/recommendations", b'{"schema": 2}', True),
+            (f"{P}/aaa/recommendations", b'{"schema": 2}', True),
+            # its own topics, with lies the optimizer refuses
+            (topic("aaa", "evil", TopicKind.BIRTH), encode(_with_gpus(birth, 64)), True),
+            (topic("aaa", "evil", TopicKind.BIRTH), encode(birth), True),
+            (
+                topic("aaa", "evil", TopicKind.TELEMETRY),
+                mutated(windows[0], BAD_WINDOWS["negative utilisation"]),
+                False,
+            ),
+            (
+                topic("aaa", "evil", TopicKind.TELEMETRY),
+                mutated(windows[1], BAD_WINDOWS["series beyond float32"]),
+                False,
+            ),
+            (
+                topic("aaa", "evil", TopicKind.TELEMETRY),
+                mutated(windows[2], BAD_WINDOWS["a workload holding GPU 0 64 times"]),
+                False,
+            ),
+            (
+                topic("aaa", "evil", TopicKind.TELEMETRY),
+                mutated(windows[3], lambda r: r["workloads"][0].update(name="\u001b]8;;http://x\u0007click")),
+                False,
+            ),
+            (topic("aaa", "evil", TopicKind.TELEMETRY), b"x" * (1024 * 1024), False),  # never forwarded
+            *[(topic("aaa", "evil", TopicKind.TELEMETRY), encode(w), False) for w in flood],
+            (
+                topic("aaa", "evil", TopicKind.TELEMETRY),
+                encode(windows[4].model_copy(update={"seq": 999, "workloads": [pod]})),
+                False,
+            ),
+        ]
+        await _publish(evil, attacks)
+        # the rate limiter: the burst of 20 spent on the flood, the rest refused
+        await wait_until(lambda: optimizer.fleet.rejected["rate_limited"] >= 1, 15, "the flood to be limited")
+        await asyncio.sleep(0.5)
+        fleet = optimizer.fleet
+        assert ("good", "evil") not in fleet.nodes and ("aaa", "evil") in fleet.nodes
+        assert fleet.rejected["implausible_inventory"] == 1
+        assert fleet.rejected["schema"] == 3 and fleet.rejected["control_character"] == 1
+        assert fleet.rejected["rate_limited"] >= 20 and "oversize" not in fleet.rejected
+        rejected = {r for (s, n, r) in fleet.node_rejections if (s, n) == ("aaa", "evil")}
+        assert rejected >= {"implausible_inventory", "schema", "control_character", "rate_limited"}
+        plans = {p.site: p for p in await optimizer.plan_once()}
+        assert _moves(plans["good"]) == baseline
+        # the forged plans never replaced the optimizer's retained ones
+        seen: dict[str, bytes] = {}
+        async with make_client(shipped.settings("fleetfit-optimizer"), "plan-reader") as reader:
+            await reader.subscribe(f"{P}/+/recommendations", qos=1)
+
+            async def collect() -> None:
+                async for m in reader.messages:
+                    seen[str(m.topic).split("/")[2]] = bytes(m.payload)  # type: ignore[arg-type]
+
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(collect(), 1.5)
+        assert Plan.model_validate_json(seen["good"]).generated_at == plans["good"].generated_at
+        assert Plan.model_validate_json(seen["aaa"]).generated_at == plans["aaa"].generated_at
+    finally:
+        optimizer.should_exit.set()
+        await task
+
+    # the node leaves a poisoned birth retained (only MIG instances, naming no GPU it lists), and the optimizer
+    # restarts: the birth comes back and is refused, every other site plans
+    mig_only = mutated(birth, lambda r: r.update(gpus=[dict(r["gpus"][0], index=0, parent=3)]))
+    await _publish(evil, [(topic("aaa", "evil", TopicKind.BIRTH), mig_only, True)])
+    again = Optimizer(config, load_catalog())
+    task = asyncio.create_task(again.run())
+    try:
+        await wait_until(lambda: again.fleet.accepted["birth"] >= 8 and again.fleet.rejected, 15, "the retained births")
+        assert again.fleet.rejected == {"schema": 1}
+        assert [p.site for p in await again.plan_once()] == ["good"]
+    finally:
+        again.should_exit.set()
+        await task
+
+
+async def test_the_broker_refuses_what_exceeds_its_message_size_limit(shipped: Shipped) -> None:
+    got: list[int] = []
+    async with make_client(shipped.settings("fleetfit-optimizer"), "size-reader") as reader:
+        await reader.subscribe(f"{P}/aaa/evil/telemetry", qos=1)
+        with contextlib.suppress(aiomqtt.MqttError):  # the broker may also drop the connection that sent it
+            async with make_client(shipped.settings("evil"), "evil-huge") as client:
+                await client.publish(topic("aaa", "evil", TopicKind.TELEMETRY), b"y" * (9 << 20), qos=0)
+        await _publish(shipped.settings("evil"), [(topic("aaa", "evil", TopicKind.TELEMETRY), b"small", False)])
+        async with asyncio.timeout(5):
+            async for m in reader.messages:
+                got.append(len(m.payload))  # type: ignore[arg-type]
+                break
+    assert got == [5]
+
+
+def test_the_shipped_acl_names_no_node_wildcard() -> None:
+    lines = [line for line in (EXAMPLES / "acl").read_text().splitlines() if line and not line.startswith("#")]
+    assert not [line for line in lines if line.startswith("pattern")]  # a pattern's + would span sites
