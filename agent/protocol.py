@@ -238,10 +238,15 @@ class Birth(_Model):
     def _inventory(self) -> Birth:
         _check_timestamp("timestamp", self.timestamp)
         indices = [g.index for g in self.gpus]
-        if sorted(indices) != list(range(len(indices))):
-            raise ValueError("gpus: indices must be unique and run from 0 to the number of devices - 1")
-        physical = {g.index for g in self.gpus if g.parent is None}
-        if any(g.parent is not None and g.parent not in physical for g in self.gpus):
+        if len(set(indices)) != len(indices) or any(i > MAX_GPU_INDEX for i in indices):
+            raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
+        failed = {f.index for f in self.gpu_failures}
+        if failed & set(indices):
+            raise ValueError("gpu_failures: a GPU listed as unreadable is also listed as read")
+        # A GPU the agent cannot read leaves a gap in the indices; a birth may list only MIG instances (their
+        # parent in MIG mode reports nothing of its own). Where parents are listed, an instance names one of them.
+        physical = {g.index for g in self.gpus if g.parent is None} | failed
+        if physical and any(g.parent is not None and g.parent not in physical for g in self.gpus):
             raise ValueError("gpus: a MIG instance names a parent GPU that is not listed")
         return self
 

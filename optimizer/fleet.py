@@ -219,10 +219,10 @@ class Fleet:
         while len(seen) > SESSIONS_TRACKED:
             del seen[min(seen)]
         if record.birth is not None:
-            devices = len(record.birth.gpus)
+            devices = {g.index for g in record.birth.gpus}
             used = [g.index for g in window.gpus] + [i for r in window.workloads for i in r.gpus]
-            if any(i >= devices for i in used):
-                raise ProtocolError("gpu_index", f"a GPU index at or above the {devices} device(s) of the birth")
+            if any(i not in devices for i in used):
+                raise ProtocolError("gpu_index", f"a GPU index not among the {len(devices)} device(s) of the birth")
         refs = self._admit_workloads(record, window)
         seen[window.session] = window.seq
         while len(seen) > SESSIONS_TRACKED:

@@ -33,6 +33,7 @@ class RecState(StrEnum):
 
 
 OPEN = (RecState.NEW, RecState.ACKNOWLEDGED)
+UNSEEN_EXPIRY_S = 3600.0  # an open move whose workload no plan has seen or classified for this long expires
 CHANGEABLE = {RecState.ACKNOWLEDGED: OPEN, RecState.DISMISSED: OPEN, RecState.NEW: (RecState.DISMISSED,)}
 
 _SCHEMA = """
@@ -83,7 +84,8 @@ class Lifecycle:
     def record(
         self, plan: Plan, placements: dict[str, str], now: float | None = None
     ) -> list[tuple[Recommendation, RecState]]:
-        """Fold a plan in. ``placements`` maps each workload seen to the hardware it runs on now.
+        """Fold a plan in. ``placements`` maps each workload seen and classified to the hardware it runs on now;
+        an open move of a workload missing from it stays open for ``UNSEEN_EXPIRY_S``.
 
         Returns the open moves this plan resolved: applied (the workload is on the recommended hardware) or
         expired (no longer proposed)."""
@@ -101,11 +103,14 @@ class Lifecycle:
                     (r.id, plan.site, r.workload, RecState.NEW, now, now, now, r.model_dump_json()),
                 )
             rows = self._db.execute(
-                "SELECT id, workload, body FROM recommendations WHERE site = ? AND state IN (?, ?)",
+                "SELECT id, workload, body, last_seen FROM recommendations WHERE site = ? AND state IN (?, ?)",
                 (plan.site, *OPEN),
             ).fetchall()
-            for rec_id, workload, body in rows:
+            for rec_id, workload, body, last_seen in rows:
                 if rec_id in proposed:
+                    continue
+                if workload not in placements and now - last_seen < UNSEEN_EXPIRY_S:
+                    # Not withdrawn, only not seen (a restart, a silent node, a class not yet known): kept open.
                     continue
                 rec = Recommendation.model_validate_json(body)
                 new_state = RecState.APPLIED if placements.get(workload) == rec.to_hardware else RecState.EXPIRED

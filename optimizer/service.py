@@ -23,6 +23,7 @@ from agent.protocol import (
     Plan,
     Recommendation,
     Telemetry,
+    WorkloadClass,
     encode,
     recommendations_topic,
     subscription_filters,
@@ -187,7 +188,9 @@ class Optimizer:
         states: dict[str, RecState] = {}
         if self.tracker is not None:
             lifecycle = self.tracker.lifecycle
-            resolved = await self.tracker.write(lifecycle.record, plan, {w.id: w.hardware for w in plan.workloads})
+            # a workload not classified (yet: too few windows after a restart) has not had its moves withdrawn
+            seen = {w.id: w.hardware for w in plan.workloads if w.workload_class is not WorkloadClass.UNKNOWN}
+            resolved = await self.tracker.write(lifecycle.record, plan, seen)
             states = await self.tracker.write(lifecycle.states, [r.id for r in plan.recommendations])
             if self.ledger is not None:
                 owners = owners_of(self.fleet, plan.site)

@@ -166,8 +166,8 @@ def test_implausible_hardware_claims_are_rejected() -> None:
     mig_only = birth.model_copy(
         update={"gpus": [GpuInfo(index=0, uuid="MIG-0", model="NVIDIA L40S", memory_mib=10_000, parent=3)]}
     )
-    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(mig_only)) is None
-    assert fleet.rejected == {"implausible_inventory": 2, "schema": 1}
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(mig_only)) is None  # an L40S has no MIG
+    assert fleet.rejected == {"implausible_inventory": 3}
     assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))  # the truth is accepted
 
 
@@ -563,10 +563,10 @@ async def test_a_hostile_node_on_the_shipped_broker(shipped: Shipped, tmp_path: 
         optimizer.should_exit.set()
         await task
 
-    # the node leaves a poisoned birth retained (only MIG instances, naming no GPU it lists), and the optimizer
-    # restarts: the birth comes back and is refused, every other site plans
-    mig_only = mutated(birth, lambda r: r.update(gpus=[dict(r["gpus"][0], index=0, parent=3)]))
-    await _publish(evil, [(topic("aaa", "evil", TopicKind.BIRTH), mig_only, True)])
+    # the node leaves a poisoned birth retained (a MIG instance naming a parent GPU the birth does not list beside
+    # the one it does), and the optimizer restarts: the birth comes back and is refused, every other site plans
+    poisoned = mutated(birth, lambda r: r.update(gpus=[r["gpus"][0], dict(r["gpus"][0], index=1, parent=3)]))
+    await _publish(evil, [(topic("aaa", "evil", TopicKind.BIRTH), poisoned, True)])
     again = Optimizer(config, load_catalog())
     task = asyncio.create_task(again.run())
     try:

@@ -89,3 +89,15 @@ def test_cli_lists_and_changes_states(tmp_path: Path, plan: Plan) -> None:
         timeout=60,
     )
     assert missing.returncode == 2 and b"no recommendations yet" in missing.stderr
+
+
+def test_a_move_whose_workload_is_not_seen_stays_open_for_an_hour(tmp_path: Path, plan: Plan) -> None:
+    """After a restart the first plans see no workload yet: their moves are not withdrawn, only unseen."""
+    life = Lifecycle.in_state_dir(tmp_path)
+    life.record(plan, _placements(plan), now=1000.0)
+    ids = {r.id for r in plan.recommendations}
+    empty = plan.model_copy(update={"recommendations": [], "workloads": []})
+    assert life.record(empty, {}, now=1060.0) == []
+    assert {t.recommendation.id for t in life.list()} == ids
+    expired = life.record(empty, {}, now=1000.0 + 3601)
+    assert {r.id for r, state in expired if state is RecState.EXPIRED} == ids
