@@ -65,3 +65,31 @@ def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuT
             f"load would reach {demand.mean_util * ratio:.0f} % (p95 {demand.p95_util * ratio:.0f} %) on {target.name}"
         )
     return None
+
+
+def scaled(demand: Demand, gpus: int) -> Demand:
+    """The same load and memory spread over ``gpus`` GPUs instead of ``demand.gpus``."""
+    factor = demand.gpus / gpus
+    return Demand(
+        demand.workload_class,
+        gpus,
+        demand.mem_mib_per_gpu * factor,
+        demand.mean_util * factor,
+        demand.p95_util * factor,
+    )
+
+
+def right_sized(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> Demand | None:
+    """The fewest GPUs of ``target`` that carry a serving workload's daily peak, memory included (None when not
+    even its GPU count does). Only online inference is resized: training and batch jobs keep their GPUs, and a
+    workload whose memory is unknown is never squeezed."""
+    if fit_problem(catalog, demand, current, target) is not None:
+        return None
+    if demand.workload_class is not WorkloadClass.INFERENCE or demand.mem_mib_per_gpu <= 0:
+        return demand
+    for gpus in range(1, demand.gpus):
+        if demand.gpus % gpus == 0:  # tensor-parallel degrees divide the model's
+            smaller = scaled(demand, gpus)
+            if fit_problem(catalog, smaller, current, target) is None:
+                return smaller
+    return demand

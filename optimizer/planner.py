@@ -15,8 +15,9 @@ from dataclasses import dataclass, field, replace
 from ortools.sat.python import cp_model
 
 from agent.protocol import SolverReport
+from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog
-from optimizer.costs import Demand, fit_problem, monthly_cost
+from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized
 from optimizer.pools import Pool, assign, build_pools
 
 CENTS = 100
@@ -37,6 +38,7 @@ class Movable:
     demand: Demand
     move_cost_usd: float  # one-off: restart, cold start, lost work since the last checkpoint
     service: str | None = None  # replicas of one inference service are kept on different nodes
+    resizable: bool = True  # its p95 covers a daily peak, so it may hold fewer GPUs where that fits
 
 
 @dataclass(slots=True)
@@ -55,6 +57,7 @@ class Problem:
     full_model_limit: int = 300_000  # movable workloads x nodes up to which every node is a candidate
     pools: bool = True  # identical idle-room nodes solved as pools (optimizer/pools.py)
     pool_min_members: int = 4  # smaller groups stay separate nodes: pooling them saves nothing
+    right_size: bool = True  # online inference may hold fewer GPUs where its daily peak still fits
 
 
 @dataclass(slots=True)
@@ -63,6 +66,8 @@ class Solution:
     report: SolverReport
     monthly_cost: dict[str, tuple[float, float]] = field(default_factory=dict)  # (now, planned)
     blocked: dict[str, str] = field(default_factory=dict)  # workload id → why no better home was allowed
+    gpus: dict[str, int] = field(default_factory=dict)  # workload id → GPUs it holds in the plan
+    bound: Bound | None = None  # no placement within the move budget saves more a month
 
 
 @dataclass(slots=True)
@@ -94,38 +99,51 @@ class _Targets:
         return roomy + tight if self.per_type < len(listed) else [name for _, name in listed]
 
 
+@dataclass(slots=True)
+class _Options:
+    """Where one workload may run and what it costs a month there."""
+
+    now: float  # as it runs today
+    nodes: dict[str, float]  # node (its own included) → monthly cost there
+    types: dict[str, float]  # worthwhile other hardware → monthly cost there
+    gpus: dict[str, int]  # hardware (its own included) → GPUs it holds there
+    why_not: str | None  # why no better hardware qualified, if so
+
+
 def _candidates(
     catalog: Catalog, problem: Problem, targets: _Targets, w: Movable, slots: dict[str, NodeSlot]
-) -> tuple[dict[str, float], dict[str, float], str | None]:
-    """Nodes ``w`` may run on with their monthly cost, the worthwhile hardware types with theirs, and why
-    nothing better qualified, if so."""
+) -> _Options:
     here = slots[w.node]
     current = catalog.by_key(here.hardware)
     cost_now = monthly_cost(catalog, w.demand, current, current)
-    options = {w.node: cost_now}
-    types: dict[str, float] = {}
-    why_not: str | None = None
+    at_home = right_sized(catalog, w.demand, current, current) if problem.right_size and w.resizable else None
+    home_cost = monthly_cost(catalog, at_home, current, current) if at_home is not None else cost_now
+    if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
+        at_home, home_cost = None, cost_now
+    out = _Options(cost_now, {w.node: home_cost}, {}, {here.hardware: (at_home or w.demand).gpus}, None)
     for key in targets.by_hardware:
         if key == here.hardware:
             continue
         target = catalog.by_key(key)
         problem_text = fit_problem(catalog, w.demand, current, target)
-        cost = monthly_cost(catalog, w.demand, current, target)
+        sized = right_sized(catalog, w.demand, current, target) if problem.right_size and w.resizable else None
+        demand = sized or w.demand
+        cost = monthly_cost(catalog, demand, current, target)
         saving = cost_now - cost
         worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
+        worth = worth and cost < home_cost  # never a move that saves less than resizing in place
         if problem_text and worth:
-            why_not = problem_text
+            out.why_not = problem_text
         if problem_text is None and worth:
-            types[key] = cost
-            for name in targets.nodes(key, w.demand.gpus):
-                if slots[name].gpus >= w.demand.gpus:
-                    options[name] = cost
-    return options, types, why_not
+            out.types[key] = cost
+            out.gpus[key] = demand.gpus
+            for name in targets.nodes(key, demand.gpus):
+                if slots[name].gpus >= demand.gpus:
+                    out.nodes[name] = cost
+    return out
 
 
-def _greedy(
-    problem: Problem, targets: _Targets, types: dict[str, dict[str, float]], now: dict[str, float]
-) -> dict[str, str]:
+def _greedy(problem: Problem, targets: _Targets, options: dict[str, _Options]) -> dict[str, str]:
     """The baseline and the solver's starting point: biggest saving first, each to the cheapest node with room
     (room it leaves behind is reused)."""
     room = {name: free for nodes in targets.by_hardware.values() for free, name in nodes}
@@ -136,22 +154,28 @@ def _greedy(
             already.setdefault(w.service, set()).add(w.node)
     taken: set[tuple[str, str]] = set()  # (service, node) that received a replica
     moved = 0
-    by_saving = sorted(problem.movable, key=lambda w: -(now[w.id] - min(types[w.id].values(), default=now[w.id])))
-    for w in by_saving:
-        if moved >= problem.max_moves or not types[w.id]:
+
+    def best_saving(w: Movable) -> float:
+        o = options[w.id]
+        return o.now - min(o.types.values(), default=o.now)
+
+    for w in sorted(problem.movable, key=lambda w: -best_saving(w)):
+        o = options[w.id]
+        if moved >= problem.max_moves or not o.types:
             continue
-        for key, _ in sorted(types[w.id].items(), key=lambda kv: kv[1]):
+        for key, _ in sorted(o.types.items(), key=lambda kv: kv[1]):
+            gpus = o.gpus[key]
             node = next(
                 (
                     name
                     for _, name in targets.by_hardware[key]
-                    if room[name] >= w.demand.gpus
+                    if room[name] >= gpus
                     and not (w.service and name not in already[w.service] and (w.service, name) in taken)
                 ),
                 None,
             )
             if node is not None:
-                room[node] -= w.demand.gpus
+                room[node] -= gpus
                 room[w.node] += w.demand.gpus
                 placement[w.id] = node
                 if w.service:
@@ -220,33 +244,32 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     choice: dict[tuple[str, str], cp_model.IntVar] = {}
     moves = []
     objective = []
-    costs: dict[str, dict[str, float]] = {}
     blocked: dict[str, str] = {}
     model_nodes, pools, member_of = _pooled(problem)
     usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in model_nodes}
     targets = _Targets.of(replace(problem, nodes=model_nodes)) if pools else _Targets.of(problem)
     slots = {n.name: n for n in model_nodes}
-    types: dict[str, dict[str, float]] = {}
+    options: dict[str, _Options] = {}
     for w in problem.movable:
-        options, types[w.id], why_not = _candidates(catalog, problem, targets, w, slots)
-        costs[w.id] = options
-        if len(options) == 1 and why_not:
-            blocked[w.id] = why_not
+        options[w.id] = o = _candidates(catalog, problem, targets, w, slots)
+        if len(o.nodes) == 1 and o.why_not:
+            blocked[w.id] = o.why_not
     # the greedy pass sees every concrete node; its placement, pooled, is the hint and always a choice
     concrete = _Targets.of(problem) if pools else targets
-    greedy = _greedy(problem, concrete, types, {w.id: costs[w.id][w.node] for w in problem.movable})
+    greedy = _greedy(problem, concrete, options)
     start = {wid: member_of[node].key if node in member_of else node for wid, node in greedy.items()}
+    size: dict[tuple[str, str], int] = {}  # (workload, node) → GPUs it holds there
     for w in problem.movable:
-        options = costs[w.id]
-        if start[w.id] not in options:
-            node = start[w.id]
-            options[node] = types[w.id][slots[node].hardware]
+        o = options[w.id]
+        if start[w.id] not in o.nodes:
+            o.nodes[start[w.id]] = o.types[slots[start[w.id]].hardware]
         row = []
-        for node, cost in options.items():
+        for node, cost in o.nodes.items():
             var = model.new_bool_var(f"x[{w.id}@{node}]")
             choice[w.id, node] = var
             row.append(var)
-            usage[node].append((w.demand.gpus, var))
+            size[w.id, node] = gpus = o.gpus[slots[node].hardware]
+            usage[node].append((gpus, var))
             one_off = 0.0 if node == w.node else w.move_cost_usd
             objective.append(round((cost + one_off) * CENTS) * var)
             model.add_hint(var, node == start[w.id])
@@ -263,6 +286,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         model.add(sum(moves) <= problem.max_moves)
     _spread_replicas(model, problem, choice, pools)
     model.minimize(sum(objective))
+    bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = problem.time_limit_s
@@ -276,8 +300,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     for _ in range(MAX_PACKING_ROUNDS):  # a pool's share that will not pack: forbid it there and solve again
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
-        chosen = {w.id: next(n for n in costs[w.id] if solver.value(choice[w.id, n])) for w in problem.movable}
-        misfits = _misfits(problem, chosen, pools)
+        chosen = {w.id: next(n for n in options[w.id].nodes if solver.value(choice[w.id, n])) for w in problem.movable}
+        misfits = _misfits(problem, chosen, pools, size)
         if not misfits:
             break
         model.clear_hints()  # type: ignore[no-untyped-call]
@@ -292,49 +316,66 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         placement = {w.id: w.node for w in problem.movable}
         elapsed = time.perf_counter() - started
         report = SolverReport(status=name, objective=0.0, best_bound=0.0, gap=0.0, solve_seconds=elapsed)
-        return Solution(placement, report, blocked=blocked)
-    chosen = {w.id: next(n for n in costs[w.id] if solver.value(choice[w.id, n])) for w in problem.movable}
-    placement = _concrete(problem, chosen, pools, blocked)
+        return Solution(placement, report, blocked=blocked, gpus={w.id: w.demand.gpus for w in problem.movable})
+    chosen = {w.id: next(n for n in options[w.id].nodes if solver.value(choice[w.id, n])) for w in problem.movable}
+    placement = _concrete(problem, chosen, pools, blocked, size)
     elapsed = time.perf_counter() - started
     value = solver.objective_value / CENTS
-    bound = solver.best_objective_bound / CENTS
+    best = solver.best_objective_bound / CENTS
     report = SolverReport(
         status=name,
         objective=round(value, 2),
-        best_bound=round(bound, 2),
-        gap=round(abs(value - bound) / max(abs(value), 1e-9), 6) if value else 0.0,
+        best_bound=round(best, 2),
+        gap=round(abs(value - best) / max(abs(value), 1e-9), 6) if value else 0.0,
         solve_seconds=round(elapsed, 4),
     )
-    monthly = {
-        w.id: (costs[w.id][w.node], costs[w.id][chosen[w.id]] if placement[w.id] != w.node else costs[w.id][w.node])
-        for w in problem.movable
-    }
-    return Solution(placement, report, monthly, blocked)
+    monthly: dict[str, tuple[float, float]] = {}
+    held: dict[str, int] = {}
+    for w in problem.movable:
+        o = options[w.id]
+        node = chosen[w.id] if placement[w.id] != w.node else w.node
+        monthly[w.id] = (o.now, o.nodes[node])
+        held[w.id] = size[w.id, node]
+    return Solution(placement, report, monthly, blocked, held, bound)
+
+
+def _as_bound_options(w: Movable, o: _Options, slots: dict[str, NodeSlot]) -> BoundOptions:
+    home = slots[w.node].hardware
+    by_type = {key: (cost, o.gpus[key]) for key, cost in o.types.items()}
+    by_type[home] = (o.nodes[w.node], o.gpus[home])
+    return BoundOptions(home=home, now=o.now, by_type=by_type)
 
 
 def _pool_shares(
-    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]
+    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool], size: dict[tuple[str, str], int]
 ) -> dict[str, list[tuple[str, int, str | None]]]:
     """The workloads the plan sent to each pool, as ``(id, gpus, service)``."""
     shares: dict[str, list[tuple[str, int, str | None]]] = {}
     for w in problem.movable:
         if chosen[w.id] in pools:
-            shares.setdefault(chosen[w.id], []).append((w.id, w.demand.gpus, w.service))
+            shares.setdefault(chosen[w.id], []).append((w.id, size[w.id, chosen[w.id]], w.service))
     return shares
 
 
-def _misfits(problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]) -> set[str]:
+def _misfits(
+    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool], size: dict[tuple[str, str], int]
+) -> set[str]:
     """Workloads the plan sent to a pool that first-fit decreasing cannot give a member."""
-    return {wid for key, work in _pool_shares(problem, chosen, pools).items() for wid in assign(pools[key], work)[1]}
+    shares = _pool_shares(problem, chosen, pools, size)
+    return {wid for key, work in shares.items() for wid in assign(pools[key], work)[1]}
 
 
 def _concrete(
-    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool], blocked: dict[str, str]
+    problem: Problem,
+    chosen: dict[str, str],
+    pools: dict[str, Pool],
+    blocked: dict[str, str],
+    size: dict[tuple[str, str], int],
 ) -> dict[str, str]:
     """Each workload the plan sent to a pool gets a member; one that cannot be packed stays where it is."""
     placement = {wid: node for wid, node in chosen.items() if node not in pools}
     home = {w.id: w.node for w in problem.movable}
-    for key, workloads in _pool_shares(problem, chosen, pools).items():
+    for key, workloads in _pool_shares(problem, chosen, pools, size).items():
         placed, unplaced = assign(pools[key], workloads)
         placement.update(placed)
         for wid in unplaced:

@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.protocol import Blocked, Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import THROUGHPUT_BOUND, fit_problem, monthly_cost, throughput
+from optimizer.costs import MEMORY_HEADROOM, THROUGHPUT_BOUND, fit_problem, monthly_cost, scaled, throughput
 from optimizer.findings import cheapest_fit, detect
 from optimizer.fleet import Fleet
+from optimizer.ordering import Action, order
 from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
 
@@ -33,9 +34,15 @@ class PlanSettings(BaseModel):
     time_limit: float = Field(default=10.0, gt=0, le=600)
     pinned: list[str] = Field(default_factory=list, description="workload ids or glob patterns never moved")
     pools: bool = Field(default=True, description="solve identical nodes with free room as pools")
+    reclaim_idle: bool = Field(default=True, description="release idle allocations instead of moving them")
+    right_size: bool = Field(default=True, description="online inference may hold fewer GPUs if its peak fits")
+    history_min_hours: float = Field(
+        default=24.0, ge=0, description="load history needed before an allocation is released or resized"
+    )
 
 
 def recommendation_id(workload: str, from_node: str, to_hardware: str) -> str:
+    # a right-size's target is its own hardware, a reclaim's is "reclaim": each action of a workload has its own id
     """Stable across solves: the same move keeps its id whichever free node of that hardware it lands on."""
     return hashlib.sha256(f"{workload}|{from_node}|{to_hardware}".encode()).hexdigest()[:16]
 
@@ -65,10 +72,10 @@ def _reason(r: Resolved, target: GpuType) -> str:
     return f"{_label(cls)} runs cheaper per unit of work on {target.name} than on {hw.name}"
 
 
-def _impact(catalog: Catalog, r: Resolved, target: GpuType) -> tuple[str, Risk]:
-    """(expected performance impact, risk) of moving ``r`` to ``target``."""
+def _impact(catalog: Catalog, r: Resolved, target: GpuType, gpus: int | None = None) -> tuple[str, Risk]:
+    """(expected performance impact, risk) of moving ``r`` to ``target`` (on ``gpus`` GPUs if resized)."""
     assert r.hardware is not None
-    d = r.w.demand
+    d = r.w.demand if gpus is None or gpus == r.w.gpus else scaled(r.w.demand, gpus)
     ratio = throughput(catalog, target, d) / throughput(catalog, r.hardware, d)
     risk: Risk = "high" if r.w.confidence < 0.75 else "low"
     if d.workload_class is WorkloadClass.IDLE:
@@ -79,7 +86,8 @@ def _impact(catalog: Catalog, r: Resolved, target: GpuType) -> tuple[str, Risk]:
     mean, p95 = d.mean_util / ratio, d.p95_util / ratio
     if p95 > 85 and risk == "low":
         risk = "medium"
-    return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {target.name}", risk
+    where = target.name if gpus is None or gpus == r.w.gpus else f"{gpus} × {target.name}"
+    return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {where}", risk
 
 
 def _move_cost(settings: PlanSettings, r: Resolved) -> float:
@@ -122,6 +130,115 @@ def _why_stays(
     return (f"no free {target.name} capacity in site {snapshot.site}" if fits else "no better fit"), saving
 
 
+def _reclaim(catalog: Catalog, r: Resolved) -> Recommendation:
+    assert r.hardware is not None
+    saving = monthly_cost(catalog, r.w.demand, r.hardware, r.hardware)
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, "reclaim"),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=r.node,
+        to_hardware=r.hardware.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=f"idle allocation: {r.w.gpus} × {r.hardware.name} held at {r.w.mean_util:.0f} % — release it",
+        performance_impact="none: the allocation is idle; its owner loses the reservation",
+        risk="high" if r.w.confidence < 0.75 else "low",
+        evidence=list(r.w.evidence),
+        kind="reclaim",
+        gpus_after=0,
+    )
+
+
+def _right_size(catalog: Catalog, r: Resolved, gpus: int, saving: float) -> Recommendation:
+    assert r.hardware is not None
+    impact, risk = _impact(catalog, r, r.hardware, gpus)
+    memory = r.w.mem_mib_per_gpu * r.w.gpus / gpus / 1024
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, r.hardware.key),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=r.node,
+        to_hardware=r.hardware.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=(
+            f"{_label(r.w.workload_class)} at {r.w.mean_util:.0f} % (daily peak p95 "
+            f"{r.w.demand.p95_util:.0f} %) on {r.w.gpus} × {r.hardware.name}: its peak fits {gpus} GPU(s), "
+            f"memory included ({memory:.0f} of {MEMORY_HEADROOM * r.hardware.memory_gib:.0f} GiB usable per GPU)"
+        ),
+        performance_impact=impact,
+        risk=risk,
+        evidence=list(r.w.evidence),
+        kind="right_size",
+        gpus_after=gpus,
+    )
+
+
+def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: int, saving: float) -> Recommendation:
+    assert r.hardware is not None
+    impact, risk = _impact(catalog, r, target, gpus)
+    reason = _reason(r, target)
+    if gpus < r.w.gpus:
+        reason += f"; its daily peak fits {gpus} of them instead of {r.w.gpus}"
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, target.key),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=to_node,
+        to_hardware=target.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=reason,
+        performance_impact=impact,
+        risk=risk,
+        evidence=list(r.w.evidence),
+        kind="move",
+        gpus_after=gpus if gpus < r.w.gpus else None,
+    )
+
+
+def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommendation]) -> list[Recommendation]:
+    """The recommendations with their wave and what each waits for, in the order to carry them out."""
+    room = {n.name: float(n.gpus) for n in snapshot.nodes}
+    for w in snapshot.workloads:
+        for node in w.nodes:
+            room[node] -= w.gpus / len(w.nodes)
+    actions = []
+    for rec in sorted(recs, key=lambda x: -x.monthly_savings_usd):
+        kept = rec.gpus if rec.gpus_after is None else rec.gpus_after
+        if rec.kind == "move":
+            actions.append(Action(rec.id, rec.from_node, rec.gpus, rec.to_node, kept))
+        else:
+            actions.append(Action(rec.id, rec.from_node, rec.gpus - kept))
+    steps = order(actions, room, lambda a, n: a.target is not None and node_hw.get(n) == node_hw.get(a.target))
+    placed = [
+        rec.model_copy(
+            update={
+                "wave": steps[rec.id].wave,
+                "after": steps[rec.id].after,
+                "via_node": steps[rec.id].via_node,
+                "via_wave": steps[rec.id].via_wave,
+                "swap": steps[rec.id].swap,
+            }
+        )
+        for rec in recs
+    ]
+    return sorted(placed, key=lambda x: (x.wave or 0, -x.monthly_savings_usd, x.id))
+
+
 def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
     """Plan moves for a snapshot (live or offline)."""
     resolved = resolve(catalog, snapshot)
@@ -133,6 +250,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
     known = {n.name for n in nodes}
     fixed: dict[str, int] = {}
     movable = []
+    recommendations = []
     for r in resolved:
         can_move = (
             not r.multi_node
@@ -142,9 +260,16 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
             and r.w.confidence >= settings.min_confidence
             and not r.w.pinned
         )
+        hours = r.w.history_hours
+        a_day = hours is None or hours >= settings.history_min_hours  # idle or quiet all day, not a lull
+        if can_move and a_day and settings.reclaim_idle and r.w.workload_class is WorkloadClass.IDLE:
+            reclaim = _reclaim(catalog, r)
+            if reclaim.monthly_savings_usd >= settings.min_monthly_savings:
+                recommendations.append(reclaim)  # its GPUs are free for the rest of the plan
+                continue
         if can_move:
             service = r.w.name if r.w.workload_class is WorkloadClass.INFERENCE and r.w.name else None
-            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service))
+            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service, a_day))
         else:
             for node in r.w.nodes:
                 fixed[node] = fixed.get(node, 0) + r.w.gpus // len(r.w.nodes)
@@ -157,44 +282,30 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         min_savings_fraction=settings.min_savings_fraction,
         time_limit_s=settings.time_limit,
         pools=settings.pools,
+        right_size=settings.right_size,
     )
     solution = solve(catalog, problem)
     node_hw = {n.name: n.hardware for n in nodes}
-    recommendations = []
     for r in resolved:
         target_node = solution.placement.get(r.w.id)
-        if target_node is None or target_node == r.node or r.hardware is None:
+        if target_node is None or r.hardware is None:
             continue
-        target = catalog.by_key(node_hw[target_node])
-        cost_now, planned = solution.monthly_cost[r.w.id]
-        impact, risk = _impact(catalog, r, target)
-        recommendations.append(
-            Recommendation(
-                id=recommendation_id(r.w.id, r.node, target.key),
-                workload=r.w.id,
-                workload_name=r.w.name,
-                workload_class=r.w.workload_class,
-                confidence=r.w.confidence,
-                gpus=r.w.gpus,
-                from_node=r.node,
-                from_hardware=r.hardware.name,
-                to_node=target_node,
-                to_hardware=target.name,
-                monthly_savings_usd=round(cost_now - planned, 2),
-                reason=_reason(r, target),
-                performance_impact=impact,
-                risk=risk,
-                evidence=list(r.w.evidence),
-            )
-        )
-    recommendations.sort(key=lambda x: -x.monthly_savings_usd)
+        cost_now, planned = solution.monthly_cost.get(r.w.id, (0.0, 0.0))
+        gpus = solution.gpus.get(r.w.id, r.w.gpus)
+        if target_node != r.node:
+            target = catalog.by_key(node_hw[target_node])
+            recommendations.append(_move(catalog, r, target_node, target, gpus, cost_now - planned))
+        elif gpus < r.w.gpus:
+            recommendations.append(_right_size(catalog, r, gpus, cost_now - planned))
+    recommendations = _in_order(snapshot, node_hw, recommendations)
     moved = {x.workload for x in recommendations}
+    moves = sum(1 for x in recommendations if x.kind == "move")
     present = {n.hardware for n in nodes}  # catalog keys of the hardware this site has
     blocked = []
     for r in resolved:
         if r.w.id in moved:
             continue
-        why = _why_stays(catalog, snapshot, present, settings, r, solution, len(recommendations))
+        why = _why_stays(catalog, snapshot, present, settings, r, solution, moves)
         if why is not None and r.hardware is not None:
             blocked.append(
                 Blocked(
@@ -221,10 +332,20 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         )
         for r in resolved
     ]
+    report = solution.report
+    if solution.bound is not None:
+        solved = sum(now - planned for now, planned in solution.monthly_cost.values())
+        report = report.model_copy(
+            update={
+                "savings_usd": round(solved, 2),
+                "bound_savings_usd": solution.bound.savings,
+                "bound_method": solution.bound.method,
+            }
+        )
     return Plan(
         site=snapshot.site,
         generated_at=time.time() if now is None else now,
-        solver=solution.report,
+        solver=report,
         workloads=views,
         findings=detect(catalog, resolved),
         recommendations=recommendations,

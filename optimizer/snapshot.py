@@ -42,6 +42,9 @@ class SnapshotWorkload(_Strict):
     p95_util: float | None = Field(default=None, ge=0, le=100, description="default: mean_util")
     pinned: bool = False
     evidence: list[str] = Field(default_factory=list)
+    history_hours: float | None = Field(
+        default=None, ge=0, description="hours of load history behind the utilisation; None: a day or more"
+    )
 
     @property
     def demand(self) -> Demand:
@@ -139,6 +142,7 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str]) -> Snapshot:
                 p95_util=round(min(max(f.p95_util, f.daily_peak_p95), 100.0), 2),
                 pinned=any(fnmatch.fnmatchcase(f.id, p) for p in pinned),
                 evidence=list(result.evidence),
+                history_hours=round(f.history_hours, 2),
             )
         )
     return Snapshot(site=site, nodes=nodes, workloads=workloads)
