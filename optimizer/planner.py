@@ -121,6 +121,12 @@ def _candidates(
     if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
         at_home, home_cost = None, cost_now
     out = _Options(cost_now, {w.node: home_cost}, {}, {here.hardware: (at_home or w.demand).gpus}, None)
+    # Nodes of its own hardware: a move there saves nothing by itself but can free a node for one that does,
+    # so the one-off cost alone decides. At fleet scale only the roomiest few are offered.
+    gpus_home = out.gpus[here.hardware]
+    same = [n for n in targets.nodes(here.hardware, gpus_home) if n != w.node and slots[n].gpus >= gpus_home]
+    for name in same if targets.per_type >= len(problem.nodes) else same[: targets.per_type // 6]:
+        out.nodes[name] = home_cost
     for key in targets.by_hardware:
         if key == here.hardware:
             continue

@@ -186,11 +186,12 @@ def _right_size(catalog: Catalog, r: Resolved, gpus: int, saving: float) -> Reco
 def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: int, saving: float) -> Recommendation:
     assert r.hardware is not None
     impact, risk = _impact(catalog, r, target, gpus)
-    reason = _reason(r, target)
+    reason = _reason(r, target) if target.key != r.hardware.key else "makes room on its node for a move that saves more"
     if gpus < r.w.gpus:
         reason += f"; its daily peak fits {gpus} of them instead of {r.w.gpus}"
+    same = "room" if target.key == r.hardware.key else ""  # a right-size in place has the plain id
     return Recommendation(
-        id=recommendation_id(r.w.id, r.node, target.key),
+        id=recommendation_id(r.w.id, r.node, f"{target.key}:{same}" if same else target.key),
         workload=r.w.id,
         workload_name=r.w.name,
         workload_class=r.w.workload_class,

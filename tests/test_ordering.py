@@ -1,0 +1,178 @@
+"""Plans come in an order a capacity team can carry out: replaying the waves on the snapshot the plan came from
+never puts more GPUs on a node than it has, and each action names the ones it waits for."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agent.protocol import Plan, Recommendation
+from optimizer.catalog import load_catalog
+from optimizer.ordering import Action, order
+from optimizer.recommend import PlanSettings, plan_snapshot
+from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+
+EPS = 1e-6
+
+
+def _w(wid: str, cls: str, node: str, gpus: int, util: float, mem: float, p95: float | None = None) -> SnapshotWorkload:
+    return SnapshotWorkload.model_validate(
+        {
+            "id": wid,
+            "name": wid,
+            "class": cls,
+            "confidence": 0.95,
+            "nodes": [node],
+            "gpus": gpus,
+            "mem_mib_per_gpu": mem,
+            "mean_util": util,
+            "p95_util": p95 if p95 is not None else min(100.0, util * 1.6),
+        }
+    )
+
+
+def _held(rec: Recommendation) -> float:
+    return rec.gpus if rec.gpus_after is None else rec.gpus_after
+
+
+def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
+    """Carry the plan out wave by wave; within a wave, every arrival lands before any departure frees room (the
+    actions of a wave run in parallel), except that the members of a swap leave together. Returns the waves."""
+    capacity = {n.name: n.gpus for n in snapshot.nodes}
+    used = dict.fromkeys(capacity, 0.0)
+    for w in snapshot.workloads:
+        for node in w.nodes:
+            used[node] += w.gpus / len(w.nodes)
+    arrivals: dict[int, list[tuple[str, float, str]]] = {}
+    departures: dict[int, list[tuple[str, float, str]]] = {}
+    finished: dict[str, int] = {}
+    for rec in plan.recommendations:
+        assert rec.wave is not None
+        kept = _held(rec)
+        if rec.kind == "move":
+            if rec.via_node is not None:
+                assert rec.via_wave is not None and rec.via_wave < rec.wave
+                arrivals.setdefault(rec.via_wave, []).append((rec.via_node, kept, rec.id))
+                departures.setdefault(rec.via_wave, []).append((rec.from_node, rec.gpus, rec.id))
+                departures.setdefault(rec.wave, []).append((rec.via_node, kept, rec.id))
+            else:
+                departures.setdefault(rec.wave, []).append((rec.from_node, rec.gpus, rec.id))
+            arrivals.setdefault(rec.wave, []).append((rec.to_node, kept, rec.id))
+        else:
+            departures.setdefault(rec.wave, []).append((rec.from_node, rec.gpus - kept, rec.id))
+        finished[rec.id] = rec.wave
+    swapping = {rec.id for rec in plan.recommendations if rec.swap}
+    for rec in plan.recommendations:
+        for before in rec.after:
+            assert finished[before] < rec.wave, (rec.workload_name, before)  # what it waits for is done first
+    waves = sorted(set(arrivals) | set(departures))
+    for wave in waves:
+        leaving = departures.get(wave, [])
+        for node, gpus, rid in leaving:
+            if rid in swapping:
+                used[node] -= gpus
+        for node, gpus, rid in arrivals.get(wave, []):
+            used[node] += gpus
+            assert used[node] <= capacity[node] + EPS, f"wave {wave}: {rid} overfills {node}"
+        for node, gpus, rid in leaving:
+            if rid not in swapping:
+                used[node] -= gpus
+    return waves
+
+
+def test_the_chain_of_three_moves_is_ordered() -> None:
+    snapshot = Snapshot(
+        site="eu-1",
+        nodes=[
+            SnapshotNode(name="h100-01", hardware="h100", gpus=8),
+            SnapshotNode(name="l40s-01", hardware="l40s", gpus=8),
+            SnapshotNode(name="l4-01", hardware="l4", gpus=8),
+            SnapshotNode(name="h100-02", hardware="h100", gpus=8),
+        ],
+        workloads=[
+            _w("chat-serving", "inference", "h100-01", 8, 24, 36_000, p95=41),
+            _w("tts-api", "inference", "l40s-01", 8, 12, 16_000, p95=20),
+            _w("vision-ddp", "training", "l4-01", 4, 85, 18_000),
+        ],
+    )
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(right_size=False))
+    by_name = {r.workload_name: r for r in plan.recommendations}
+    vision, tts, chat = by_name["vision-ddp"], by_name["tts-api"], by_name["chat-serving"]
+    assert (vision.to_node, tts.to_node, chat.to_node) == ("h100-02", "l4-01", "l40s-01")
+    assert (vision.wave, tts.wave, chat.wave) == (1, 2, 3)
+    assert (vision.after, tts.after, chat.after) == ([], [vision.id], [tts.id])
+    assert [r.workload_name for r in plan.recommendations] == ["vision-ddp", "tts-api", "chat-serving"]
+    assert replay(snapshot, plan) == [1, 2, 3]
+
+
+def test_two_moves_into_each_others_place_are_a_swap() -> None:
+    snapshot = Snapshot(
+        site="eu-1",
+        nodes=[
+            SnapshotNode(name="h100-01", hardware="h100", gpus=8),
+            SnapshotNode(name="l40s-01", hardware="l40s", gpus=8),
+        ],
+        workloads=[
+            _w("chat-serving", "inference", "h100-01", 8, 24, 36_000, p95=41),
+            _w("pretrain", "training", "l40s-01", 8, 90, 40_000),
+        ],
+    )
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(right_size=False))
+    chat, train = sorted(plan.recommendations, key=lambda r: r.workload_name)
+    assert (chat.to_node, train.to_node) == ("l40s-01", "h100-01")
+    assert chat.swap == [train.id] and train.swap == [chat.id] and chat.wave == train.wave == 1
+    replay(snapshot, plan)
+
+
+def test_a_cycle_is_broken_through_free_room_when_there_is_some() -> None:
+    # a → b's node and b → a's node, each node full; c has room for b's workload meanwhile
+    actions = [Action("a", "n1", 4, "n2", 4), Action("b", "n2", 4, "n1", 4)]
+    steps = order(actions, {"n1": 0, "n2": 0, "n3": 4}, can_stage=lambda a, n: True)
+    staged = [s for s in steps.values() if s.via_node]
+    assert len(staged) == 1 and staged[0].via_node == "n3" and staged[0].via_wave == 1
+    assert not any(s.swap for s in steps.values())
+    assert sorted(s.wave for s in steps.values()) == [2, 3]  # the other move, then the staged one's last hop
+
+
+def _random_fleet(seed: int) -> Snapshot:
+    rng = random.Random(seed)
+    kinds = [("h100", 8), ("a100", 8), ("l40s", 8), ("l4", 8), ("h200", 8), ("l40s", 4)]
+    nodes, workloads = [], []
+    for i in range(rng.randint(6, 14)):
+        hw, gpus = rng.choice(kinds)
+        name = f"{hw}-{i}"
+        nodes.append(SnapshotNode(name=name, hardware=hw, gpus=gpus))
+        free = gpus if rng.random() > 0.15 else 0  # a few nodes stay empty
+        j = 0
+        while free > 0 and rng.random() < 0.85:
+            size = rng.choice([s for s in (1, 2, 4, 8) if s <= free])
+            cls = rng.choice(["inference", "inference", "training", "batch_inference", "idle", "interactive"])
+            util = {"training": 90, "batch_inference": 85, "idle": 0}.get(cls, rng.uniform(3, 40))
+            mem = rng.uniform(4_000, 30_000)
+            workloads.append(_w(f"w{i}-{j}", cls, name, size, util, mem))
+            free -= size
+            j += 1
+    return Snapshot(site="s", nodes=nodes, workloads=workloads)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_plans_replay_within_capacity_after_every_move(seed: int) -> None:
+    snapshot = _random_fleet(seed)
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(max_moves=50, time_limit=5))
+    waves = replay(snapshot, plan)
+    assert [r.wave for r in plan.recommendations] == sorted(r.wave or 0 for r in plan.recommendations)
+    assert waves == sorted(waves)
+
+
+def test_random_plans_use_every_kind_and_some_wait() -> None:
+    """Across the random fleets above, the plans exercise reclaim, right-size, chains and cycles."""
+    kinds: set[str | None] = set()
+    chained = cycles = 0
+    for seed in range(12):
+        plan = plan_snapshot(_random_fleet(seed), load_catalog(), PlanSettings(max_moves=50, time_limit=5))
+        kinds |= {r.kind for r in plan.recommendations}
+        chained += sum(1 for r in plan.recommendations if r.after)
+        cycles += sum(1 for r in plan.recommendations if r.swap or r.via_node)
+    assert {"move", "reclaim", "right_size"} <= kinds
+    assert chained > 0 and cycles > 0
