@@ -182,3 +182,22 @@ def _fits_together(group: list[Action], room: dict[str, float]) -> bool:
         if a.target is not None:
             after[a.target] = after.get(a.target, 0.0) - a.need
     return all(v >= -EPS for v in after.values())
+
+
+def waiting_on(after: dict[str, list[str]], dismissed: set[str]) -> dict[str, list[str]]:
+    """For each action (id → the ids it waits for or swaps with), the dismissed ones it waits for, directly or
+    through others: such an action cannot be carried out as planned."""
+    out: dict[str, list[str]] = {}
+    for start, direct in after.items():
+        found: set[str] = set()
+        seen, stack = {start}, list(direct)
+        while stack:
+            rid = stack.pop()
+            if rid in seen:
+                continue
+            seen.add(rid)
+            if rid in dismissed:
+                found.add(rid)
+            stack += after.get(rid, [])
+        out[start] = sorted(found)
+    return out

@@ -4,11 +4,13 @@ never puts more GPUs on a node than it has, and each action names the ones it wa
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from agent.protocol import Plan, Recommendation
 from optimizer.catalog import load_catalog
+from optimizer.lifecycle import Lifecycle, RecState
 from optimizer.ordering import Action, order
 from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
@@ -81,8 +83,8 @@ def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
     return waves
 
 
-def test_the_chain_of_three_moves_is_ordered() -> None:
-    snapshot = Snapshot(
+def _chain_snapshot() -> Snapshot:
+    return Snapshot(
         site="eu-1",
         nodes=[
             SnapshotNode(name="h100-01", hardware="h100", gpus=8),
@@ -96,6 +98,10 @@ def test_the_chain_of_three_moves_is_ordered() -> None:
             _w("vision-ddp", "training", "l4-01", 4, 85, 18_000),
         ],
     )
+
+
+def test_the_chain_of_three_moves_is_ordered() -> None:
+    snapshot = _chain_snapshot()
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(right_size=False))
     by_name = {r.workload_name: r for r in plan.recommendations}
     vision, tts, chat = by_name["vision-ddp"], by_name["tts-api"], by_name["chat-serving"]
@@ -166,13 +172,31 @@ def test_random_plans_replay_within_capacity_after_every_move(seed: int) -> None
 
 
 def test_random_plans_use_every_kind_and_some_wait() -> None:
-    """Across the random fleets above, the plans exercise reclaim, right-size, chains and cycles."""
+    """Across the random fleets above, the plans exercise reclaim, right-size and chains (cycles have their own
+    tests above: which optimum CP-SAT returns decides whether a random plan has one)."""
     kinds: set[str | None] = set()
-    chained = cycles = 0
+    chained = 0
     for seed in range(12):
         plan = plan_snapshot(_random_fleet(seed), load_catalog(), PlanSettings(max_moves=50, time_limit=5))
         kinds |= {r.kind for r in plan.recommendations}
         chained += sum(1 for r in plan.recommendations if r.after)
-        cycles += sum(1 for r in plan.recommendations if r.swap or r.via_node)
     assert {"move", "reclaim", "right_size"} <= kinds
-    assert chained > 0 and cycles > 0
+    assert chained > 0
+
+
+def test_dismissing_a_move_marks_what_waits_for_it(tmp_path: Path) -> None:
+    snapshot = _chain_snapshot()
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(right_size=False))
+    by_name = {r.workload_name: r for r in plan.recommendations}
+    life = Lifecycle.in_state_dir(tmp_path)
+    placements = {w.id: w.nodes[0] for w in snapshot.workloads}
+    life.record(plan, placements)
+    life.set_state(by_name["vision-ddp"].id, RecState.DISMISSED)
+    marks = {t.recommendation.workload_name: t.recommendation.blocked_by for t in life.list()}
+    # tts-api waits for vision-ddp directly, chat-serving through tts-api
+    assert marks == {"tts-api": [by_name["vision-ddp"].id], "chat-serving": [by_name["vision-ddp"].id]}
+    life.record(plan, placements)  # the next plan proposes the same moves: the marks stay
+    assert all(t.recommendation.blocked_by for t in life.list())
+    life.set_state(by_name["vision-ddp"].id, RecState.NEW)  # reopened
+    assert [t.recommendation.workload_name for t in life.list()] == ["vision-ddp", "tts-api", "chat-serving"]
+    assert not any(t.recommendation.blocked_by for t in life.list())
