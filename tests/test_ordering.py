@@ -4,9 +4,12 @@ never puts more GPUs on a node than it has, and each action names the ones it wa
 from __future__ import annotations
 
 import random
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import FLEETFIT
 
 from agent.protocol import Plan, Recommendation
 from optimizer.catalog import load_catalog
@@ -200,3 +203,25 @@ def test_dismissing_a_move_marks_what_waits_for_it(tmp_path: Path) -> None:
     life.set_state(by_name["vision-ddp"].id, RecState.NEW)  # reopened
     assert [t.recommendation.workload_name for t in life.list()] == ["vision-ddp", "tts-api", "chat-serving"]
     assert not any(t.recommendation.blocked_by for t in life.list())
+
+
+def test_plan_command_lists_actions_wave_by_wave_with_the_bound() -> None:
+    example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "chain.json"
+    out = subprocess.run([FLEETFIT, "plan", str(example)], capture_output=True, timeout=60, check=True).stdout.decode()
+    listed = [line.split()[1:3] for line in out.splitlines() if re.match(r"^\s+\d+\. ", line)]
+    assert listed[-2:] == [["move", "tts-api"], ["move", "chat-serving"]]  # the chain's tail, in order
+    assert {tuple(x) for x in listed[:3]} == {
+        ("reclaim", "forgotten-alloc"),
+        ("right-size", "rerank-api"),
+        ("move", "vision-ddp"),
+    }
+    assert "  wave 3:" in out and "after: #4" in out
+    assert re.search(r"no plan saves more than \$[\d,]+/month \(\d+\.\d% of that bound", out)
+    plan = Plan.model_validate_json(
+        subprocess.run(
+            [FLEETFIT, "plan", str(example), "--format", "json"], capture_output=True, timeout=60, check=True
+        ).stdout
+    )
+    assert [r.wave for r in plan.recommendations] == [1, 1, 1, 2, 3]
+    assert plan.solver.bound_savings_usd is not None and plan.solver.savings_usd is not None
+    assert plan.solver.savings_usd <= plan.solver.bound_savings_usd + 0.01
