@@ -9,6 +9,7 @@ feasible starting point.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -58,6 +59,8 @@ class Problem:
     pools: bool = True  # identical idle-room nodes solved as pools (optimizer/pools.py)
     pool_min_members: int = 4  # smaller groups stay separate nodes: pooling them saves nothing
     right_size: bool = True  # online inference may hold fewer GPUs where its daily peak still fits
+    room_moves: int = 4  # nodes of its own hardware offered to each workload, to make room for others
+    room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
 
 
 @dataclass(slots=True)
@@ -121,12 +124,14 @@ def _candidates(
     if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
         at_home, home_cost = None, cost_now
     out = _Options(cost_now, {w.node: home_cost}, {}, {here.hardware: (at_home or w.demand).gpus}, None)
-    # Nodes of its own hardware: a move there saves nothing by itself but can free a node for one that does,
-    # so the one-off cost alone decides. At fleet scale only the roomiest few are offered.
-    gpus_home = out.gpus[here.hardware]
-    same = [n for n in targets.nodes(here.hardware, gpus_home) if n != w.node and slots[n].gpus >= gpus_home]
-    for name in same if targets.per_type >= len(problem.nodes) else same[: targets.per_type // 6]:
-        out.nodes[name] = home_cost
+    # The roomiest few nodes of its own hardware: a move there saves nothing by itself but can free its node
+    # for one that does, so the one-off cost alone decides. Only on small fleets: these near-equal choices
+    # multiply the symmetric solutions CP-SAT must wade through, and stall it at a few hundred nodes.
+    if len(problem.movable) * len(problem.nodes) <= problem.room_model_limit:
+        gpus_home = out.gpus[here.hardware]
+        same = (n for n in targets.nodes(here.hardware, gpus_home) if n != w.node and slots[n].gpus >= gpus_home)
+        for name in itertools.islice(same, problem.room_moves):
+            out.nodes[name] = home_cost
     for key in targets.by_hardware:
         if key == here.hardware:
             continue
