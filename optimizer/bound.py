@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ortools.linear_solver import pywraplp
@@ -29,6 +29,7 @@ class BoundOptions:
     """What one workload may do: its hardware today, its monthly cost today, and per hardware type it may
     run on (its own included) the monthly cost and GPUs there."""
 
+    id: str
     home: str
     now: float
     by_type: dict[str, tuple[float, int]]
@@ -38,6 +39,7 @@ class BoundOptions:
 class Bound:
     savings: float  # US$ a month; no plan within the move budget saves more
     seconds: float
+    fractions: dict[str, dict[str, float]] = field(default_factory=dict)  # workload → hardware → LP share
     method: str = METHOD
 
 
@@ -54,22 +56,23 @@ def per_type_bound(problem: Problem, options: Iterable[BoundOptions]) -> Bound |
     moves: list[pywraplp.Variable] = []
     objective = solver.Objective()
     total_now = 0.0
+    rows: dict[str, list[tuple[str, pywraplp.Variable]]] = {}
     for o in options:
         total_now += o.now
-        row = []
+        row = rows[o.id] = []
         for key, (cost, gpus) in o.by_type.items():
             if key not in free:
                 continue
             var = solver.NumVar(0.0, 1.0, "")
             objective.SetCoefficient(var, cost)
             terms.setdefault(key, []).append((gpus, var))
-            row.append(var)
+            row.append((key, var))
             if key != o.home:
                 moves.append(var)
         if not row:
             return None  # a workload on hardware the problem does not list: nothing sound to say
         one = solver.Constraint(1.0, 1.0)
-        for var in row:
+        for _, var in row:
             one.SetCoefficient(var, 1.0)
     objective.SetMinimization()
     for key, placed in terms.items():
@@ -87,4 +90,5 @@ def per_type_bound(problem: Problem, options: Iterable[BoundOptions]) -> Bound |
             budget.SetCoefficient(var, 1.0)
     if solver.Solve() != pywraplp.Solver.OPTIMAL:
         return None
-    return Bound(round(total_now - objective.Value(), 2), round(time.perf_counter() - started, 4))
+    fractions = {wid: {key: var.solution_value() for key, var in row} for wid, row in rows.items()}
+    return Bound(round(total_now - objective.Value(), 2), round(time.perf_counter() - started, 4), fractions)

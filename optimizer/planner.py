@@ -20,6 +20,7 @@ from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog
 from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized
 from optimizer.pools import Pool, assign, build_pools
+from optimizer.rounding import Candidate, pack
 
 CENTS = 100
 MAX_PACKING_ROUNDS = 3
@@ -61,6 +62,7 @@ class Problem:
     right_size: bool = True  # online inference may hold fewer GPUs where its daily peak still fits
     room_moves: int = 4  # nodes of its own hardware offered to each workload, to make room for others
     room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
+    bound_tolerance: float = 0.001  # at fleet scale, a start this close to the bound's savings is the plan
 
 
 @dataclass(slots=True)
@@ -265,15 +267,33 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         options[w.id] = o = _candidates(catalog, problem, targets, w, slots)
         if len(o.nodes) == 1 and o.why_not:
             blocked[w.id] = o.why_not
-    # the greedy pass sees every concrete node; its placement, pooled, is the hint and always a choice
+    # The greedy pass and the LP rounded onto nodes both see every concrete node; the cheaper of the two,
+    # pooled, is the hint and always a choice.
     concrete = _Targets.of(problem) if pools else targets
     greedy = _greedy(problem, concrete, options)
-    start = {wid: member_of[node].key if node in member_of else node for wid, node in greedy.items()}
-    size: dict[tuple[str, str], int] = {}  # (workload, node) → GPUs it holds there
+    bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
+    hint = greedy
+    if bound is not None:
+        rounded = _rounded(problem, options, bound, slots)
+        if _placement_cost(problem, options, rounded, slots) < _placement_cost(problem, options, greedy, slots):
+            hint = rounded
+    start = {wid: member_of[node].key if node in member_of else node for wid, node in hint.items()}
     for w in problem.movable:
         o = options[w.id]
         if start[w.id] not in o.nodes:
             o.nodes[start[w.id]] = o.types[slots[start[w.id]].hardware]
+    if targets.per_type < len(model_nodes) and bound is not None:
+        saved = sum(o.now for o in options.values()) - _placement_cost(problem, options, hint, slots, one_off=False)
+        if saved >= (1 - problem.bound_tolerance) * bound.savings:
+            # Proven within the tolerance of the best possible: CP-SAT could add at most that much, and at
+            # fleet scale it spends its whole time limit in presolve before it finds anything.
+            kept = _kept(problem, options, start, pools, blocked, slots, hint, bound, started)
+            if kept is not None:
+                return kept
+        _focus(problem, options, bound, start, slots)
+    size: dict[tuple[str, str], int] = {}  # (workload, node) → GPUs it holds there
+    for w in problem.movable:
+        o = options[w.id]
         row = []
         for node, cost in o.nodes.items():
             var = model.new_bool_var(f"x[{w.id}@{node}]")
@@ -297,7 +317,6 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         model.add(sum(moves) <= problem.max_moves)
     _spread_replicas(model, problem, choice, pools)
     model.minimize(sum(objective))
-    bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = problem.time_limit_s
@@ -322,6 +341,12 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             model.add(choice[wid, chosen[wid]] == 0)
         status = solver.solve(model)
     name = solver.status_name(status)
+    if status == cp_model.UNKNOWN:
+        # Out of time before CP-SAT had a solution (presolve alone can take that long at fleet scale): the
+        # starting placement is feasible and at least as good as the greedy, so it is the plan.
+        kept = _kept(problem, options, start, pools, blocked, slots, hint, bound, started)
+        if kept is not None:
+            return kept
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # Infeasible only if the current placement itself overflows a node (stale telemetry): keep it.
         placement = {w.id: w.node for w in problem.movable}
@@ -340,6 +365,47 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         gap=round(abs(value - best) / max(abs(value), 1e-9), 6) if value else 0.0,
         solve_seconds=round(elapsed, 4),
     )
+    return _solution(problem, options, chosen, placement, size, report, blocked, bound)
+
+
+def _kept(
+    problem: Problem,
+    options: dict[str, _Options],
+    start: dict[str, str],
+    pools: dict[str, Pool],
+    blocked: dict[str, str],
+    slots: dict[str, NodeSlot],
+    hint: dict[str, str],
+    bound: Bound | None,
+    started: float,
+) -> Solution | None:
+    """The starting placement as the plan (None if a pool's share of it does not pack)."""
+    chosen = {w.id: start[w.id] for w in problem.movable}
+    size = {(w.id, chosen[w.id]): options[w.id].gpus[slots[chosen[w.id]].hardware] for w in problem.movable}
+    if _misfits(problem, chosen, pools, size):
+        return None
+    report = SolverReport(
+        status="HEURISTIC",
+        objective=round(_placement_cost(problem, options, hint, slots), 2),
+        best_bound=0.0,
+        gap=0.0,
+        solve_seconds=round(time.perf_counter() - started, 4),
+    )
+    size.update({(w.id, w.node): options[w.id].gpus[slots[w.node].hardware] for w in problem.movable})
+    placement = _concrete(problem, chosen, pools, blocked, size)
+    return _solution(problem, options, chosen, placement, size, report, blocked, bound)
+
+
+def _solution(
+    problem: Problem,
+    options: dict[str, _Options],
+    chosen: dict[str, str],
+    placement: dict[str, str],
+    size: dict[tuple[str, str], int],
+    report: SolverReport,
+    blocked: dict[str, str],
+    bound: Bound | None,
+) -> Solution:
     monthly: dict[str, tuple[float, float]] = {}
     held: dict[str, int] = {}
     for w in problem.movable:
@@ -354,7 +420,58 @@ def _as_bound_options(w: Movable, o: _Options, slots: dict[str, NodeSlot]) -> Bo
     home = slots[w.node].hardware
     by_type = {key: (cost, o.gpus[key]) for key, cost in o.types.items()}
     by_type[home] = (o.nodes[w.node], o.gpus[home])
-    return BoundOptions(home=home, now=o.now, by_type=by_type)
+    return BoundOptions(id=w.id, home=home, now=o.now, by_type=by_type)
+
+
+def _rounded(
+    problem: Problem, options: dict[str, _Options], bound: Bound, slots: dict[str, NodeSlot]
+) -> dict[str, str]:
+    """The LP's placement packed onto concrete nodes (optimizer/rounding.py)."""
+    room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
+    for w in problem.movable:
+        room[w.node] -= w.demand.gpus
+    candidates = []
+    for w in problem.movable:
+        b = _as_bound_options(w, options[w.id], slots)
+        fractions = bound.fractions.get(w.id, {})
+        candidates.append(Candidate(w.id, w.node, b.home, w.demand.gpus, w.service, b.by_type, fractions))
+    hardware = {n.name: n.hardware for n in problem.nodes}
+    return {wid: node for wid, (node, _) in pack(candidates, room, hardware, problem.max_moves).items()}
+
+
+def _placement_cost(
+    problem: Problem,
+    options: dict[str, _Options],
+    placement: dict[str, str],
+    slots: dict[str, NodeSlot],
+    one_off: bool = True,
+) -> float:
+    """The objective of a concrete placement: monthly cost plus (``one_off``) the one-off cost of its moves."""
+    hardware = {n.name: n.hardware for n in problem.nodes}
+    total = 0.0
+    for w in problem.movable:
+        o, node = options[w.id], placement[w.id]
+        if node == w.node:
+            total += o.nodes[w.node]
+        else:
+            total += o.types.get(hardware[node], o.nodes[w.node]) + (w.move_cost_usd if one_off else 0.0)
+    return total
+
+
+def _focus(
+    problem: Problem, options: dict[str, _Options], bound: Bound, start: dict[str, str], slots: dict[str, NodeSlot]
+) -> None:
+    """At fleet scale, offer each workload only nodes of the hardware types the LP gives some of it, besides
+    its own node and its starting one: the LP has already priced every type, and a model a fifth the size
+    leaves CP-SAT time to improve on the start."""
+    for w in problem.movable:
+        o = options[w.id]
+        keep = {key for key, share in bound.fractions.get(w.id, {}).items() if share > 1e-6}
+        o.nodes = {
+            node: cost
+            for node, cost in o.nodes.items()
+            if node in (w.node, start[w.id]) or slots[node].hardware in keep
+        }
 
 
 def _pool_shares(
