@@ -86,7 +86,8 @@ async def _run(
         config = OptimizerConfig(
             mqtt=mqtt,
             optimizer=OptimizerSettings(solve_interval=options.solve_interval, horizon_windows=60, state_dir=state_dir),
-            plan=PlanSettings(time_limit=5.0),
+            # the demo's fleet is minutes old: it releases and resizes on what it has seen, not on a day of it
+            plan=PlanSettings(time_limit=5.0, history_min_hours=0),
         )
         lifecycle, alerter = _alerting(options.webhooks, state_dir)
         optimizer = Optimizer(config, load_catalog(), on_plan=on_plan, lifecycle=lifecycle, alerter=alerter)
