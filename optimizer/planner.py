@@ -63,6 +63,7 @@ class Problem:
     room_moves: int = 4  # nodes of its own hardware offered to each workload, to make room for others
     room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
     bound_tolerance: float = 0.001  # at fleet scale, a start this close to the bound's savings is the plan
+    exact_model_limit: int = 20_000  # model variables up to which CP-SAT always solves (fleet scale above)
 
 
 @dataclass(slots=True)
@@ -282,7 +283,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         o = options[w.id]
         if start[w.id] not in o.nodes:
             o.nodes[start[w.id]] = o.types[slots[start[w.id]].hardware]
-    if targets.per_type < len(model_nodes) and bound is not None:
+    if sum(len(o.nodes) for o in options.values()) > problem.exact_model_limit and bound is not None:
         saved = sum(o.now for o in options.values()) - _placement_cost(problem, options, hint, slots, one_off=False)
         if saved >= (1 - problem.bound_tolerance) * bound.savings:
             # Proven within the tolerance of the best possible: CP-SAT could add at most that much, and at
@@ -319,7 +320,12 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     model.minimize(sum(objective))
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = problem.time_limit_s
+    # the time limit covers the whole solve: building the model at fleet scale takes seconds of it
+    solver.parameters.max_time_in_seconds = max(problem.time_limit_s - (time.perf_counter() - started), 1.0)
+    if len(choice) > problem.exact_model_limit:
+        # Symmetry detection takes most of the time limit on these models (packing constraints of thousands of
+        # nodes) before the search starts; the hint already gives a solution to improve.
+        solver.parameters.symmetry_level = 0
     solver.parameters.num_workers = problem.workers
     solver.parameters.random_seed = 1
     # CP-SAT would otherwise install its own SIGINT handler and leave SIG_DFL behind, so a later Ctrl-C

@@ -51,7 +51,6 @@ def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
             used[node] += w.gpus / len(w.nodes)
     arrivals: dict[int, list[tuple[str, float, str]]] = {}
     departures: dict[int, list[tuple[str, float, str]]] = {}
-    finished: dict[str, int] = {}
     for rec in plan.recommendations:
         assert rec.wave is not None
         kept = _held(rec)
@@ -66,11 +65,17 @@ def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
             arrivals.setdefault(rec.wave, []).append((rec.to_node, kept, rec.id))
         else:
             departures.setdefault(rec.wave, []).append((rec.from_node, rec.gpus - kept, rec.id))
-        finished[rec.id] = rec.wave
     swapping = {rec.id for rec in plan.recommendations if rec.swap}
+    by_id = {rec.id: rec for rec in plan.recommendations}
     for rec in plan.recommendations:
-        for before in rec.after:
-            assert finished[before] < rec.wave, (rec.workload_name, before)  # what it waits for is done first
+        lands = {rec.to_node: rec.wave} | ({rec.via_node: rec.via_wave} if rec.via_node else {})
+        for before in rec.after:  # what it waits for left a node it lands on, in an earlier wave
+            d = by_id[before]
+            leaves = {d.from_node: d.via_wave or d.wave} | ({d.via_node: d.wave} if d.via_node else {})
+            assert any(node in leaves and (leaves[node] or 0) < (wave or 0) for node, wave in lands.items()), (
+                rec.workload_name,
+                before,
+            )
     waves = sorted(set(arrivals) | set(departures))
     for wave in waves:
         leaving = departures.get(wave, [])
