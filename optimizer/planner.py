@@ -62,7 +62,7 @@ class Problem:
     right_size: bool = True  # online inference may hold fewer GPUs where its daily peak still fits
     room_moves: int = 4  # nodes of its own hardware offered to each workload, to make room for others
     room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
-    bound_tolerance: float = 0.001  # at fleet scale, a start this close to the bound's savings is the plan
+    bound_tolerance: float = 0.005  # at fleet scale, a start this close to the bound's savings is the plan
     exact_model_limit: int = 20_000  # model variables up to which CP-SAT always solves (fleet scale above)
 
 
@@ -345,6 +345,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             model.add_hint(var, node == (home[wid] if wid in misfits else chosen[wid]))
         for wid in misfits:
             model.add(choice[wid, chosen[wid]] == 0)
+        solver.parameters.max_time_in_seconds = max(problem.time_limit_s - (time.perf_counter() - started), 1.0)
         status = solver.solve(model)
     name = solver.status_name(status)
     if status == cp_model.UNKNOWN:
