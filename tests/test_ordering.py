@@ -3,6 +3,7 @@ never puts more GPUs on a node than it has, and each action names the ones it wa
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import subprocess
@@ -12,6 +13,9 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Plan, Recommendation
+from optimizer.alerts.notice import Item, Notice, Status
+from optimizer.alerts.payloads import render
+from optimizer.alerts.settings import Severity
 from optimizer.catalog import load_catalog
 from optimizer.lifecycle import Lifecycle, RecState
 from optimizer.ordering import Action, order
@@ -230,3 +234,20 @@ def test_plan_command_lists_actions_wave_by_wave_with_the_bound() -> None:
     assert [r.wave for r in plan.recommendations] == [1, 1, 1, 2, 3]
     assert plan.solver.bound_savings_usd is not None and plan.solver.savings_usd is not None
     assert plan.solver.savings_usd <= plan.solver.bound_savings_usd + 0.01
+
+
+def test_generic_webhook_lists_actions_in_order_with_kind_and_wave() -> None:
+    plan = plan_snapshot(
+        Snapshot.model_validate_json((Path(__file__).resolve().parent.parent / "docs/examples/chain.json").read_text()),
+        load_catalog(),
+        PlanSettings(),
+    )
+    items = [Item(r, Status.NEW, Severity.WARNING) for r in reversed(plan.recommendations)]
+    body = json.loads(render("generic", Notice("eu-1", 1_700_000_000.0, items), 256_000))
+    firing = body["firing"]
+    assert [m["id"] for m in firing][-2:] == [r.id for r in plan.recommendations][-2:]  # the chain's tail last
+    assert [m["wave"] for m in firing] == sorted(m["wave"] for m in firing)
+    by_name = {m["workload_name"]: m for m in firing}
+    assert by_name["forgotten-alloc"]["kind"] == "reclaim" and by_name["forgotten-alloc"]["gpus_after"] == 0
+    assert by_name["rerank-api"]["kind"] == "right_size"
+    assert by_name["chat-serving"]["after"] == [by_name["tts-api"]["id"]]
