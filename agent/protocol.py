@@ -419,6 +419,7 @@ class Recommendation(_Model):
     swap: list[str] = Field(default_factory=list, description="ids carried out together with this one")
     gpus_after: float | None = Field(default=None, ge=0, description="GPUs held afterwards (right_size, reclaim)")
     blocked_by: list[str] = Field(default_factory=list, description="dismissed actions this one waits for")
+    gpu_share: float | None = Field(default=None, gt=0, le=1, description="the share of one GPU it holds")
 
 
 class Blocked(_Model):

@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 from agent.protocol import SolverReport
 from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog
-from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized
+from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, units
 from optimizer.pools import Pool, assign, build_pools
 from optimizer.rounding import Candidate, pack
 
@@ -60,6 +60,7 @@ class Problem:
     pools: bool = True  # identical idle-room nodes solved as pools (optimizer/pools.py)
     pool_min_members: int = 4  # smaller groups stay separate nodes: pooling them saves nothing
     right_size: bool = True  # online inference may hold fewer GPUs where its daily peak still fits
+    units: int = 1  # capacity units per GPU: node GPUs, fixed usage and the plan's GPUs are counted in them
     room_moves: int = 4  # nodes of its own hardware offered to each workload, to make room for others
     room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
     bound_tolerance: float = 0.005  # at fleet scale, a start this close to the bound's savings is the plan
@@ -72,7 +73,7 @@ class Solution:
     report: SolverReport
     monthly_cost: dict[str, tuple[float, float]] = field(default_factory=dict)  # (now, planned)
     blocked: dict[str, str] = field(default_factory=dict)  # workload id → why no better home was allowed
-    gpus: dict[str, int] = field(default_factory=dict)  # workload id → GPUs it holds in the plan
+    gpus: dict[str, int] = field(default_factory=dict)  # workload id → capacity units it holds in the plan
     bound: Bound | None = None  # no placement within the move budget saves more a month
 
 
@@ -87,7 +88,7 @@ class _Targets:
     def of(cls, problem: Problem) -> _Targets:
         room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
         for w in problem.movable:
-            room[w.node] = room.get(w.node, 0) - w.demand.gpus
+            room[w.node] = room.get(w.node, 0) - units(w.demand, problem.units)
         by_hardware: dict[str, list[tuple[int, str]]] = {}
         for n in problem.nodes:
             by_hardware.setdefault(n.hardware, []).append((room[n.name], n.name))
@@ -126,7 +127,7 @@ def _candidates(
     home_cost = monthly_cost(catalog, at_home, current, current) if at_home is not None else cost_now
     if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
         at_home, home_cost = None, cost_now
-    out = _Options(cost_now, {w.node: home_cost}, {}, {here.hardware: (at_home or w.demand).gpus}, None)
+    out = _Options(cost_now, {w.node: home_cost}, {}, {here.hardware: units(at_home or w.demand, problem.units)}, None)
     # The roomiest few nodes of its own hardware: a move there saves nothing by itself but can free its node
     # for one that does, so the one-off cost alone decides. Only on small fleets: these near-equal choices
     # multiply the symmetric solutions CP-SAT must wade through, and stall it at a few hundred nodes.
@@ -150,9 +151,9 @@ def _candidates(
             out.why_not = problem_text
         if problem_text is None and worth:
             out.types[key] = cost
-            out.gpus[key] = demand.gpus
-            for name in targets.nodes(key, demand.gpus):
-                if slots[name].gpus >= demand.gpus:
+            out.gpus[key] = size = units(demand, problem.units)
+            for name in targets.nodes(key, size):
+                if slots[name].gpus >= size:
                     out.nodes[name] = cost
     return out
 
@@ -190,7 +191,7 @@ def _greedy(problem: Problem, targets: _Targets, options: dict[str, _Options]) -
             )
             if node is not None:
                 room[node] -= gpus
-                room[w.node] += w.demand.gpus
+                room[w.node] += units(w.demand, problem.units)
                 placement[w.id] = node
                 if w.service:
                     taken.add((w.service, node))
@@ -359,7 +360,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         placement = {w.id: w.node for w in problem.movable}
         elapsed = time.perf_counter() - started
         report = SolverReport(status=name, objective=0.0, best_bound=0.0, gap=0.0, solve_seconds=elapsed)
-        return Solution(placement, report, blocked=blocked, gpus={w.id: w.demand.gpus for w in problem.movable})
+        held = {w.id: units(w.demand, problem.units) for w in problem.movable}
+        return Solution(placement, report, blocked=blocked, gpus=held)
     chosen = {w.id: next(n for n in options[w.id].nodes if solver.value(choice[w.id, n])) for w in problem.movable}
     placement = _concrete(problem, chosen, pools, blocked, size)
     elapsed = time.perf_counter() - started
@@ -436,12 +438,13 @@ def _rounded(
     """The LP's placement packed onto concrete nodes (optimizer/rounding.py)."""
     room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
     for w in problem.movable:
-        room[w.node] -= w.demand.gpus
+        room[w.node] -= units(w.demand, problem.units)
     candidates = []
     for w in problem.movable:
         b = _as_bound_options(w, options[w.id], slots)
         fractions = bound.fractions.get(w.id, {})
-        candidates.append(Candidate(w.id, w.node, b.home, w.demand.gpus, w.service, b.by_type, fractions))
+        now = units(w.demand, problem.units)
+        candidates.append(Candidate(w.id, w.node, b.home, now, w.service, b.by_type, fractions))
     hardware = {n.name: n.hardware for n in problem.nodes}
     return {wid: node for wid, (node, _) in pack(candidates, room, hardware, problem.max_moves).items()}
 

@@ -4,6 +4,7 @@ capacity team acts on, and say why the misplacements it does not move stay where
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Literal
 
@@ -21,6 +22,7 @@ from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, reso
 Risk = Literal["low", "medium", "high"]
 COLD_START_HOURS = 30 / 3600  # a large model takes 10-30 s to load
 LOST_TRAINING_HOURS = 0.5  # work lost on restart: half of an hourly checkpoint interval
+SHARE_UNITS = 100  # capacity units per GPU when the snapshot has shares of GPUs (a share rounds up)
 
 
 class PlanSettings(BaseModel):
@@ -93,7 +95,7 @@ def _impact(catalog: Catalog, r: Resolved, target: GpuType, gpus: int | None = N
 def _move_cost(settings: PlanSettings, r: Resolved) -> float:
     assert r.hardware is not None
     hours = LOST_TRAINING_HOURS if r.w.workload_class in THROUGHPUT_BOUND else COLD_START_HOURS
-    return settings.move_cost_usd + r.w.gpus * r.hardware.price_per_gpu_hour * hours
+    return settings.move_cost_usd + r.w.gpus * r.w.share * r.hardware.price_per_gpu_hour * hours
 
 
 def _why_stays(
@@ -216,14 +218,15 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
     room = {n.name: float(n.gpus) for n in snapshot.nodes}
     for w in snapshot.workloads:
         for node in w.nodes:
-            room[node] -= w.gpus / len(w.nodes)
+            room[node] -= w.gpus / len(w.nodes) * w.share
     actions = []
     for rec in sorted(recs, key=lambda x: -x.monthly_savings_usd):
-        kept = rec.gpus if rec.gpus_after is None else rec.gpus_after
+        share = rec.gpu_share or 1.0
+        kept = (rec.gpus if rec.gpus_after is None else rec.gpus_after) * share
         if rec.kind == "move":
-            actions.append(Action(rec.id, rec.from_node, rec.gpus, rec.to_node, kept))
+            actions.append(Action(rec.id, rec.from_node, rec.gpus * share, rec.to_node, kept))
         else:
-            actions.append(Action(rec.id, rec.from_node, rec.gpus - kept))
+            actions.append(Action(rec.id, rec.from_node, rec.gpus * share - kept))
     steps = order(actions, room, lambda a, n: a.target is not None and node_hw.get(n) == node_hw.get(a.target))
     placed = [
         rec.model_copy(
@@ -243,11 +246,13 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
 def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
     """Plan moves for a snapshot (live or offline)."""
     resolved = resolve(catalog, snapshot)
+    # capacity in hundredths of a GPU when some workloads hold a share of one, else in whole GPUs
+    per_gpu = SHARE_UNITS if any(w.share < 1 for w in snapshot.workloads) else 1
     nodes = []
     for n in snapshot.nodes:
         hw = hardware_of(catalog, n.hardware)
         if hw is not None:
-            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus))
+            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus * per_gpu))
     known = {n.name for n in nodes}
     fixed: dict[str, int] = {}
     movable = []
@@ -273,7 +278,8 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
             movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service, a_day))
         else:
             for node in r.w.nodes:
-                fixed[node] = fixed.get(node, 0) + r.w.gpus // len(r.w.nodes)
+                held = math.ceil(r.w.gpus // len(r.w.nodes) * r.w.share * per_gpu - 1e-9)
+                fixed[node] = fixed.get(node, 0) + held
     problem = Problem(
         nodes=nodes,
         fixed_usage=fixed,
@@ -284,6 +290,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         time_limit_s=settings.time_limit,
         pools=settings.pools,
         right_size=settings.right_size,
+        units=per_gpu,
     )
     solution = solve(catalog, problem)
     node_hw = {n.name: n.hardware for n in nodes}
@@ -292,12 +299,15 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         if target_node is None or r.hardware is None:
             continue
         cost_now, planned = solution.monthly_cost.get(r.w.id, (0.0, 0.0))
-        gpus = solution.gpus.get(r.w.id, r.w.gpus)
+        # shares are never resized; whole GPUs are counted in multiples of per_gpu units
+        gpus = r.w.gpus if r.w.share < 1 else solution.gpus.get(r.w.id, r.w.gpus * per_gpu) // per_gpu
         if target_node != r.node:
             target = catalog.by_key(node_hw[target_node])
             recommendations.append(_move(catalog, r, target_node, target, gpus, cost_now - planned))
         elif gpus < r.w.gpus:
             recommendations.append(_right_size(catalog, r, gpus, cost_now - planned))
+    shares = {r.w.id: r.w.share for r in resolved if r.w.share < 1}
+    recommendations = [x.model_copy(update={"gpu_share": shares.get(x.workload)}) for x in recommendations]
     recommendations = _in_order(snapshot, node_hw, recommendations)
     moved = {x.workload for x in recommendations}
     moves = sum(1 for x in recommendations if x.kind == "move")

@@ -87,6 +87,10 @@ def _what(r: Recommendation) -> str:
     return f"{r.from_node} [{r.from_hardware}] -> {r.to_node} [{r.to_hardware}]{size}{via}"
 
 
+def _held(r: Recommendation) -> str:
+    return f"{r.gpu_share:.2g} of a GPU" if r.gpu_share is not None else f"{r.gpus} GPU"
+
+
 def _actions(plan: Plan) -> list[str]:
     """The recommendations numbered in the order to carry them out, each with what it waits for."""
     number = {r.id: i for i, r in enumerate(plan.recommendations, 1)}
@@ -98,7 +102,7 @@ def _actions(plan: Plan) -> list[str]:
             lines.append(f"  wave {wave}:")
         lines.append(
             f"  {number[r.id]:>3}. {(r.kind or 'move').replace('_', '-')} {r.workload_name} "
-            f"({r.workload_class.value}, {r.gpus} GPU): {_what(r)}  ${r.monthly_savings_usd:,.0f}/month"
+            f"({r.workload_class.value}, {_held(r)}): {_what(r)}  ${r.monthly_savings_usd:,.0f}/month"
         )
         if r.after:
             lines.append(f"      after: {', '.join(f'#{number[a]}' for a in r.after if a in number)}")

@@ -42,7 +42,7 @@ def _w(wid: str, cls: str, node: str, gpus: int, util: float, mem: float, p95: f
 
 
 def _held(rec: Recommendation) -> float:
-    return rec.gpus if rec.gpus_after is None else rec.gpus_after
+    return (rec.gpus if rec.gpus_after is None else rec.gpus_after) * (rec.gpu_share or 1.0)
 
 
 def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
@@ -52,23 +52,23 @@ def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
     used = dict.fromkeys(capacity, 0.0)
     for w in snapshot.workloads:
         for node in w.nodes:
-            used[node] += w.gpus / len(w.nodes)
+            used[node] += w.gpus / len(w.nodes) * w.share
     arrivals: dict[int, list[tuple[str, float, str]]] = {}
     departures: dict[int, list[tuple[str, float, str]]] = {}
     for rec in plan.recommendations:
         assert rec.wave is not None
-        kept = _held(rec)
+        kept, share = _held(rec), rec.gpu_share or 1.0
         if rec.kind == "move":
             if rec.via_node is not None:
                 assert rec.via_wave is not None and rec.via_wave < rec.wave
                 arrivals.setdefault(rec.via_wave, []).append((rec.via_node, kept, rec.id))
-                departures.setdefault(rec.via_wave, []).append((rec.from_node, rec.gpus, rec.id))
+                departures.setdefault(rec.via_wave, []).append((rec.from_node, rec.gpus * share, rec.id))
                 departures.setdefault(rec.wave, []).append((rec.via_node, kept, rec.id))
             else:
-                departures.setdefault(rec.wave, []).append((rec.from_node, rec.gpus, rec.id))
+                departures.setdefault(rec.wave, []).append((rec.from_node, rec.gpus * share, rec.id))
             arrivals.setdefault(rec.wave, []).append((rec.to_node, kept, rec.id))
         else:
-            departures.setdefault(rec.wave, []).append((rec.from_node, rec.gpus - kept, rec.id))
+            departures.setdefault(rec.wave, []).append((rec.from_node, rec.gpus * share - kept, rec.id))
     swapping = {rec.id for rec in plan.recommendations if rec.swap}
     by_id = {rec.id: rec for rec in plan.recommendations}
     for rec in plan.recommendations:
@@ -251,3 +251,22 @@ def test_generic_webhook_lists_actions_in_order_with_kind_and_wave() -> None:
     assert by_name["forgotten-alloc"]["kind"] == "reclaim" and by_name["forgotten-alloc"]["gpus_after"] == 0
     assert by_name["rerank-api"]["kind"] == "right_size"
     assert by_name["chat-serving"]["after"] == [by_name["tts-api"]["id"]]
+
+
+def test_shares_of_gpus_pack_onto_one_gpu_and_replay_within_capacity() -> None:
+    nodes = [SnapshotNode(name="h100-01", hardware="h100", gpus=8), SnapshotNode(name="l4-01", hardware="l4", gpus=8)]
+    shared = [
+        _w(f"embed-{i}", "inference", "h100-01", 1, 2.0, 4_000).model_copy(update={"gpu_share": 0.25}) for i in range(4)
+    ]
+    sliced = _w("ocr", "inference", "h100-01", 1, 2.0, 4_000).model_copy(update={"mig_profile": "1g.10gb"})
+    full = [_w(f"l4-job-{i}", "batch_inference", "l4-01", 1, 85, 10_000) for i in range(7)]  # one L4 left
+    snapshot = Snapshot(site="s", nodes=nodes, workloads=[*shared, sliced, *full])
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
+    moved = {r.workload_name: r for r in plan.recommendations if r.to_node == "l4-01"}
+    # four quarter-GPU services fill the one free L4; the 1/7 MIG slice no longer fits beside them
+    assert sorted(moved) == [f"embed-{i}" for i in range(4)]
+    assert all(r.gpu_share == 0.25 for r in moved.values())
+    assert moved["embed-0"].monthly_savings_usd == pytest.approx(0.25 * (2.50 - 0.35) * 730, abs=0.01)
+    replay(snapshot, plan)
+    with pytest.raises(ValueError, match="needs gpus 1"):
+        SnapshotWorkload.model_validate({**shared[0].model_dump(by_alias=True), "gpus": 2})
