@@ -8,7 +8,8 @@ the workloads from the biggest possible saving down and moves each to the cheape
         [--max-moves 200 (0: no limit)] [--moves-only] [--repeat N] [--seed N]
 
 ``--fleet hetero``: eight GPU types (three older generations added to the catalog for the bench), about four
-workloads a node placed with no regard to cost. Every plan is also measured against the LP bound on savings.
+workloads a node placed with no regard to cost; ``--shared 0.3`` makes that share of one-GPU services two or
+four services sharing the GPU (fractional workloads). Every plan is also measured against the LP bound on savings.
 """
 
 from __future__ import annotations
@@ -99,9 +100,10 @@ def hetero_catalog() -> Catalog:
                                                                             *OLDER_GPUS]})  # fmt: skip
 
 
-def hetero_fleet(nodes: int, seed: int, catalog: Catalog, per_node: float = 4.0) -> Snapshot:
+def hetero_fleet(nodes: int, seed: int, catalog: Catalog, per_node: float = 4.0, shared: float = 0.0) -> Snapshot:
     """A fleet of eight GPU types, old and new, with about ``per_node`` workloads a node placed where they fit
-    today but with no regard to cost: a fleet grown by first come, first served. One node in twelve is empty."""
+    today but with no regard to cost: a fleet grown by first come, first served. One node in twelve is empty.
+    ``shared``: the share of one-GPU services that are two or four services sharing that GPU instead."""
     rng = random.Random(seed)
     types = [k for k, n in HETERO_MIX.items() for _ in range(n)]
     classes = [c for c, n in CLASS_MIX.items() for _ in range(n)]
@@ -127,6 +129,26 @@ def hetero_fleet(nodes: int, seed: int, catalog: Catalog, per_node: float = 4.0)
                 "interactive": rng.uniform(3, 15),
             }.get(cls, rng.uniform(3, 40))
             p95 = min(100.0, util * (1.7 if cls in ("inference", "interactive") else 1.05))
+            if size == 1 and cls == "inference" and rng.random() < shared:
+                k = rng.choice([2, 4])
+                for part in range(k):
+                    workloads.append(
+                        SnapshotWorkload(
+                            id=f"w{i}-{count}-{part}",
+                            name=f"svc-{rng.randrange(nodes)}",
+                            workload_class=WorkloadClass.INFERENCE,
+                            confidence=0.95,
+                            nodes=[snapshot_nodes[-1].name],
+                            gpus=1,
+                            mem_mib_per_gpu=rng.uniform(0.1, 0.85) * gpu.memory_gib * 1024 / k,
+                            mean_util=util / k,
+                            p95_util=p95 / k,
+                            gpu_share=1 / k,
+                        )
+                    )
+                free -= 1
+                count += k
+                continue
             workloads.append(
                 SnapshotWorkload(
                     id=f"w{i}-{count}",
@@ -210,6 +232,9 @@ def main() -> int:
     parser.add_argument("--no-pools", action="store_true", help="solve node by node, without pooling identical nodes")
     parser.add_argument("--repeat", type=int, default=1, help="solve each fleet this many times; medians are shown")
     parser.add_argument(
+        "--shared", type=float, default=0.0, help="hetero: share of one-GPU services split into 2 or 4 sharing it"
+    )
+    parser.add_argument(
         "--moves-only", action="store_true", help="no reclaims and no resizing: plans comparable to the greedy's"
     )
     args = parser.parse_args()
@@ -224,7 +249,7 @@ def main() -> int:
     )
     for size in (int(s) for s in args.sizes.split(",")):
         if args.fleet == "hetero":
-            snapshot = hetero_fleet(size, seed, catalog)
+            snapshot = hetero_fleet(size, seed, catalog, shared=args.shared)
         else:
             snapshot = fleet(size, seed, split=not args.no_split, spare=args.spare)
         moves = args.max_moves or len(snapshot.workloads)
