@@ -12,7 +12,7 @@ Two kinds of workload cost differently:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agent.protocol import WorkloadClass
 from optimizer.catalog import Catalog, GpuType
@@ -102,3 +102,16 @@ def right_sized(catalog: Catalog, demand: Demand, current: GpuType, target: GpuT
             if fit_problem(catalog, smaller, current, target) is None:
                 return smaller
     return demand
+
+
+def shared(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType, step: float) -> Demand | None:
+    """The smallest share of one ``target`` GPU, a multiple of ``step``, that carries a one-GPU service's daily
+    peak and memory (None when only a whole GPU does, or the workload is not such a service)."""
+    whole = demand.gpus == 1 and demand.share == 1
+    if demand.workload_class is not WorkloadClass.INFERENCE or not whole or demand.mem_mib_per_gpu <= 0:
+        return None
+    for k in range(1, math.ceil(1 / step - 1e-9)):
+        smaller = replace(demand, share=round(k * step, 4))
+        if fit_problem(catalog, smaller, current, target) is None:
+            return smaller
+    return None

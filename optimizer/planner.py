@@ -17,8 +17,8 @@ from ortools.sat.python import cp_model
 
 from agent.protocol import SolverReport
 from optimizer.bound import Bound, BoundOptions, per_type_bound
-from optimizer.catalog import Catalog
-from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, units
+from optimizer.catalog import Catalog, GpuType
+from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, shared, units
 from optimizer.pools import Pool, assign, build_pools
 from optimizer.rounding import Candidate, pack
 
@@ -61,6 +61,7 @@ class Problem:
     pool_min_members: int = 4  # smaller groups stay separate nodes: pooling them saves nothing
     right_size: bool = True  # online inference may hold fewer GPUs where its daily peak still fits
     units: int = 1  # capacity units per GPU: node GPUs, fixed usage and the plan's GPUs are counted in them
+    sharing: dict[str, float] = field(default_factory=dict)  # hardware → the smallest share one-GPU services take
     room_moves: int = 4  # nodes of its own hardware offered to each workload, to make room for others
     room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
     bound_tolerance: float = 0.005  # at fleet scale, a start this close to the bound's savings is the plan
@@ -117,13 +118,25 @@ class _Options:
     why_not: str | None  # why no better hardware qualified, if so
 
 
+def _sized(catalog: Catalog, problem: Problem, w: Movable, current: GpuType, target: GpuType) -> Demand | None:
+    """What ``w`` needs on ``target``: fewer GPUs where its daily peak fits them, a share of one where the
+    operator lets services share that hardware (None: as it is, or it does not fit)."""
+    if not (problem.right_size and w.resizable):
+        return None
+    sized = right_sized(catalog, w.demand, current, target)
+    step = problem.sharing.get(target.key)
+    if sized is not None and step is not None and problem.units > 1:
+        return shared(catalog, sized, current, target, step) or sized
+    return sized
+
+
 def _candidates(
     catalog: Catalog, problem: Problem, targets: _Targets, w: Movable, slots: dict[str, NodeSlot]
 ) -> _Options:
     here = slots[w.node]
     current = catalog.by_key(here.hardware)
     cost_now = monthly_cost(catalog, w.demand, current, current)
-    at_home = right_sized(catalog, w.demand, current, current) if problem.right_size and w.resizable else None
+    at_home = _sized(catalog, problem, w, current, current)
     home_cost = monthly_cost(catalog, at_home, current, current) if at_home is not None else cost_now
     if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
         at_home, home_cost = None, cost_now
@@ -141,7 +154,7 @@ def _candidates(
             continue
         target = catalog.by_key(key)
         problem_text = fit_problem(catalog, w.demand, current, target)
-        sized = right_sized(catalog, w.demand, current, target) if problem.right_size and w.resizable else None
+        sized = _sized(catalog, problem, w, current, target)
         demand = sized or w.demand
         cost = monthly_cost(catalog, demand, current, target)
         saving = cost_now - cost

@@ -38,6 +38,10 @@ class PlanSettings(BaseModel):
     pools: bool = Field(default=True, description="solve identical nodes with free room as pools")
     reclaim_idle: bool = Field(default=True, description="release idle allocations instead of moving them")
     right_size: bool = Field(default=True, description="online inference may hold fewer GPUs if its peak fits")
+    sharing: dict[str, float] = Field(
+        default_factory=dict,
+        description='hardware key → the smallest share of one GPU a one-GPU service may take there, e.g. {"l4": 0.25}',
+    )
     history_min_hours: float = Field(
         default=24.0, ge=0, description="load history needed before an allocation is released or resized"
     )
@@ -213,6 +217,41 @@ def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: in
     )
 
 
+def _consolidate(
+    catalog: Catalog, r: Resolved, to_node: str, target: GpuType, share: float, saving: float
+) -> Recommendation:
+    assert r.hardware is not None
+    d = r.w.demand
+    ratio = throughput(catalog, r.hardware, d) / throughput(catalog, target, d) / share
+    risk: Risk = "high" if r.w.confidence < 0.75 else "medium"  # neighbours on the same GPU
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, f"{target.key}:shared"),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=to_node,
+        to_hardware=target.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=(
+            f"{_label(r.w.workload_class)} at {d.mean_util:.0f} % (daily peak p95 {d.p95_util:.0f} %) of "
+            f"{r.w.gpus} × {r.hardware.name}: {share:.2g} of a shared {target.name} carries it"
+        ),
+        performance_impact=(
+            f"utilisation about {d.mean_util * ratio:.0f} % of its share (p95 {d.p95_util * ratio:.0f} %) on "
+            f"{target.name}, beside other services"
+        ),
+        risk=risk,
+        evidence=list(r.w.evidence),
+        kind="consolidate",
+        gpus_after=1 if r.w.gpus > 1 else None,
+        gpu_share=share,
+    )
+
+
 def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommendation]) -> list[Recommendation]:
     """The recommendations with their wave and what each waits for, in the order to carry them out."""
     room = {n.name: float(n.gpus) for n in snapshot.nodes}
@@ -222,11 +261,12 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
     actions = []
     for rec in sorted(recs, key=lambda x: -x.monthly_savings_usd):
         share = rec.gpu_share or 1.0
+        before = rec.gpus * (1.0 if rec.kind == "consolidate" else share)  # consolidation held whole GPUs
         kept = (rec.gpus if rec.gpus_after is None else rec.gpus_after) * share
-        if rec.kind == "move":
-            actions.append(Action(rec.id, rec.from_node, rec.gpus * share, rec.to_node, kept))
+        if rec.kind in ("move", "consolidate"):
+            actions.append(Action(rec.id, rec.from_node, before, rec.to_node, kept))
         else:
-            actions.append(Action(rec.id, rec.from_node, rec.gpus * share - kept))
+            actions.append(Action(rec.id, rec.from_node, before - kept))
     steps = order(actions, room, lambda a, n: a.target is not None and node_hw.get(n) == node_hw.get(a.target))
     placed = [
         rec.model_copy(
@@ -247,7 +287,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
     """Plan moves for a snapshot (live or offline)."""
     resolved = resolve(catalog, snapshot)
     # capacity in hundredths of a GPU when some workloads hold a share of one, else in whole GPUs
-    per_gpu = SHARE_UNITS if any(w.share < 1 for w in snapshot.workloads) else 1
+    per_gpu = SHARE_UNITS if settings.sharing or any(w.share < 1 for w in snapshot.workloads) else 1
     nodes = []
     for n in snapshot.nodes:
         hw = hardware_of(catalog, n.hardware)
@@ -291,6 +331,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         pools=settings.pools,
         right_size=settings.right_size,
         units=per_gpu,
+        sharing=settings.sharing,
     )
     solution = solve(catalog, problem)
     node_hw = {n.name: n.hardware for n in nodes}
@@ -299,18 +340,27 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         if target_node is None or r.hardware is None:
             continue
         cost_now, planned = solution.monthly_cost.get(r.w.id, (0.0, 0.0))
-        # shares are never resized; whole GPUs are counted in multiples of per_gpu units
-        gpus = r.w.gpus if r.w.share < 1 else solution.gpus.get(r.w.id, r.w.gpus * per_gpu) // per_gpu
+        held = solution.gpus.get(r.w.id, r.w.gpus * per_gpu)
+        if r.w.share == 1 and held % per_gpu:  # now a share of one GPU, shared with other services
+            target = catalog.by_key(node_hw[target_node])
+            share = held / per_gpu
+            recommendations.append(_consolidate(catalog, r, target_node, target, share, cost_now - planned))
+            continue
+        # shares move as they are; whole GPUs are counted in multiples of per_gpu units
+        gpus = r.w.gpus if r.w.share < 1 else held // per_gpu
         if target_node != r.node:
             target = catalog.by_key(node_hw[target_node])
             recommendations.append(_move(catalog, r, target_node, target, gpus, cost_now - planned))
         elif gpus < r.w.gpus:
             recommendations.append(_right_size(catalog, r, gpus, cost_now - planned))
     shares = {r.w.id: r.w.share for r in resolved if r.w.share < 1}
-    recommendations = [x.model_copy(update={"gpu_share": shares.get(x.workload)}) for x in recommendations]
+    recommendations = [
+        x if x.kind == "consolidate" else x.model_copy(update={"gpu_share": shares.get(x.workload)})
+        for x in recommendations
+    ]
     recommendations = _in_order(snapshot, node_hw, recommendations)
     moved = {x.workload for x in recommendations}
-    moves = sum(1 for x in recommendations if x.kind == "move")
+    moves = sum(1 for x in recommendations if x.kind in ("move", "consolidate") and x.to_node != x.from_node)
     present = {n.hardware for n in nodes}  # catalog keys of the hardware this site has
     blocked = []
     for r in resolved:

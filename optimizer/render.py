@@ -82,6 +82,10 @@ def _what(r: Recommendation) -> str:
         return f"release {r.gpus} × {r.from_hardware} on {r.from_node}"
     if r.kind == "right_size":
         return f"shrink to {r.gpus_after:g} of its {r.gpus} GPUs on {r.from_node} [{r.from_hardware}]"
+    if r.kind == "consolidate":
+        return (
+            f"{r.from_node} [{r.from_hardware}] -> {r.gpu_share:.2g} of a shared GPU on {r.to_node} [{r.to_hardware}]"
+        )
     via = f" via {r.via_node} (wave {r.via_wave})" if r.via_node else ""
     size = f" on {r.gpus_after:g} GPU(s)" if r.gpus_after is not None else ""
     return f"{r.from_node} [{r.from_hardware}] -> {r.to_node} [{r.to_hardware}]{size}{via}"

@@ -58,7 +58,9 @@ def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
     for rec in plan.recommendations:
         assert rec.wave is not None
         kept, share = _held(rec), rec.gpu_share or 1.0
-        if rec.kind == "move":
+        if rec.kind == "consolidate":  # it held whole GPUs before
+            share = 1.0
+        if rec.kind in ("move", "consolidate"):
             if rec.via_node is not None:
                 assert rec.via_wave is not None and rec.via_wave < rec.wave
                 arrivals.setdefault(rec.via_wave, []).append((rec.via_node, kept, rec.id))
@@ -270,3 +272,19 @@ def test_shares_of_gpus_pack_onto_one_gpu_and_replay_within_capacity() -> None:
     replay(snapshot, plan)
     with pytest.raises(ValueError, match="needs gpus 1"):
         SnapshotWorkload.model_validate({**shared[0].model_dump(by_alias=True), "gpus": 2})
+
+
+def test_small_services_consolidate_onto_shared_gpus_only_where_allowed() -> None:
+    nodes = [SnapshotNode(name="h100-01", hardware="h100", gpus=8), SnapshotNode(name="l4-01", hardware="l4", gpus=8)]
+    services = [_w(f"api-{i}", "inference", "h100-01", 1, 2.0, 4_000) for i in range(3)]
+    full = [_w(f"l4-job-{i}", "batch_inference", "l4-01", 1, 85, 10_000) for i in range(7)]  # one L4 left
+    snapshot = Snapshot(site="s", nodes=nodes, workloads=[*services, *full])
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
+    assert [r.workload_name for r in plan.recommendations if r.to_node == "l4-01"] in (["api-0"], ["api-1"], ["api-2"])
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(sharing={"l4": 0.25}))
+    shared = [r for r in plan.recommendations if r.kind == "consolidate"]
+    assert sorted(r.workload_name for r in shared) == ["api-0", "api-1", "api-2"]
+    assert all(r.to_node == "l4-01" and r.gpu_share == 0.25 for r in shared)  # three quarters of the free L4
+    assert shared[0].monthly_savings_usd == pytest.approx((2.50 - 0.25 * 0.35) * 730, abs=0.01)
+    assert "of a shared L4" in shared[0].reason and shared[0].risk == "medium"
+    replay(snapshot, plan)
