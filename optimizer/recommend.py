@@ -8,7 +8,7 @@ import math
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.protocol import Blocked, Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
@@ -42,6 +42,15 @@ class PlanSettings(BaseModel):
         default_factory=dict,
         description='hardware key → the smallest share of one GPU a one-GPU service may take there, e.g. {"l4": 0.25}',
     )
+
+    @field_validator("sharing")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = sorted(key for key, share in value.items() if not 0.01 <= share < 1)
+        if bad:
+            raise ValueError(f"sharing: the smallest share must be at least 0.01 and under 1 ({', '.join(bad)})")
+        return value
+
     history_min_hours: float = Field(
         default=24.0, ge=0, description="load history needed before an allocation is released or resized"
     )

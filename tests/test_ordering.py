@@ -288,3 +288,5 @@ def test_small_services_consolidate_onto_shared_gpus_only_where_allowed() -> Non
     assert shared[0].monthly_savings_usd == pytest.approx((2.50 - 0.25 * 0.35) * 730, abs=0.01)
     assert "of a shared L4" in shared[0].reason and shared[0].risk == "medium"
     replay(snapshot, plan)
+    with pytest.raises(ValueError, match="smallest share"):
+        PlanSettings(sharing={"l4": 0.0})
