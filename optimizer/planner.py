@@ -66,6 +66,8 @@ class Problem:
     room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
     bound_tolerance: float = 0.005  # at fleet scale, a start this close to the bound's savings is the plan
     exact_model_limit: int = 20_000  # model variables up to which CP-SAT always solves (fleet scale above)
+    focus_model_limit: int = 100_000  # model variables above which only the LP's hardware types are offered
+    post_solve_share: float = 0.1  # of the time limit kept for what follows the solve (packing, the plan's text)
 
 
 @dataclass(slots=True)
@@ -305,7 +307,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             kept = _kept(problem, options, start, pools, blocked, slots, hint, bound, started)
             if kept is not None:
                 return kept
-        _focus(problem, options, bound, start, slots)
+        if sum(len(o.nodes) for o in options.values()) > problem.focus_model_limit:
+            _focus(problem, options, bound, start, slots)
     size: dict[tuple[str, str], int] = {}  # (workload, node) → GPUs it holds there
     for w in problem.movable:
         o = options[w.id]
@@ -334,8 +337,9 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     model.minimize(sum(objective))
 
     solver = cp_model.CpSolver()
-    # the time limit covers the whole solve: building the model at fleet scale takes seconds of it
-    solver.parameters.max_time_in_seconds = max(problem.time_limit_s - (time.perf_counter() - started), 1.0)
+    # the time limit covers the whole plan: building the model at fleet scale takes seconds of it
+    budget = problem.time_limit_s * (1 - problem.post_solve_share)
+    solver.parameters.max_time_in_seconds = max(budget - (time.perf_counter() - started), 1.0)
     if len(choice) > problem.exact_model_limit:
         # Symmetry detection takes most of the time limit on these models (packing constraints of thousands of
         # nodes) before the search starts; the hint already gives a solution to improve.
@@ -359,7 +363,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             model.add_hint(var, node == (home[wid] if wid in misfits else chosen[wid]))
         for wid in misfits:
             model.add(choice[wid, chosen[wid]] == 0)
-        solver.parameters.max_time_in_seconds = max(problem.time_limit_s - (time.perf_counter() - started), 1.0)
+        solver.parameters.max_time_in_seconds = max(budget - (time.perf_counter() - started), 1.0)
         status = solver.solve(model)
     name = solver.status_name(status)
     if status == cp_model.UNKNOWN:
