@@ -525,6 +525,18 @@ class Recommendation(_Model):
     performance_impact: str = ""
     risk: Literal["low", "medium", "high"] = "medium"
     evidence: list[str] = Field(default_factory=list)
+    # schema 2: the kind of action, and where it stands in an executable order (docs/protocol.md)
+    kind: Literal["move", "reclaim", "right_size", "consolidate"] | None = Field(
+        default=None, description="None: a move (schema 1)"
+    )
+    wave: int | None = Field(default=None, ge=1, description="actions of one wave may run in parallel")
+    after: list[str] = Field(default_factory=list, description="ids of the actions this one waits for")
+    via_node: str | None = Field(default=None, description="staged through this node's free room first")
+    via_wave: int | None = Field(default=None, ge=1, description="the wave of the staging hop")
+    swap: list[str] = Field(default_factory=list, description="ids carried out together with this one")
+    gpus_after: float | None = Field(default=None, ge=0, description="GPUs held afterwards (right_size, reclaim)")
+    blocked_by: list[str] = Field(default_factory=list, description="dismissed actions this one waits for")
+    gpu_share: float | None = Field(default=None, gt=0, le=1, description="the share of one GPU it holds")
 
 
 class Blocked(_Model):
@@ -544,6 +556,10 @@ class SolverReport(_Model):
     best_bound: float
     gap: float = Field(ge=0)
     solve_seconds: float = Field(ge=0)
+    # schema 2: the plan's monthly savings against an upper bound on any plan's (docs/protocol.md)
+    savings_usd: float | None = None
+    bound_savings_usd: float | None = Field(default=None, description="no plan can save more a month")
+    bound_method: str | None = None
 
 
 class Plan(_Model):

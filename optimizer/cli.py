@@ -217,6 +217,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if over:
         return _fail(f"{args.fleet}: more GPUs in use than installed on {', '.join(over)}")
     settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves)
+    if args.add or args.buy:
+        from optimizer.buy import plan_and_buy
+
+        try:
+            print(plan_and_buy(snapshot, catalog, settings, args.add, args.buy, args.format))
+        except ValueError as exc:
+            return _fail(str(exc))
+        return 0
     plan = plan_snapshot(snapshot, catalog, settings)
     print(render_json(plan) if args.format == "json" else render_table(plan))
     return 0
@@ -648,6 +656,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-moves", type=cliargs.non_negative_int, default=20, help="most moves in the plan (default 20)")
     p.add_argument("--catalog", type=Path, help="hardware catalog (default: the one shipped)")
     p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
+    p.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar='"TYPE xGPUS = NODES"',
+        help='plan as if these empty nodes were added, e.g. "l40s x8 = 4"; repeatable',
+    )
+    p.add_argument("--buy", action="store_true", help="also say what buying capacity the plan lacks would return")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="run simulated agents against a broker")

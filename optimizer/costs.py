@@ -11,7 +11,8 @@ Two kinds of workload cost differently:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from agent.protocol import WorkloadClass
 from optimizer.catalog import Catalog, GpuType
@@ -31,6 +32,7 @@ class Demand:
     mem_mib_per_gpu: float
     mean_util: float
     p95_util: float
+    share: float = 1.0  # of each of its GPUs (a MIG slice or a time-sliced share); utilisation is of whole GPUs
 
 
 def throughput(catalog: Catalog, gpu: GpuType, demand: Demand) -> float:
@@ -43,7 +45,7 @@ def throughput(catalog: Catalog, gpu: GpuType, demand: Demand) -> float:
 
 def monthly_cost(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> float:
     """US$ per month to run the workload's current work on ``target``."""
-    hourly = demand.gpus * target.price_per_gpu_hour
+    hourly = demand.gpus * demand.share * target.price_per_gpu_hour
     if demand.workload_class in THROUGHPUT_BOUND:
         hourly *= throughput(catalog, current, demand) / throughput(catalog, target, demand)
     return hourly * catalog.defaults.hours_per_month
@@ -51,7 +53,7 @@ def monthly_cost(catalog: Catalog, demand: Demand, current: GpuType, target: Gpu
 
 def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> str | None:
     """Why the workload cannot run on ``target`` (None when it can)."""
-    target_mib = target.memory_gib * 1024
+    target_mib = target.memory_gib * 1024 * demand.share
     if demand.mem_mib_per_gpu > MEMORY_HEADROOM * target_mib:
         return f"needs {demand.mem_mib_per_gpu / 1024:.0f} GiB per GPU, {target.name} has {target.memory_gib:.0f}"
     if demand.workload_class is WorkloadClass.TRAINING and demand.gpus > 1 and current.nvlink and not target.nvlink:
@@ -59,9 +61,57 @@ def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuT
         return f"{demand.gpus}-GPU training needs NVLink, which {target.name} lacks"
     if demand.workload_class in THROUGHPUT_BOUND or demand.workload_class is WorkloadClass.IDLE:
         return None
-    ratio = throughput(catalog, current, demand) / throughput(catalog, target, demand)
+    # a share's load is measured on its whole GPU, and must fit the share
+    ratio = throughput(catalog, current, demand) / throughput(catalog, target, demand) / demand.share
     if demand.mean_util * ratio > MAX_PROJECTED_MEAN_UTIL or demand.p95_util * ratio > MAX_PROJECTED_P95_UTIL:
         return (
             f"load would reach {demand.mean_util * ratio:.0f} % (p95 {demand.p95_util * ratio:.0f} %) on {target.name}"
         )
+    return None
+
+
+def units(demand: Demand, per_gpu: int) -> int:
+    """The GPU capacity ``demand`` takes, in units of 1/``per_gpu`` GPU (a share rounds up)."""
+    return max(1, math.ceil(demand.gpus * demand.share * per_gpu - 1e-9))
+
+
+def scaled(demand: Demand, gpus: int) -> Demand:
+    """The same load and memory spread over ``gpus`` GPUs instead of ``demand.gpus``."""
+    factor = demand.gpus / gpus
+    return Demand(
+        demand.workload_class,
+        gpus,
+        demand.mem_mib_per_gpu * factor,
+        demand.mean_util * factor,
+        demand.p95_util * factor,
+        demand.share,
+    )
+
+
+def right_sized(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> Demand | None:
+    """The fewest GPUs of ``target`` that carry a serving workload's daily peak, memory included (None when not
+    even its GPU count does). Only online inference is resized: training and batch jobs keep their GPUs, and a
+    workload whose memory is unknown is never squeezed."""
+    if fit_problem(catalog, demand, current, target) is not None:
+        return None
+    if demand.workload_class is not WorkloadClass.INFERENCE or demand.mem_mib_per_gpu <= 0 or demand.share < 1:
+        return demand
+    for gpus in range(1, demand.gpus):
+        if demand.gpus % gpus == 0:  # tensor-parallel degrees divide the model's
+            smaller = scaled(demand, gpus)
+            if fit_problem(catalog, smaller, current, target) is None:
+                return smaller
+    return demand
+
+
+def shared(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType, step: float) -> Demand | None:
+    """The smallest share of one ``target`` GPU, a multiple of ``step``, that carries a one-GPU service's daily
+    peak and memory (None when only a whole GPU does, or the workload is not such a service)."""
+    whole = demand.gpus == 1 and demand.share == 1
+    if demand.workload_class is not WorkloadClass.INFERENCE or not whole or demand.mem_mib_per_gpu <= 0:
+        return None
+    for k in range(1, math.ceil(1 / step - 1e-9)):
+        smaller = replace(demand, share=round(k * step, 4))
+        if fit_problem(catalog, smaller, current, target) is None:
+            return smaller
     return None

@@ -117,7 +117,8 @@ async def _run(
                 node_window_rate=0.2 * max(1.0, options.time_scale),
                 max_clock_skew=86_400.0 * max(1.0, options.time_scale),
             ),
-            plan=PlanSettings(time_limit=5.0),
+            # the demo's fleet is minutes old: it releases and resizes on what it has seen, not on a day of it
+            plan=PlanSettings(time_limit=5.0, history_min_hours=0),
             alerts=AlertSettings(flush_timeout=DEMO_FLUSH_TIMEOUT),
         )
         lifecycle, alerter = _alerting(options.webhooks, state_dir)

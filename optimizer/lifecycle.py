@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from agent.protocol import Plan, Recommendation
+from optimizer.ordering import waiting_on
 
 DB_NAME = "fleetfit.db"
 
@@ -113,12 +114,36 @@ class Lifecycle:
                     # Not withdrawn, only not seen (a restart, a silent node, a class not yet known): kept open.
                     continue
                 rec = Recommendation.model_validate_json(body)
-                new_state = RecState.APPLIED if placements.get(workload) == rec.to_hardware else RecState.EXPIRED
+                if rec.kind == "reclaim":  # released: the workload is gone
+                    done = workload not in placements
+                else:
+                    done = placements.get(workload) == rec.to_hardware
+                new_state = RecState.APPLIED if done else RecState.EXPIRED
                 self._db.execute(
                     "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?", (new_state, now, rec_id)
                 )
                 resolved.append((rec, new_state))
+            self._mark_waiting(plan.site)
         return resolved
+
+    def _mark_waiting(self, site: str) -> list[str]:
+        """Mark each open recommendation of ``site`` with the dismissed ones it waits for (``blocked_by``);
+        returns the ids whose mark changed. Call inside a transaction."""
+        rows = self._db.execute(
+            "SELECT id, state, body FROM recommendations WHERE site = ? AND state IN (?, ?, ?)",
+            (site, *OPEN, RecState.DISMISSED),
+        ).fetchall()
+        recs = {rec_id: Recommendation.model_validate_json(body) for rec_id, _, body in rows}
+        dismissed = {rec_id for rec_id, state, _ in rows if state == RecState.DISMISSED}
+        marks = waiting_on({i: [*r.after, *r.swap] for i, r in recs.items()}, dismissed)
+        changed = []
+        for rec_id, state, _ in rows:
+            rec = recs[rec_id]
+            if state != RecState.DISMISSED and rec.blocked_by != marks[rec_id]:
+                body = rec.model_copy(update={"blocked_by": marks[rec_id]}).model_dump_json()
+                self._db.execute("UPDATE recommendations SET body = ? WHERE id = ?", (body, rec_id))
+                changed.append(rec_id)
+        return changed
 
     def states(self, rec_ids: Iterable[str]) -> dict[str, RecState]:
         """The current state of each of ``rec_ids`` that is tracked."""
@@ -143,6 +168,7 @@ class Lifecycle:
                 "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?",
                 (state, time.time() if now is None else now, rec_id),
             )
+            self._mark_waiting(current.site)  # what waits on a dismissed action cannot go ahead as planned
         updated = self.get(rec_id)
         assert updated is not None
         return updated
@@ -152,7 +178,8 @@ class Lifecycle:
         return rows[0] if rows else None
 
     def list(self, site: str | None = None, states: Iterable[RecState] = OPEN) -> list[Tracked]:
-        """Recommendations in ``states`` (the open ones by default), biggest saving first."""
+        """Recommendations in ``states`` (the open ones by default), per site in the order to carry them out
+        (wave by wave), biggest saving first within a wave."""
         clauses, args = [], []
         if site:
             clauses.append("site = ?")
@@ -162,7 +189,10 @@ class Lifecycle:
             clauses.append(f"state IN ({', '.join('?' for _ in wanted)})")
             args += [s.value for s in wanted]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        return sorted(self._select(where, tuple(args)), key=lambda t: -t.recommendation.monthly_savings_usd)
+        return sorted(
+            self._select(where, tuple(args)),
+            key=lambda t: (t.site, t.recommendation.wave or 0, -t.recommendation.monthly_savings_usd),
+        )
 
     def of_workload(self, workload: str) -> tuple[Tracked, ...]:
         """Every move ever proposed for ``workload``, in any state, newest first."""

@@ -9,15 +9,18 @@ feasible starting point.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
 from agent.protocol import SolverReport
-from optimizer.catalog import Catalog
-from optimizer.costs import Demand, fit_problem, monthly_cost
+from optimizer.bound import Bound, BoundOptions, per_type_bound
+from optimizer.catalog import Catalog, GpuType
+from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, shared, units
 from optimizer.pools import Pool, assign, build_pools
+from optimizer.rounding import Candidate, pack
 
 CENTS = 100
 MAX_PACKING_ROUNDS = 3
@@ -37,6 +40,7 @@ class Movable:
     demand: Demand
     move_cost_usd: float  # one-off: restart, cold start, lost work since the last checkpoint
     service: str | None = None  # replicas of one inference service are kept on different nodes
+    resizable: bool = True  # its p95 covers a daily peak, so it may hold fewer GPUs where that fits
 
 
 @dataclass(slots=True)
@@ -55,6 +59,15 @@ class Problem:
     full_model_limit: int = 300_000  # movable workloads x nodes up to which every node is a candidate
     pools: bool = True  # identical idle-room nodes solved as pools (optimizer/pools.py)
     pool_min_members: int = 4  # smaller groups stay separate nodes: pooling them saves nothing
+    right_size: bool = True  # online inference may hold fewer GPUs where its daily peak still fits
+    units: int = 1  # capacity units per GPU: node GPUs, fixed usage and the plan's GPUs are counted in them
+    sharing: dict[str, float] = field(default_factory=dict)  # hardware → the smallest share one-GPU services take
+    room_moves: int = 4  # nodes of its own hardware offered to each workload, to make room for others
+    room_model_limit: int = 20_000  # movable workloads x nodes up to which such moves are offered
+    bound_tolerance: float = 0.005  # at fleet scale, a start this close to the bound's savings is the plan
+    exact_model_limit: int = 20_000  # model variables up to which CP-SAT always solves (fleet scale above)
+    focus_model_limit: int = 100_000  # model variables above which only the LP's hardware types are offered
+    post_solve_share: float = 0.1  # of the time limit kept for what follows the solve (packing, the plan's text)
 
 
 @dataclass(slots=True)
@@ -63,6 +76,8 @@ class Solution:
     report: SolverReport
     monthly_cost: dict[str, tuple[float, float]] = field(default_factory=dict)  # (now, planned)
     blocked: dict[str, str] = field(default_factory=dict)  # workload id → why no better home was allowed
+    gpus: dict[str, int] = field(default_factory=dict)  # workload id → capacity units it holds in the plan
+    bound: Bound | None = None  # no placement within the move budget saves more a month
 
 
 @dataclass(slots=True)
@@ -76,7 +91,7 @@ class _Targets:
     def of(cls, problem: Problem) -> _Targets:
         room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
         for w in problem.movable:
-            room[w.node] = room.get(w.node, 0) - w.demand.gpus
+            room[w.node] = room.get(w.node, 0) - units(w.demand, problem.units)
         by_hardware: dict[str, list[tuple[int, str]]] = {}
         for n in problem.nodes:
             by_hardware.setdefault(n.hardware, []).append((room[n.name], n.name))
@@ -94,38 +109,71 @@ class _Targets:
         return roomy + tight if self.per_type < len(listed) else [name for _, name in listed]
 
 
+@dataclass(slots=True)
+class _Options:
+    """Where one workload may run and what it costs a month there."""
+
+    now: float  # as it runs today
+    nodes: dict[str, float]  # node (its own included) → monthly cost there
+    types: dict[str, float]  # worthwhile other hardware → monthly cost there
+    gpus: dict[str, int]  # hardware (its own included) → GPUs it holds there
+    why_not: str | None  # why no better hardware qualified, if so
+
+
+def _sized(catalog: Catalog, problem: Problem, w: Movable, current: GpuType, target: GpuType) -> Demand | None:
+    """What ``w`` needs on ``target``: fewer GPUs where its daily peak fits them, a share of one where the
+    operator lets services share that hardware (None: as it is, or it does not fit)."""
+    if not (problem.right_size and w.resizable):
+        return None
+    sized = right_sized(catalog, w.demand, current, target)
+    step = problem.sharing.get(target.key)
+    if sized is not None and step is not None and problem.units > 1:
+        return shared(catalog, sized, current, target, step) or sized
+    return sized
+
+
 def _candidates(
     catalog: Catalog, problem: Problem, targets: _Targets, w: Movable, slots: dict[str, NodeSlot]
-) -> tuple[dict[str, float], dict[str, float], str | None]:
-    """Nodes ``w`` may run on with their monthly cost, the worthwhile hardware types with theirs, and why
-    nothing better qualified, if so."""
+) -> _Options:
     here = slots[w.node]
     current = catalog.by_key(here.hardware)
     cost_now = monthly_cost(catalog, w.demand, current, current)
-    options = {w.node: cost_now}
-    types: dict[str, float] = {}
-    why_not: str | None = None
+    at_home = _sized(catalog, problem, w, current, current)
+    home_cost = monthly_cost(catalog, at_home, current, current) if at_home is not None else cost_now
+    if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
+        at_home, home_cost = None, cost_now
+    out = _Options(cost_now, {w.node: home_cost}, {}, {here.hardware: units(at_home or w.demand, problem.units)}, None)
+    # The roomiest few nodes of its own hardware: a move there saves nothing by itself but can free its node
+    # for one that does, so the one-off cost alone decides. Only on small fleets: these near-equal choices
+    # multiply the symmetric solutions CP-SAT must wade through, and stall it at a few hundred nodes.
+    if len(problem.movable) * len(problem.nodes) <= problem.room_model_limit:
+        gpus_home = out.gpus[here.hardware]
+        same = (n for n in targets.nodes(here.hardware, gpus_home) if n != w.node and slots[n].gpus >= gpus_home)
+        for name in itertools.islice(same, problem.room_moves):
+            out.nodes[name] = home_cost
     for key in targets.by_hardware:
         if key == here.hardware:
             continue
         target = catalog.by_key(key)
         problem_text = fit_problem(catalog, w.demand, current, target)
-        cost = monthly_cost(catalog, w.demand, current, target)
+        sized = _sized(catalog, problem, w, current, target)
+        demand = sized or w.demand
+        cost = monthly_cost(catalog, demand, current, target)
         saving = cost_now - cost
         worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
+        worth = worth and cost < home_cost  # never a move that saves less than resizing in place
         if problem_text and worth:
-            why_not = problem_text
+            out.why_not = problem_text
         if problem_text is None and worth:
-            types[key] = cost
-            for name in targets.nodes(key, w.demand.gpus):
-                if slots[name].gpus >= w.demand.gpus:
-                    options[name] = cost
-    return options, types, why_not
+            out.types[key] = cost
+            out.gpus[key] = size = units(demand, problem.units)
+            for name in targets.nodes(key, size):
+                if slots[name].gpus >= size:
+                    out.nodes[name] = cost
+    return out
 
 
-def _greedy(
-    problem: Problem, targets: _Targets, types: dict[str, dict[str, float]], now: dict[str, float]
-) -> dict[str, str]:
+def _greedy(problem: Problem, targets: _Targets, options: dict[str, _Options]) -> dict[str, str]:
     """The baseline and the solver's starting point: biggest saving first, each to the cheapest node with room
     (room it leaves behind is reused)."""
     room = {name: free for nodes in targets.by_hardware.values() for free, name in nodes}
@@ -136,23 +184,29 @@ def _greedy(
             already.setdefault(w.service, set()).add(w.node)
     taken: set[tuple[str, str]] = set()  # (service, node) that received a replica
     moved = 0
-    by_saving = sorted(problem.movable, key=lambda w: -(now[w.id] - min(types[w.id].values(), default=now[w.id])))
-    for w in by_saving:
-        if moved >= problem.max_moves or not types[w.id]:
+
+    def best_saving(w: Movable) -> float:
+        o = options[w.id]
+        return o.now - min(o.types.values(), default=o.now)
+
+    for w in sorted(problem.movable, key=lambda w: -best_saving(w)):
+        o = options[w.id]
+        if moved >= problem.max_moves or not o.types:
             continue
-        for key, _ in sorted(types[w.id].items(), key=lambda kv: kv[1]):
+        for key, _ in sorted(o.types.items(), key=lambda kv: kv[1]):
+            gpus = o.gpus[key]
             node = next(
                 (
                     name
                     for _, name in targets.by_hardware[key]
-                    if room[name] >= w.demand.gpus
+                    if room[name] >= gpus
                     and not (w.service and name not in already[w.service] and (w.service, name) in taken)
                 ),
                 None,
             )
             if node is not None:
-                room[node] -= w.demand.gpus
-                room[w.node] += w.demand.gpus
+                room[node] -= gpus
+                room[w.node] += units(w.demand, problem.units)
                 placement[w.id] = node
                 if w.service:
                     taken.add((w.service, node))
@@ -220,33 +274,51 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     choice: dict[tuple[str, str], cp_model.IntVar] = {}
     moves = []
     objective = []
-    costs: dict[str, dict[str, float]] = {}
     blocked: dict[str, str] = {}
     model_nodes, pools, member_of = _pooled(problem)
     usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in model_nodes}
     targets = _Targets.of(replace(problem, nodes=model_nodes)) if pools else _Targets.of(problem)
     slots = {n.name: n for n in model_nodes}
-    types: dict[str, dict[str, float]] = {}
+    options: dict[str, _Options] = {}
     for w in problem.movable:
-        options, types[w.id], why_not = _candidates(catalog, problem, targets, w, slots)
-        costs[w.id] = options
-        if len(options) == 1 and why_not:
-            blocked[w.id] = why_not
-    # the greedy pass sees every concrete node; its placement, pooled, is the hint and always a choice
+        options[w.id] = o = _candidates(catalog, problem, targets, w, slots)
+        if len(o.nodes) == 1 and o.why_not:
+            blocked[w.id] = o.why_not
+    # The greedy pass and the LP rounded onto nodes both see every concrete node; the cheaper of the two,
+    # pooled, is the hint and always a choice.
     concrete = _Targets.of(problem) if pools else targets
-    greedy = _greedy(problem, concrete, types, {w.id: costs[w.id][w.node] for w in problem.movable})
-    start = {wid: member_of[node].key if node in member_of else node for wid, node in greedy.items()}
+    greedy = _greedy(problem, concrete, options)
+    bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
+    hint = greedy
+    if bound is not None:
+        rounded = _rounded(problem, options, bound, slots)
+        if _placement_cost(problem, options, rounded, slots) < _placement_cost(problem, options, greedy, slots):
+            hint = rounded
+    start = {wid: member_of[node].key if node in member_of else node for wid, node in hint.items()}
     for w in problem.movable:
-        options = costs[w.id]
-        if start[w.id] not in options:
-            node = start[w.id]
-            options[node] = types[w.id][slots[node].hardware]
+        o = options[w.id]
+        if start[w.id] not in o.nodes:
+            o.nodes[start[w.id]] = o.types[slots[start[w.id]].hardware]
+    if sum(len(o.nodes) for o in options.values()) > problem.exact_model_limit and bound is not None:
+        saved = sum(o.now for o in options.values()) - _placement_cost(problem, options, hint, slots, one_off=False)
+        if saved >= (1 - problem.bound_tolerance) * bound.savings:
+            # Proven within the tolerance of the best possible: CP-SAT could add at most that much, and at
+            # fleet scale it spends its whole time limit in presolve before it finds anything.
+            kept = _kept(problem, options, start, pools, blocked, slots, hint, bound, started)
+            if kept is not None:
+                return kept
+        if sum(len(o.nodes) for o in options.values()) > problem.focus_model_limit:
+            _focus(problem, options, bound, start, slots)
+    size: dict[tuple[str, str], int] = {}  # (workload, node) → GPUs it holds there
+    for w in problem.movable:
+        o = options[w.id]
         row = []
-        for node, cost in options.items():
+        for node, cost in o.nodes.items():
             var = model.new_bool_var(f"x[{w.id}@{node}]")
             choice[w.id, node] = var
             row.append(var)
-            usage[node].append((w.demand.gpus, var))
+            size[w.id, node] = gpus = o.gpus[slots[node].hardware]
+            usage[node].append((gpus, var))
             one_off = 0.0 if node == w.node else w.move_cost_usd
             objective.append(round((cost + one_off) * CENTS) * var)
             model.add_hint(var, node == start[w.id])
@@ -265,7 +337,13 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     model.minimize(sum(objective))
 
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = problem.time_limit_s
+    # the time limit covers the whole plan: building the model at fleet scale takes seconds of it
+    budget = problem.time_limit_s * (1 - problem.post_solve_share)
+    solver.parameters.max_time_in_seconds = max(budget - (time.perf_counter() - started), 1.0)
+    if len(choice) > problem.exact_model_limit:
+        # Symmetry detection takes most of the time limit on these models (packing constraints of thousands of
+        # nodes) before the search starts; the hint already gives a solution to improve.
+        solver.parameters.symmetry_level = 0
     solver.parameters.num_workers = problem.workers
     solver.parameters.random_seed = 1
     # CP-SAT would otherwise install its own SIGINT handler and leave SIG_DFL behind, so a later Ctrl-C
@@ -276,8 +354,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     for _ in range(MAX_PACKING_ROUNDS):  # a pool's share that will not pack: forbid it there and solve again
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
-        chosen = {w.id: next(n for n in costs[w.id] if solver.value(choice[w.id, n])) for w in problem.movable}
-        misfits = _misfits(problem, chosen, pools)
+        chosen = {w.id: next(n for n in options[w.id].nodes if solver.value(choice[w.id, n])) for w in problem.movable}
+        misfits = _misfits(problem, chosen, pools, size)
         if not misfits:
             break
         model.clear_hints()  # type: ignore[no-untyped-call]
@@ -285,56 +363,174 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             model.add_hint(var, node == (home[wid] if wid in misfits else chosen[wid]))
         for wid in misfits:
             model.add(choice[wid, chosen[wid]] == 0)
+        solver.parameters.max_time_in_seconds = max(budget - (time.perf_counter() - started), 1.0)
         status = solver.solve(model)
     name = solver.status_name(status)
+    if status == cp_model.UNKNOWN:
+        # Out of time before CP-SAT had a solution (presolve alone can take that long at fleet scale): the
+        # starting placement is feasible and at least as good as the greedy, so it is the plan.
+        kept = _kept(problem, options, start, pools, blocked, slots, hint, bound, started)
+        if kept is not None:
+            return kept
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         # Infeasible only if the current placement itself overflows a node (stale telemetry): keep it.
         placement = {w.id: w.node for w in problem.movable}
         elapsed = time.perf_counter() - started
         report = SolverReport(status=name, objective=0.0, best_bound=0.0, gap=0.0, solve_seconds=elapsed)
-        return Solution(placement, report, blocked=blocked)
-    chosen = {w.id: next(n for n in costs[w.id] if solver.value(choice[w.id, n])) for w in problem.movable}
-    placement = _concrete(problem, chosen, pools, blocked)
+        held = {w.id: units(w.demand, problem.units) for w in problem.movable}
+        return Solution(placement, report, blocked=blocked, gpus=held)
+    chosen = {w.id: next(n for n in options[w.id].nodes if solver.value(choice[w.id, n])) for w in problem.movable}
+    placement = _concrete(problem, chosen, pools, blocked, size)
     elapsed = time.perf_counter() - started
     value = solver.objective_value / CENTS
-    bound = solver.best_objective_bound / CENTS
+    best = solver.best_objective_bound / CENTS
     report = SolverReport(
         status=name,
         objective=round(value, 2),
-        best_bound=round(bound, 2),
-        gap=round(abs(value - bound) / max(abs(value), 1e-9), 6) if value else 0.0,
+        best_bound=round(best, 2),
+        gap=round(abs(value - best) / max(abs(value), 1e-9), 6) if value else 0.0,
         solve_seconds=round(elapsed, 4),
     )
-    monthly = {
-        w.id: (costs[w.id][w.node], costs[w.id][chosen[w.id]] if placement[w.id] != w.node else costs[w.id][w.node])
-        for w in problem.movable
-    }
-    return Solution(placement, report, monthly, blocked)
+    return _solution(problem, options, chosen, placement, size, report, blocked, bound)
+
+
+def _kept(
+    problem: Problem,
+    options: dict[str, _Options],
+    start: dict[str, str],
+    pools: dict[str, Pool],
+    blocked: dict[str, str],
+    slots: dict[str, NodeSlot],
+    hint: dict[str, str],
+    bound: Bound | None,
+    started: float,
+) -> Solution | None:
+    """The starting placement as the plan (None if a pool's share of it does not pack)."""
+    chosen = {w.id: start[w.id] for w in problem.movable}
+    size = {(w.id, chosen[w.id]): options[w.id].gpus[slots[chosen[w.id]].hardware] for w in problem.movable}
+    if _misfits(problem, chosen, pools, size):
+        return None
+    report = SolverReport(
+        status="HEURISTIC",
+        objective=round(_placement_cost(problem, options, hint, slots), 2),
+        best_bound=0.0,
+        gap=0.0,
+        solve_seconds=round(time.perf_counter() - started, 4),
+    )
+    size.update({(w.id, w.node): options[w.id].gpus[slots[w.node].hardware] for w in problem.movable})
+    placement = _concrete(problem, chosen, pools, blocked, size)
+    return _solution(problem, options, chosen, placement, size, report, blocked, bound)
+
+
+def _solution(
+    problem: Problem,
+    options: dict[str, _Options],
+    chosen: dict[str, str],
+    placement: dict[str, str],
+    size: dict[tuple[str, str], int],
+    report: SolverReport,
+    blocked: dict[str, str],
+    bound: Bound | None,
+) -> Solution:
+    monthly: dict[str, tuple[float, float]] = {}
+    held: dict[str, int] = {}
+    for w in problem.movable:
+        o = options[w.id]
+        node = chosen[w.id] if placement[w.id] != w.node else w.node
+        monthly[w.id] = (o.now, o.nodes[node])
+        held[w.id] = size[w.id, node]
+    return Solution(placement, report, monthly, blocked, held, bound)
+
+
+def _as_bound_options(w: Movable, o: _Options, slots: dict[str, NodeSlot]) -> BoundOptions:
+    home = slots[w.node].hardware
+    by_type = {key: (cost, o.gpus[key]) for key, cost in o.types.items()}
+    by_type[home] = (o.nodes[w.node], o.gpus[home])
+    return BoundOptions(id=w.id, home=home, now=o.now, by_type=by_type)
+
+
+def _rounded(
+    problem: Problem, options: dict[str, _Options], bound: Bound, slots: dict[str, NodeSlot]
+) -> dict[str, str]:
+    """The LP's placement packed onto concrete nodes (optimizer/rounding.py)."""
+    room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
+    for w in problem.movable:
+        room[w.node] -= units(w.demand, problem.units)
+    candidates = []
+    for w in problem.movable:
+        b = _as_bound_options(w, options[w.id], slots)
+        fractions = bound.fractions.get(w.id, {})
+        now = units(w.demand, problem.units)
+        candidates.append(Candidate(w.id, w.node, b.home, now, w.service, b.by_type, fractions))
+    hardware = {n.name: n.hardware for n in problem.nodes}
+    return {wid: node for wid, (node, _) in pack(candidates, room, hardware, problem.max_moves).items()}
+
+
+def _placement_cost(
+    problem: Problem,
+    options: dict[str, _Options],
+    placement: dict[str, str],
+    slots: dict[str, NodeSlot],
+    one_off: bool = True,
+) -> float:
+    """The objective of a concrete placement: monthly cost plus (``one_off``) the one-off cost of its moves."""
+    hardware = {n.name: n.hardware for n in problem.nodes}
+    total = 0.0
+    for w in problem.movable:
+        o, node = options[w.id], placement[w.id]
+        if node == w.node:
+            total += o.nodes[w.node]
+        else:
+            total += o.types.get(hardware[node], o.nodes[w.node]) + (w.move_cost_usd if one_off else 0.0)
+    return total
+
+
+def _focus(
+    problem: Problem, options: dict[str, _Options], bound: Bound, start: dict[str, str], slots: dict[str, NodeSlot]
+) -> None:
+    """At fleet scale, offer each workload only nodes of the hardware types the LP gives some of it, besides
+    its own node and its starting one: the LP has already priced every type, and a model a fifth the size
+    leaves CP-SAT time to improve on the start."""
+    for w in problem.movable:
+        o = options[w.id]
+        keep = {key for key, share in bound.fractions.get(w.id, {}).items() if share > 1e-6}
+        o.nodes = {
+            node: cost
+            for node, cost in o.nodes.items()
+            if node in (w.node, start[w.id]) or slots[node].hardware in keep
+        }
 
 
 def _pool_shares(
-    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]
+    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool], size: dict[tuple[str, str], int]
 ) -> dict[str, list[tuple[str, int, str | None]]]:
     """The workloads the plan sent to each pool, as ``(id, gpus, service)``."""
     shares: dict[str, list[tuple[str, int, str | None]]] = {}
     for w in problem.movable:
         if chosen[w.id] in pools:
-            shares.setdefault(chosen[w.id], []).append((w.id, w.demand.gpus, w.service))
+            shares.setdefault(chosen[w.id], []).append((w.id, size[w.id, chosen[w.id]], w.service))
     return shares
 
 
-def _misfits(problem: Problem, chosen: dict[str, str], pools: dict[str, Pool]) -> set[str]:
+def _misfits(
+    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool], size: dict[tuple[str, str], int]
+) -> set[str]:
     """Workloads the plan sent to a pool that first-fit decreasing cannot give a member."""
-    return {wid for key, work in _pool_shares(problem, chosen, pools).items() for wid in assign(pools[key], work)[1]}
+    shares = _pool_shares(problem, chosen, pools, size)
+    return {wid for key, work in shares.items() for wid in assign(pools[key], work)[1]}
 
 
 def _concrete(
-    problem: Problem, chosen: dict[str, str], pools: dict[str, Pool], blocked: dict[str, str]
+    problem: Problem,
+    chosen: dict[str, str],
+    pools: dict[str, Pool],
+    blocked: dict[str, str],
+    size: dict[tuple[str, str], int],
 ) -> dict[str, str]:
     """Each workload the plan sent to a pool gets a member; one that cannot be packed stays where it is."""
     placement = {wid: node for wid, node in chosen.items() if node not in pools}
     home = {w.id: w.node for w in problem.movable}
-    for key, workloads in _pool_shares(problem, chosen, pools).items():
+    for key, workloads in _pool_shares(problem, chosen, pools, size).items():
         placed, unplaced = assign(pools[key], workloads)
         placement.update(placed)
         for wid in unplaced:

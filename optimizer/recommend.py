@@ -4,22 +4,25 @@ capacity team acts on, and say why the misplacements it does not move stay where
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.protocol import Blocked, Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import THROUGHPUT_BOUND, fit_problem, monthly_cost, throughput
+from optimizer.costs import MEMORY_HEADROOM, THROUGHPUT_BOUND, fit_problem, monthly_cost, scaled, throughput
 from optimizer.findings import cheapest_fit, detect, uncatalogued
 from optimizer.fleet import Fleet
+from optimizer.ordering import Action, order
 from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
 
 Risk = Literal["low", "medium", "high"]
 COLD_START_HOURS = 30 / 3600  # a large model takes 10-30 s to load
 LOST_TRAINING_HOURS = 0.5  # work lost on restart: half of an hourly checkpoint interval
+SHARE_UNITS = 100  # capacity units per GPU when the snapshot has shares of GPUs (a share rounds up)
 
 
 class PlanSettings(BaseModel):
@@ -33,12 +36,35 @@ class PlanSettings(BaseModel):
     time_limit: float = Field(default=10.0, gt=0, le=600)
     pinned: list[str] = Field(default_factory=list, description="workload ids or glob patterns never moved")
     pools: bool = Field(default=True, description="solve identical nodes with free room as pools")
+    reclaim_idle: bool = Field(default=True, description="release idle allocations instead of moving them")
+    right_size: bool = Field(default=True, description="online inference may hold fewer GPUs if its peak fits")
+    sharing: dict[str, float] = Field(
+        default_factory=dict,
+        description='hardware key → the smallest share of one GPU a one-GPU service may take there, e.g. {"l4": 0.25}',
+    )
+
+    @field_validator("sharing")
+    @classmethod
+    def _shares(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = sorted(key for key, share in value.items() if not 0.01 <= share < 1)
+        if bad:
+            raise ValueError(f"sharing: the smallest share must be at least 0.01 and under 1 ({', '.join(bad)})")
+        return value
+
+    history_min_hours: float = Field(
+        default=24.0, ge=0, description="load history needed before an allocation is released or resized"
+    )
 
 
-def recommendation_id(site: str, workload: str, from_node: str, to_hardware: str) -> str:
-    """Stable across solves: the same move keeps its id whichever free node of that hardware it lands on.
-    The site is part of it: node and workload names repeat across sites, and ids key the lifecycle's rows."""
-    return hashlib.sha256(f"{site}|{workload}|{from_node}|{to_hardware}".encode()).hexdigest()[:16]
+def recommendation_id(workload: str, from_node: str, to_hardware: str) -> str:
+    # a right-size's target is its own hardware, a reclaim's is "reclaim": each action of a workload has its own id
+    """Stable across solves: the same move keeps its id whichever free node of that hardware it lands on."""
+    return hashlib.sha256(f"{workload}|{from_node}|{to_hardware}".encode()).hexdigest()[:16]
+
+
+def site_scoped(site: str, rec_id: str) -> str:
+    """An action's id within its site: node and workload names repeat across sites, and ids key the lifecycle."""
+    return hashlib.sha256(f"{site}|{rec_id}".encode()).hexdigest()[:16]
 
 
 def _label(cls: WorkloadClass) -> str:
@@ -66,10 +92,10 @@ def _reason(r: Resolved, target: GpuType) -> str:
     return f"{_label(cls)} runs cheaper per unit of work on {target.name} than on {hw.name}"
 
 
-def _impact(catalog: Catalog, r: Resolved, target: GpuType) -> tuple[str, Risk]:
-    """(expected performance impact, risk) of moving ``r`` to ``target``."""
+def _impact(catalog: Catalog, r: Resolved, target: GpuType, gpus: int | None = None) -> tuple[str, Risk]:
+    """(expected performance impact, risk) of moving ``r`` to ``target`` (on ``gpus`` GPUs if resized)."""
     assert r.hardware is not None
-    d = r.w.demand
+    d = r.w.demand if gpus is None or gpus == r.w.gpus else scaled(r.w.demand, gpus)
     ratio = throughput(catalog, target, d) / throughput(catalog, r.hardware, d)
     risk: Risk = "high" if r.w.confidence < 0.75 else "low"
     if d.workload_class is WorkloadClass.IDLE:
@@ -80,13 +106,14 @@ def _impact(catalog: Catalog, r: Resolved, target: GpuType) -> tuple[str, Risk]:
     mean, p95 = d.mean_util / ratio, d.p95_util / ratio
     if p95 > 85 and risk == "low":
         risk = "medium"
-    return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {target.name}", risk
+    where = target.name if gpus is None or gpus == r.w.gpus else f"{gpus} × {target.name}"
+    return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {where}", risk
 
 
 def _move_cost(settings: PlanSettings, r: Resolved) -> float:
     assert r.hardware is not None
     hours = LOST_TRAINING_HOURS if r.w.workload_class in THROUGHPUT_BOUND else COLD_START_HOURS
-    return settings.move_cost_usd + r.w.gpus * r.hardware.price_per_gpu_hour * hours
+    return settings.move_cost_usd + r.w.gpus * r.w.share * r.hardware.price_per_gpu_hour * hours
 
 
 def _why_stays(
@@ -128,17 +155,167 @@ def _why_stays(
     return (f"no free {target.name} capacity in site {snapshot.site}" if fits else "no better fit"), saving
 
 
+def _reclaim(catalog: Catalog, r: Resolved) -> Recommendation:
+    assert r.hardware is not None
+    saving = monthly_cost(catalog, r.w.demand, r.hardware, r.hardware)
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, "reclaim"),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=r.node,
+        to_hardware=r.hardware.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=f"idle allocation: {r.w.gpus} × {r.hardware.name} held at {r.w.mean_util:.0f} % — release it",
+        performance_impact="none: the allocation is idle; its owner loses the reservation",
+        risk="high" if r.w.confidence < 0.75 else "low",
+        evidence=list(r.w.evidence),
+        kind="reclaim",
+        gpus_after=0,
+    )
+
+
+def _right_size(catalog: Catalog, r: Resolved, gpus: int, saving: float) -> Recommendation:
+    assert r.hardware is not None
+    impact, risk = _impact(catalog, r, r.hardware, gpus)
+    memory = r.w.mem_mib_per_gpu * r.w.gpus / gpus / 1024
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, r.hardware.key),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=r.node,
+        to_hardware=r.hardware.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=(
+            f"{_label(r.w.workload_class)} at {r.w.mean_util:.0f} % (daily peak p95 "
+            f"{r.w.demand.p95_util:.0f} %) on {r.w.gpus} × {r.hardware.name}: its peak fits {gpus} GPU(s), "
+            f"memory included ({memory:.0f} of {MEMORY_HEADROOM * r.hardware.memory_gib:.0f} GiB usable per GPU)"
+        ),
+        performance_impact=impact,
+        risk=risk,
+        evidence=list(r.w.evidence),
+        kind="right_size",
+        gpus_after=gpus,
+    )
+
+
+def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: int, saving: float) -> Recommendation:
+    assert r.hardware is not None
+    impact, risk = _impact(catalog, r, target, gpus)
+    reason = _reason(r, target) if target.key != r.hardware.key else "makes room on its node for a move that saves more"
+    if gpus < r.w.gpus:
+        reason += f"; its daily peak fits {gpus} of them instead of {r.w.gpus}"
+    same = "room" if target.key == r.hardware.key else ""  # a right-size in place has the plain id
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, f"{target.key}:{same}" if same else target.key),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=to_node,
+        to_hardware=target.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=reason,
+        performance_impact=impact,
+        risk=risk,
+        evidence=list(r.w.evidence),
+        kind="move",
+        gpus_after=gpus if gpus < r.w.gpus else None,
+    )
+
+
+def _consolidate(
+    catalog: Catalog, r: Resolved, to_node: str, target: GpuType, share: float, saving: float
+) -> Recommendation:
+    assert r.hardware is not None
+    d = r.w.demand
+    ratio = throughput(catalog, r.hardware, d) / throughput(catalog, target, d) / share
+    risk: Risk = "high" if r.w.confidence < 0.75 else "medium"  # neighbours on the same GPU
+    return Recommendation(
+        id=recommendation_id(r.w.id, r.node, f"{target.key}:shared"),
+        workload=r.w.id,
+        workload_name=r.w.name,
+        workload_class=r.w.workload_class,
+        confidence=r.w.confidence,
+        gpus=r.w.gpus,
+        from_node=r.node,
+        from_hardware=r.hardware.name,
+        to_node=to_node,
+        to_hardware=target.name,
+        monthly_savings_usd=round(saving, 2),
+        reason=(
+            f"{_label(r.w.workload_class)} at {d.mean_util:.0f} % (daily peak p95 {d.p95_util:.0f} %) of "
+            f"{r.w.gpus} × {r.hardware.name}: {share:.2g} of a shared {target.name} carries it"
+        ),
+        performance_impact=(
+            f"utilisation about {d.mean_util * ratio:.0f} % of its share (p95 {d.p95_util * ratio:.0f} %) on "
+            f"{target.name}, beside other services"
+        ),
+        risk=risk,
+        evidence=list(r.w.evidence),
+        kind="consolidate",
+        gpus_after=1 if r.w.gpus > 1 else None,
+        gpu_share=share,
+    )
+
+
+def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommendation]) -> list[Recommendation]:
+    """The recommendations with their wave and what each waits for, in the order to carry them out."""
+    room = {n.name: float(n.gpus) for n in snapshot.nodes}
+    for w in snapshot.workloads:
+        for node in w.nodes:
+            room[node] -= w.gpus / len(w.nodes) * w.share
+    actions = []
+    for rec in sorted(recs, key=lambda x: -x.monthly_savings_usd):
+        share = rec.gpu_share or 1.0
+        before = rec.gpus * (1.0 if rec.kind == "consolidate" else share)  # consolidation held whole GPUs
+        kept = (rec.gpus if rec.gpus_after is None else rec.gpus_after) * share
+        if rec.kind in ("move", "consolidate"):
+            actions.append(Action(rec.id, rec.from_node, before, rec.to_node, kept))
+        else:
+            actions.append(Action(rec.id, rec.from_node, before - kept))
+    steps = order(actions, room, lambda a, n: a.target is not None and node_hw.get(n) == node_hw.get(a.target))
+    placed = [
+        rec.model_copy(
+            update={
+                "wave": steps[rec.id].wave,
+                "after": steps[rec.id].after,
+                "via_node": steps[rec.id].via_node,
+                "via_wave": steps[rec.id].via_wave,
+                "swap": steps[rec.id].swap,
+            }
+        )
+        for rec in recs
+    ]
+    return sorted(placed, key=lambda x: (x.wave or 0, -x.monthly_savings_usd, x.id))
+
+
 def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
     """Plan moves for a snapshot (live or offline)."""
     resolved = resolve(catalog, snapshot)
+    # capacity in hundredths of a GPU when some workloads hold a share of one, else in whole GPUs
+    per_gpu = SHARE_UNITS if settings.sharing or any(w.share < 1 for w in snapshot.workloads) else 1
     nodes = []
     for n in snapshot.nodes:
         hw = hardware_of(catalog, n.hardware)
         if hw is not None:
-            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus))
+            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus * per_gpu))
     known = {n.name for n in nodes}
     fixed: dict[str, int] = {}
     movable = []
+    recommendations = []
     for r in resolved:
         can_move = (
             not r.multi_node
@@ -148,12 +325,20 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
             and r.w.confidence >= settings.min_confidence
             and not r.w.pinned
         )
+        hours = r.w.history_hours
+        a_day = hours is None or hours >= settings.history_min_hours  # idle or quiet all day, not a lull
+        if can_move and a_day and settings.reclaim_idle and r.w.workload_class is WorkloadClass.IDLE:
+            reclaim = _reclaim(catalog, r)
+            if reclaim.monthly_savings_usd >= settings.min_monthly_savings:
+                recommendations.append(reclaim)  # its GPUs are free for the rest of the plan
+                continue
         if can_move:
             service = r.w.name if r.w.workload_class is WorkloadClass.INFERENCE and r.w.name else None
-            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service))
+            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service, a_day))
         else:
             for node in r.w.nodes:
-                fixed[node] = fixed.get(node, 0) + r.w.gpus // len(r.w.nodes)
+                held = math.ceil(r.w.gpus // len(r.w.nodes) * r.w.share * per_gpu - 1e-9)
+                fixed[node] = fixed.get(node, 0) + held
     problem = Problem(
         nodes=nodes,
         fixed_usage=fixed,
@@ -163,44 +348,45 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         min_savings_fraction=settings.min_savings_fraction,
         time_limit_s=settings.time_limit,
         pools=settings.pools,
+        right_size=settings.right_size,
+        units=per_gpu,
+        sharing=settings.sharing,
     )
     solution = solve(catalog, problem)
     node_hw = {n.name: n.hardware for n in nodes}
-    recommendations = []
     for r in resolved:
         target_node = solution.placement.get(r.w.id)
-        if target_node is None or target_node == r.node or r.hardware is None:
+        if target_node is None or r.hardware is None:
             continue
-        target = catalog.by_key(node_hw[target_node])
-        cost_now, planned = solution.monthly_cost[r.w.id]
-        impact, risk = _impact(catalog, r, target)
-        recommendations.append(
-            Recommendation(
-                id=recommendation_id(snapshot.site, r.w.id, r.node, target.key),
-                workload=r.w.id,
-                workload_name=r.w.name,
-                workload_class=r.w.workload_class,
-                confidence=r.w.confidence,
-                gpus=r.w.gpus,
-                from_node=r.node,
-                from_hardware=r.hardware.name,
-                to_node=target_node,
-                to_hardware=target.name,
-                monthly_savings_usd=round(cost_now - planned, 2),
-                reason=_reason(r, target),
-                performance_impact=impact,
-                risk=risk,
-                evidence=list(r.w.evidence),
-            )
-        )
-    recommendations.sort(key=lambda x: -x.monthly_savings_usd)
+        cost_now, planned = solution.monthly_cost.get(r.w.id, (0.0, 0.0))
+        held = solution.gpus.get(r.w.id, r.w.gpus * per_gpu)
+        if r.w.share == 1 and held % per_gpu:  # now a share of one GPU, shared with other services
+            target = catalog.by_key(node_hw[target_node])
+            share = held / per_gpu
+            recommendations.append(_consolidate(catalog, r, target_node, target, share, cost_now - planned))
+            continue
+        # shares move as they are; whole GPUs are counted in multiples of per_gpu units
+        gpus = r.w.gpus if r.w.share < 1 else held // per_gpu
+        if target_node != r.node:
+            target = catalog.by_key(node_hw[target_node])
+            recommendations.append(_move(catalog, r, target_node, target, gpus, cost_now - planned))
+        elif gpus < r.w.gpus:
+            recommendations.append(_right_size(catalog, r, gpus, cost_now - planned))
+    shares = {r.w.id: r.w.share for r in resolved if r.w.share < 1}
+    recommendations = [
+        x if x.kind == "consolidate" else x.model_copy(update={"gpu_share": shares.get(x.workload)})
+        for x in recommendations
+    ]
+    recommendations = [x.model_copy(update={"id": site_scoped(snapshot.site, x.id)}) for x in recommendations]
+    recommendations = _in_order(snapshot, node_hw, recommendations)
     moved = {x.workload for x in recommendations}
+    moves = sum(1 for x in recommendations if x.kind in ("move", "consolidate") and x.to_node != x.from_node)
     present = {n.hardware for n in nodes}  # catalog keys of the hardware this site has
     blocked = []
     for r in resolved:
         if r.w.id in moved:
             continue
-        why = _why_stays(catalog, snapshot, present, settings, r, solution, len(recommendations))
+        why = _why_stays(catalog, snapshot, present, settings, r, solution, moves)
         if why is not None and r.hardware is not None:
             blocked.append(
                 Blocked(
@@ -227,10 +413,20 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         )
         for r in resolved
     ]
+    report = solution.report
+    if solution.bound is not None:
+        solved = sum(now - planned for now, planned in solution.monthly_cost.values())
+        report = report.model_copy(
+            update={
+                "savings_usd": round(solved, 2),
+                "bound_savings_usd": solution.bound.savings,
+                "bound_method": solution.bound.method,
+            }
+        )
     return Plan(
         site=snapshot.site,
         generated_at=time.time() if now is None else now,
-        solver=solution.report,
+        solver=report,
         workloads=views,
         findings=detect(catalog, resolved) + uncatalogued(catalog, snapshot.nodes),
         recommendations=recommendations,

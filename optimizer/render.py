@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from agent.protocol import Plan
+from agent.protocol import Plan, Recommendation
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -64,15 +64,12 @@ def render_table(plan: Plan) -> str:
             )
     if plan.recommendations:
         lines.append("")
-        lines.append(f"recommended moves, saving ${plan.monthly_savings_usd:,.0f}/month:")
-        for r in plan.recommendations:
-            lines.append(
-                f"  {r.workload_name} ({r.workload_class.value}, {r.gpus} GPU): "
-                f"{r.from_node} [{r.from_hardware}] -> {r.to_node} [{r.to_hardware}]  "
-                f"${r.monthly_savings_usd:,.0f}/month"
-            )
-            lines.append(f"      why: {r.reason}")
-            lines.append(f"      impact: {r.performance_impact}; risk {r.risk}")
+        waves = max((r.wave or 1 for r in plan.recommendations), default=1)
+        lines.append(
+            f"recommended actions, saving ${plan.monthly_savings_usd:,.0f}/month, in {waves} wave(s) "
+            "(a wave's actions run in parallel):"
+        )
+        lines += _actions(plan)
     else:
         lines.append("")
         lines.append("no moves recommended")
@@ -89,7 +86,56 @@ def render_table(plan: Plan) -> str:
         f"solver: {s.status}, objective ${s.objective:,.0f}, bound ${s.best_bound:,.0f}, "
         f"gap {s.gap:.2%}, {s.solve_seconds:.2f} s"
     )
+    if s.savings_usd is not None and s.bound_savings_usd is not None:
+        share = s.savings_usd / s.bound_savings_usd if s.bound_savings_usd > 0 else 1.0
+        lines.append(
+            f"moves and resizing save ${s.savings_usd:,.0f}/month; no plan saves more than "
+            f"${s.bound_savings_usd:,.0f}/month ({share:.1%} of that bound; {s.bound_method})"
+        )
     return "\n".join(lines)
+
+
+def _what(r: Recommendation) -> str:
+    """One action in words: what changes where."""
+    if r.kind == "reclaim":
+        return f"release {r.gpus} × {r.from_hardware} on {r.from_node}"
+    if r.kind == "right_size":
+        return f"shrink to {r.gpus_after:g} of its {r.gpus} GPUs on {r.from_node} [{r.from_hardware}]"
+    if r.kind == "consolidate":
+        return (
+            f"{r.from_node} [{r.from_hardware}] -> {r.gpu_share:.2g} of a shared GPU on {r.to_node} [{r.to_hardware}]"
+        )
+    via = f" via {r.via_node} (wave {r.via_wave})" if r.via_node else ""
+    size = f" on {r.gpus_after:g} GPU(s)" if r.gpus_after is not None else ""
+    return f"{r.from_node} [{r.from_hardware}] -> {r.to_node} [{r.to_hardware}]{size}{via}"
+
+
+def _held(r: Recommendation) -> str:
+    return f"{r.gpu_share:.2g} of a GPU" if r.gpu_share is not None else f"{r.gpus} GPU"
+
+
+def _actions(plan: Plan) -> list[str]:
+    """The recommendations numbered in the order to carry them out, each with what it waits for."""
+    number = {r.id: i for i, r in enumerate(plan.recommendations, 1)}
+    lines: list[str] = []
+    wave = None
+    for r in plan.recommendations:
+        if r.wave != wave and r.wave is not None:
+            wave = r.wave
+            lines.append(f"  wave {wave}:")
+        lines.append(
+            f"  {number[r.id]:>3}. {(r.kind or 'move').replace('_', '-')} {r.workload_name} "
+            f"({r.workload_class.value}, {_held(r)}): {_what(r)}  ${r.monthly_savings_usd:,.0f}/month"
+        )
+        if r.after:
+            lines.append(f"      after: {', '.join(f'#{number[a]}' for a in r.after if a in number)}")
+        if r.swap:
+            lines.append(f"      swap: together with {', '.join(f'#{number[a]}' for a in r.swap if a in number)}")
+        if r.blocked_by:
+            lines.append(f"      waits on dismissed: {', '.join(r.blocked_by)}")
+        lines.append(f"      why: {r.reason}")
+        lines.append(f"      impact: {r.performance_impact}; risk {r.risk}")
+    return lines
 
 
 def render_json(plan: Plan) -> str:

@@ -48,14 +48,14 @@ FINDING = Measurement(
 )
 RECOMMENDATION = Measurement(
     "fleetfit_recommendation",
-    ("site", "id", "workload", "class", "from_node", "to_node", "from_hardware", "to_hardware"),
-    ("monthly_savings_usd", "confidence", "gpus"),
+    ("site", "id", "workload", "class", "from_node", "to_node", "from_hardware", "to_hardware", "kind"),
+    ("monthly_savings_usd", "confidence", "gpus", "wave", "gpus_after"),
 )
 PLAN = Measurement(
     "fleetfit_plan",
     ("site", "status"),
     ("objective_usd", "best_bound_usd", "gap", "solve_seconds", "monthly_savings_usd", "recommendations",
-     "workloads", "wasted_usd_per_hour"),
+     "workloads", "wasted_usd_per_hour", "bound_savings_usd"),
 )  # fmt: skip
 
 ALL = (GPU, NIC, DISK, HOST, WORKLOAD, FINDING, RECOMMENDATION, PLAN)

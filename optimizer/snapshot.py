@@ -46,11 +46,31 @@ class SnapshotWorkload(_Strict):
     p95_util: float | None = Field(default=None, ge=0, le=100, description="default: mean_util")
     pinned: bool = False
     evidence: list[str] = Field(default_factory=list)
+    history_hours: float | None = Field(
+        default=None, ge=0, description="hours of load history behind the utilisation; None: a day or more"
+    )
+    gpu_share: float | None = Field(default=None, gt=0, le=1, description="a share of its one GPU (time-slicing, MPS)")
+    mig_profile: str | None = Field(default=None, pattern=r"^[1-7]g\.\d+gb$", description="a MIG slice: 1g.10gb")
+
+    @model_validator(mode="after")
+    def _one_share(self) -> SnapshotWorkload:
+        if self.gpu_share is not None and self.mig_profile is not None:
+            raise ValueError("give gpu_share or mig_profile, not both")
+        if self.share < 1 and (self.gpus != 1 or len(self.nodes) != 1):
+            raise ValueError("a share of a GPU (gpu_share, mig_profile) needs gpus 1 on one node")
+        return self
+
+    @property
+    def share(self) -> float:
+        """The share of its GPU(s) it holds: a MIG profile's compute slices out of seven, or ``gpu_share``."""
+        if self.mig_profile is not None:
+            return int(self.mig_profile[0]) / 7
+        return 1.0 if self.gpu_share is None else self.gpu_share
 
     @property
     def demand(self) -> Demand:
         p95 = self.p95_util if self.p95_util is not None else self.mean_util
-        return Demand(self.workload_class, self.gpus, self.mem_mib_per_gpu, self.mean_util, p95)
+        return Demand(self.workload_class, self.gpus, self.mem_mib_per_gpu, self.mean_util, p95, self.share)
 
 
 class Snapshot(_Strict):
@@ -76,11 +96,11 @@ class Snapshot(_Strict):
 
     def overcommitted(self) -> list[str]:
         """Nodes whose workloads hold more GPUs than they have (GPU sharing, or a snapshot typed wrong)."""
-        used = {n.name: 0 for n in self.nodes}
+        used = {n.name: 0.0 for n in self.nodes}
         for w in self.workloads:
             for node in w.nodes:
-                used[node] += w.gpus // len(w.nodes)
-        return [n.name for n in self.nodes if used[n.name] > n.gpus]
+                used[node] += w.gpus // len(w.nodes) * w.share
+        return [n.name for n in self.nodes if used[n.name] > n.gpus + 1e-9]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +223,7 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, s
                 p95_util=round(min(max(f.p95_util, f.daily_peak_p95), 100.0), 2),
                 pinned=any(fnmatch.fnmatchcase(f.id, p) for p in pinned),
                 evidence=list(result.evidence),
+                history_hours=round(f.history_hours, 2),
             )
         )
     snapshot = Snapshot(site=site, nodes=nodes, workloads=workloads)

@@ -140,8 +140,15 @@ def plan_points(plan: Plan) -> list[Line]:
                 "to_node": r.to_node,
                 "from_hardware": r.from_hardware,
                 "to_hardware": r.to_hardware,
+                "kind": r.kind or "move",
             },
-            {"monthly_savings_usd": r.monthly_savings_usd, "confidence": r.confidence, "gpus": r.gpus},
+            {
+                "monthly_savings_usd": r.monthly_savings_usd,
+                "confidence": r.confidence,
+                "gpus": r.gpus,
+                "wave": r.wave,
+                "gpus_after": r.gpus_after,
+            },
             t,
         )
         for r in plan.recommendations
@@ -160,6 +167,7 @@ def plan_points(plan: Plan) -> list[Line]:
                 "recommendations": len(plan.recommendations),
                 "workloads": len(plan.workloads),
                 "wasted_usd_per_hour": sum(f.wasted_usd_per_hour for f in plan.findings),
+                "bound_savings_usd": s.bound_savings_usd,
             },
             t,
         )

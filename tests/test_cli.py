@@ -68,6 +68,8 @@ def test_demo_json_plan_names_the_planted_misplacements() -> None:
     assert all(r.monthly_savings_usd > 0 and r.reason for r in plan.recommendations)
     moves = {r.workload_name: r.to_hardware for r in plan.recommendations}
     assert "L40S" in moves["chat-serving"] and "H100" in moves["vision-finetune-ddp"]
+    kinds = {r.workload_name: r.kind for r in plan.recommendations}
+    assert kinds["forgotten-notebook-alloc"] == "reclaim"  # released, not moved
     assert b"embedded broker" in result.stderr
 
 

@@ -41,8 +41,9 @@ class Notice:
 
     @property
     def firing(self) -> list[Item]:
-        return sorted(
-            (i for i in self.items if not i.status.resolved), key=lambda i: -i.recommendation.monthly_savings_usd
+        return sorted(  # in the order to carry them out
+            (i for i in self.items if not i.status.resolved),
+            key=lambda i: (i.recommendation.wave or 0, -i.recommendation.monthly_savings_usd),
         )
 
     @property

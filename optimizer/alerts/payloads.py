@@ -207,6 +207,13 @@ class GenericMove(BaseModel):
     reason: str
     performance_impact: str
     evidence: list[str]
+    # within version 1, only added (docs/alerts.md): the kind of action and its place in the plan's order
+    kind: str = "move"
+    wave: int | None = None
+    after: list[str] = Field(default_factory=list)
+    swap: list[str] = Field(default_factory=list)
+    gpus_after: float | None = None
+    blocked_by: list[str] = Field(default_factory=list)
 
 
 class GenericAlert(BaseModel):
@@ -227,6 +234,7 @@ class GenericAlert(BaseModel):
 
 def _generic_move(item: Item) -> GenericMove:
     fields = item.recommendation.model_dump(mode="json")
+    fields["kind"] = fields["kind"] or "move"
     return GenericMove(**fields, status=item.status.value, severity=item.severity)
 
 

@@ -1,0 +1,74 @@
+"""What to buy when moves are blocked for want of capacity, and what-if additions to a snapshot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FLEETFIT
+
+from optimizer.buy import AMORTISATION_MONTHS, BuyError, parse_addition, suggest, with_additions
+from optimizer.catalog import load_catalog
+from optimizer.recommend import PlanSettings, plan_snapshot
+from optimizer.snapshot import Snapshot
+
+SHORT = {
+    "schema": 1,
+    "site": "eu-1",
+    "nodes": [{"name": f"l4-0{i}", "hardware": "l4", "gpus": 8} for i in range(1, 4)]
+    + [{"name": "h100-01", "hardware": "h100", "gpus": 8}],
+    "workloads": [
+        {"id": f"t{i}", "name": f"ddp-{i}", "class": "training", "nodes": [f"l4-0{i}"], "gpus": 8,
+         "mem_mib_per_gpu": 18000, "mean_util": 90}
+        for i in range(1, 4)
+    ]
+    + [{"id": "p", "name": "pretrain", "class": "training", "nodes": ["h100-01"], "gpus": 8,
+        "mem_mib_per_gpu": 70000, "mean_util": 95, "pinned": True}],
+}  # fmt: skip
+
+
+def test_blocked_training_asks_for_h100_nodes_with_payback() -> None:
+    catalog = load_catalog()
+    snapshot = Snapshot.model_validate(SHORT)
+    settings = PlanSettings()
+    plan = plan_snapshot(snapshot, catalog, settings)
+    assert plan.recommendations == []
+    assert {b.reason for b in plan.blocked} == {"no free H100 80GB SXM capacity in site eu-1"}
+    (purchase,) = suggest(snapshot, catalog, settings, plan)
+    # three 8-GPU H100 nodes take the three jobs; one would capture only a third of that
+    assert (purchase.hardware, purchase.nodes, purchase.gpus_per_node) == ("H100 80GB SXM", 3, 8)
+    month = catalog.defaults.hours_per_month
+    per_job = (8 * 0.35 - 8 * 2.50 * (0.10 * 0.6) / 1.0) * month  # L4 over PCIe against H100, for the same work
+    assert purchase.monthly_cost_usd == pytest.approx(3 * 8 * 2.50 * month)
+    assert purchase.monthly_savings_usd - purchase.monthly_cost_usd == pytest.approx(3 * per_job, rel=1e-3)
+    assert purchase.payback_months == pytest.approx(
+        purchase.monthly_cost_usd * AMORTISATION_MONTHS / purchase.monthly_savings_usd
+    )
+
+
+def test_add_plans_onto_the_new_nodes_and_bad_additions_fail_clearly(tmp_path: Path) -> None:
+    catalog = load_catalog()
+    addition = parse_addition("H100 x8 = 2", catalog)
+    bigger = with_additions(Snapshot.model_validate(SHORT), [addition])
+    assert [n.name for n in bigger.nodes[-2:]] == ["new-h100-001", "new-h100-002"]
+    for bad in ("h100 x8", "tpu x8 = 1", "h100 x0 = 1"):
+        with pytest.raises(BuyError, match="--add"):
+            parse_addition(bad, catalog)
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps(SHORT))
+    result = subprocess.run(
+        [FLEETFIT, "plan", str(fleet), "--add", "h100 x8 = 2", "--format", "json"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    plan = json.loads(result.stdout)
+    assert sorted(r["to_node"] for r in plan["recommendations"]) == ["new-h100-001", "new-h100-002"]
+    result = subprocess.run([FLEETFIT, "plan", str(fleet), "--buy"], capture_output=True, timeout=120, check=True)
+    assert "3 node(s) of 8 × H100 80GB SXM" in result.stdout.decode() and "pays back in" in result.stdout.decode()
+    result = subprocess.run(
+        [FLEETFIT, "plan", str(fleet), "--add", "tpu x8 = 1"], capture_output=True, timeout=60, check=False
+    )
+    assert result.returncode == 2 and result.stderr.count(b"\n") == 1 and b"no GPU 'tpu'" in result.stderr
