@@ -188,8 +188,14 @@ class Optimizer:
         states: dict[str, RecState] = {}
         if self.tracker is not None:
             lifecycle = self.tracker.lifecycle
-            # a workload not classified (yet: too few windows after a restart) has not had its moves withdrawn
-            seen = {w.id: w.hardware for w in plan.workloads if w.workload_class is not WorkloadClass.UNKNOWN}
+            # A workload the plan could not act on (unclassified or unsure, as after a restart, with few windows)
+            # has not had its moves withdrawn: they stay open until it is judged again.
+            sure = self.config.plan.min_confidence
+            seen = {
+                w.id: w.hardware
+                for w in plan.workloads
+                if w.workload_class is not WorkloadClass.UNKNOWN and w.confidence >= sure
+            }
             resolved = await self.tracker.write(lifecycle.record, plan, seen)
             states = await self.tracker.write(lifecycle.states, [r.id for r in plan.recommendations])
             if self.ledger is not None:
