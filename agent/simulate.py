@@ -127,6 +127,13 @@ class ManualClock:
         return self.now
 
 
+def shift_to_now(windows: list[Telemetry]) -> list[Telemetry]:
+    """``windows`` moved in time to end now: a live optimizer takes only windows of the last day, while offline
+    simulation starts at a fixed date."""
+    shift = time.time() - max(w.end for w in windows)
+    return [w.model_copy(update={"start": w.start + shift, "end": w.end + shift}) for w in windows]
+
+
 def offline_windows(
     node: ScenarioNode, windows: int, publish_interval: float = 10.0, site: str = "sim", seed: int = 0
 ) -> tuple[Birth, list[Telemetry]]:

@@ -29,7 +29,7 @@ from common import free_port, mosquitto_command
 from agent.config import MqttSettings
 from agent.mqtt import make_client
 from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
-from agent.simulate import offline_windows
+from agent.simulate import offline_windows, shift_to_now
 from collectors.scenarios import build_scenario
 from optimizer.catalog import load_catalog
 from optimizer.config import OptimizerConfig, OptimizerSettings
@@ -107,6 +107,7 @@ async def main() -> int:
     births, windows_by_node = [], []
     for n in nodes:
         birth, ws = offline_windows(n, args.windows, site="ingest")
+        ws = shift_to_now(ws)  # the live optimizer takes windows of the last day only
         births.append((node_topic(PREFIX, "ingest", n.name, TopicKind.BIRTH), birth))
         windows_by_node.append([(node_topic(PREFIX, "ingest", n.name, TopicKind.TELEMETRY), w) for w in ws])
     port = free_port()

@@ -88,7 +88,7 @@ def _role(name: str, roles: dict[str, NicRole]) -> NicRole:
 def counted_disks(birth: Birth | None, names: list[str]) -> set[str]:
     """Disks whose I/O is the node's own: members of md RAID or device-mapper devices are counted on those.
     Agents before schema 2 do not mark members; when a window has an md or dm device, only those count."""
-    members = {d.name for d in birth.disks if d.member_of} if birth else set()
+    members = _view(birth).members
     if not members and any(_MD.match(n) for n in names):
         return {n for n in names if _MD.match(n)}
     return {n for n in names if n not in members}
@@ -115,10 +115,38 @@ def _mean(stats: Stats | None) -> float | None:
     return stats.mean if stats is not None else None
 
 
+@dataclass(frozen=True, slots=True)
+class _BirthView:
+    roles: dict[str, NicRole]
+    limits: dict[int, float | None]
+    members: frozenset[str]
+
+
+_VIEWS: dict[int, tuple[Birth, _BirthView]] = {}
+
+
+def _view(birth: Birth | None) -> _BirthView:
+    """What windows need of a birth, worked out once per birth: a node sends one birth and thousands of windows."""
+    if birth is None:
+        return _BirthView({}, {}, frozenset())
+    cached = _VIEWS.get(id(birth))
+    if cached is not None and cached[0] is birth:
+        return cached[1]
+    if len(_VIEWS) >= 65_536:  # births replaced over a long run: start afresh rather than grow
+        _VIEWS.clear()
+    view = _BirthView(
+        roles(birth),
+        {g.index: g.power_limit_w for g in birth.gpus},
+        frozenset(d.name for d in birth.disks if d.member_of),
+    )
+    _VIEWS[id(birth)] = (birth, view)
+    return view
+
+
 def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadRef] | None = None) -> WindowDigest:
     """``known`` interns workload references: a node reports the same workloads window after window."""
-    nic_roles = roles(birth)
-    limits = {g.index: g.power_limit_w for g in birth.gpus} if birth else {}
+    view = _view(birth)
+    nic_roles, limits = view.roles, view.limits
     gpus = []
     for g in window.gpus:
         if g.util is None:

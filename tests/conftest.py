@@ -20,7 +20,7 @@ import pytest
 
 from agent.config import MqttSettings
 from agent.protocol import Telemetry, TopicKind, encode, node_topic
-from agent.simulate import offline_windows
+from agent.simulate import offline_windows, shift_to_now
 from collectors.scenarios import build_scenario
 from collectors.simulated import Pattern
 from optimizer.fleet import Fleet
@@ -291,7 +291,5 @@ def simulated_fleet(
 
 
 def recent(windows: list[Telemetry]) -> list[Telemetry]:
-    """``windows`` moved in time to end now: the live optimizer takes only windows of the last day, while
-    offline simulation starts at a fixed date."""
-    shift = time.time() - max(w.end for w in windows)
-    return [w.model_copy(update={"start": w.start + shift, "end": w.end + shift}) for w in windows]
+    """``windows`` moved in time to end now (see agent.simulate.shift_to_now)."""
+    return shift_to_now(windows)
