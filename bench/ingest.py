@@ -137,7 +137,7 @@ async def main() -> int:
             await broker.wait()
     b, o = statistics.median(rates["bare"]), statistics.median(rates["optimizer"])
     print()
-    print(f"median: bare subscriber {b:,.0f} msg/s, optimizer ingest {o:,.0f} msg/s, ratio {o / b:.2f} (target >= 0.6)")
+    print(f"median: bare subscriber {b:,.0f} msg/s, optimizer ingest {o:,.0f} msg/s, ratio {o / b:.2f}")
     print(f"at 10 s windows the optimizer's ingest rate sustains about {o * 10:,.0f} nodes on one core")
     print(f"per message: bare subscriber {1e6 / b:.0f} µs, optimizer {1e6 / o:.0f} µs")
     where_it_goes(births, windows_by_node)
@@ -172,7 +172,7 @@ def where_it_goes(births: list[tuple[str, Birth]], windows_by_node: list[list[tu
     tracemalloc.stop()
     print(
         f"protocol validation alone: {validate_us:.0f} µs per window (json.loads of the same bytes, no validation: "
-        f"{parse_us:.0f} µs); a decoded window holds {decoded_kib:.1f} KiB, the digest the optimizer keeps "
+        f"{parse_us:.0f} µs: {validate_us / parse_us:.2f}x, target <= 1.0x); a decoded window holds {decoded_kib:.1f} KiB, the digest the optimizer keeps "
         f"{held_kib:.1f} KiB"
     )
 
