@@ -172,7 +172,8 @@ def where_it_goes(births: list[tuple[str, Birth]], windows_by_node: list[list[tu
     tracemalloc.stop()
     print(
         f"protocol validation alone: {validate_us:.0f} µs per window (json.loads of the same bytes, no validation: "
-        f"{parse_us:.0f} µs: {validate_us / parse_us:.2f}x, target <= 1.0x); a decoded window holds {decoded_kib:.1f} KiB, the digest the optimizer keeps "
+        f"{parse_us:.0f} µs: {validate_us / parse_us:.2f}x, target <= 1.0x);\n"
+        f"a decoded window holds {decoded_kib:.1f} KiB, the digest the optimizer keeps "
         f"{held_kib:.1f} KiB"
     )
 
