@@ -155,25 +155,37 @@ def _why_stays(
     return (f"no free {target.name} capacity in site {snapshot.site}" if fits else "no better fit"), saving
 
 
+def _action(r: Resolved, rec_id: str, **what: object) -> Recommendation:
+    """An action on ``r``'s workload where it runs now; ``what`` says where it goes, what it saves and why."""
+    assert r.hardware is not None
+    return Recommendation.model_validate(
+        {
+            "id": rec_id,
+            "workload": r.w.id,
+            "workload_name": r.w.name,
+            "workload_class": r.w.workload_class,
+            "confidence": r.w.confidence,
+            "gpus": r.w.gpus,
+            "from_node": r.node,
+            "from_hardware": r.hardware.name,
+            "evidence": list(r.w.evidence),
+            **what,
+        }
+    )
+
+
 def _reclaim(catalog: Catalog, r: Resolved) -> Recommendation:
     assert r.hardware is not None
     saving = monthly_cost(catalog, r.w.demand, r.hardware, r.hardware)
-    return Recommendation(
-        id=recommendation_id(r.w.id, r.node, "reclaim"),
-        workload=r.w.id,
-        workload_name=r.w.name,
-        workload_class=r.w.workload_class,
-        confidence=r.w.confidence,
-        gpus=r.w.gpus,
-        from_node=r.node,
-        from_hardware=r.hardware.name,
+    return _action(
+        r,
+        recommendation_id(r.w.id, r.node, "reclaim"),
         to_node=r.node,
         to_hardware=r.hardware.name,
         monthly_savings_usd=round(saving, 2),
         reason=f"idle allocation: {r.w.gpus} × {r.hardware.name} held at {r.w.mean_util:.0f} % — release it",
         performance_impact="none: the allocation is idle; its owner loses the reservation",
         risk="high" if r.w.confidence < 0.75 else "low",
-        evidence=list(r.w.evidence),
         kind="reclaim",
         gpus_after=0,
     )
@@ -183,15 +195,9 @@ def _right_size(catalog: Catalog, r: Resolved, gpus: int, saving: float) -> Reco
     assert r.hardware is not None
     impact, risk = _impact(catalog, r, r.hardware, gpus)
     memory = r.w.mem_mib_per_gpu * r.w.gpus / gpus / 1024
-    return Recommendation(
-        id=recommendation_id(r.w.id, r.node, r.hardware.key),
-        workload=r.w.id,
-        workload_name=r.w.name,
-        workload_class=r.w.workload_class,
-        confidence=r.w.confidence,
-        gpus=r.w.gpus,
-        from_node=r.node,
-        from_hardware=r.hardware.name,
+    return _action(
+        r,
+        recommendation_id(r.w.id, r.node, r.hardware.key),
         to_node=r.node,
         to_hardware=r.hardware.name,
         monthly_savings_usd=round(saving, 2),
@@ -202,7 +208,6 @@ def _right_size(catalog: Catalog, r: Resolved, gpus: int, saving: float) -> Reco
         ),
         performance_impact=impact,
         risk=risk,
-        evidence=list(r.w.evidence),
         kind="right_size",
         gpus_after=gpus,
     )
@@ -215,22 +220,15 @@ def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: in
     if gpus < r.w.gpus:
         reason += f"; its daily peak fits {gpus} of them instead of {r.w.gpus}"
     same = "room" if target.key == r.hardware.key else ""  # a right-size in place has the plain id
-    return Recommendation(
-        id=recommendation_id(r.w.id, r.node, f"{target.key}:{same}" if same else target.key),
-        workload=r.w.id,
-        workload_name=r.w.name,
-        workload_class=r.w.workload_class,
-        confidence=r.w.confidence,
-        gpus=r.w.gpus,
-        from_node=r.node,
-        from_hardware=r.hardware.name,
+    return _action(
+        r,
+        recommendation_id(r.w.id, r.node, f"{target.key}:{same}" if same else target.key),
         to_node=to_node,
         to_hardware=target.name,
         monthly_savings_usd=round(saving, 2),
         reason=reason,
         performance_impact=impact,
         risk=risk,
-        evidence=list(r.w.evidence),
         kind="move",
         gpus_after=gpus if gpus < r.w.gpus else None,
     )
@@ -243,15 +241,9 @@ def _consolidate(
     d = r.w.demand
     ratio = throughput(catalog, r.hardware, d) / throughput(catalog, target, d) / share
     risk: Risk = "high" if r.w.confidence < 0.75 else "medium"  # neighbours on the same GPU
-    return Recommendation(
-        id=recommendation_id(r.w.id, r.node, f"{target.key}:shared"),
-        workload=r.w.id,
-        workload_name=r.w.name,
-        workload_class=r.w.workload_class,
-        confidence=r.w.confidence,
-        gpus=r.w.gpus,
-        from_node=r.node,
-        from_hardware=r.hardware.name,
+    return _action(
+        r,
+        recommendation_id(r.w.id, r.node, f"{target.key}:shared"),
         to_node=to_node,
         to_hardware=target.name,
         monthly_savings_usd=round(saving, 2),
@@ -264,7 +256,6 @@ def _consolidate(
             f"{target.name}, beside other services"
         ),
         risk=risk,
-        evidence=list(r.w.evidence),
         kind="consolidate",
         gpus_after=1 if r.w.gpus > 1 else None,
         gpu_share=share,
