@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from pydantic import ValidationError
 
@@ -87,13 +88,7 @@ def load_labels(path: Path) -> dict[str, WorkloadClass]:
     except UnicodeDecodeError:
         raise RecordingError(f"{path}: not a text file") from None
     if text.lstrip().startswith("{"):
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise RecordingError(f"{path}: not JSON ({exc})") from None
-        if not isinstance(data, dict):
-            raise RecordingError(f"{path}: expected a JSON object of workload id → label")
-        return parse_labels(data, str(path))
+        return parse_labels(_json_object(text, str(path)), str(path))
     rows = [r for r in csv.reader(text.splitlines()) if r and any(c.strip() for c in r)]
     if rows and {c.strip().lower() for c in rows[0]} & {"workload", "id", "label", "class"}:
         header = [c.strip().lower() for c in rows[0]]
@@ -126,16 +121,20 @@ def _guess_birth(window: Telemetry) -> Birth:
     )  # fmt: skip
 
 
+def _json_object(text: str, where: str) -> dict[object, object]:
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise RecordingError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise RecordingError(f"{where}: not a JSON object")
+    return obj
+
+
 def _objects(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, object]]]:
     for number, line in enumerate(lines, 1):
         if line.strip():
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise RecordingError(f"line {number}: not JSON ({exc})") from None
-            if not isinstance(obj, dict):
-                raise RecordingError(f"line {number}: not a JSON object")
-            yield number, obj
+            yield number, cast("dict[str, object]", _json_object(line, f"line {number}"))  # JSON keys are strings
 
 
 def load(lines: Iterable[str], horizon: int = 100_000) -> Recording:
