@@ -325,6 +325,8 @@ def _strings(value: object) -> Iterable[str]:
     if isinstance(value, str):
         yield value
     elif isinstance(value, list | tuple):
+        if value and isinstance(value[0], int | float):
+            return  # a stats array or a per-second series: numbers all through (the model checked them)
         for item in value:
             if isinstance(item, str | list | tuple) or hasattr(item, "__pydantic_fields__"):
                 yield from _strings(item)
