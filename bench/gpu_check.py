@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from agent import __version__
 from agent.config import AgentSettings
@@ -54,6 +55,15 @@ def _model(torch: object) -> object:
     return nn.TransformerEncoder(layer, num_layers=8).cuda()
 
 
+def _step(torch: Any, model: Any, opt: Any, x: Any) -> None:
+    """One optimiser step of the check's model in bfloat16."""
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(x).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def train(seconds: float, ckpt_dir: str) -> None:
     import torch  # type: ignore[import-not-found]
 
@@ -63,11 +73,7 @@ def train(seconds: float, ckpt_dir: str) -> None:
     end = time.monotonic() + seconds
     next_ckpt = time.monotonic() + 15
     while time.monotonic() < end:
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x).float().pow(2).mean()  # type: ignore[operator]
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        _step(torch, model, opt, x)
         if time.monotonic() >= next_ckpt:
             torch.cuda.synchronize()
             torch.save(model.state_dict(), f"{ckpt_dir}/ckpt.pt")  # type: ignore[attr-defined]
@@ -107,11 +113,7 @@ def train_loader_bound(seconds: float, ckpt_dir: str) -> None:
         time.sleep(3.0)  # waiting on the DataLoader's queue
         burst = time.monotonic() + 2.0
         while time.monotonic() < burst:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(x).float().pow(2).mean()  # type: ignore[operator]
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            _step(torch, model, opt, x)
             torch.cuda.synchronize()
         if time.monotonic() >= next_save:
             layer = model.layers[0]  # type: ignore[attr-defined]
