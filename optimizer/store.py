@@ -227,8 +227,11 @@ class Store:
     async def run(self) -> None:
         """Write batches until cancelled; a failed batch stays at the front and is retried with backoff."""
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that arrives as the
+            # event is set, and shutdown would then wait on this loop forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), timeout=self.settings.flush_interval)
+                async with asyncio.timeout(self.settings.flush_interval):
+                    await self._ready.wait()
             self._ready.clear()
             while self._buffer:
                 if not await self._write_batch():

@@ -124,3 +124,15 @@ def test_lines_are_what_influxdb_client_would_write() -> None:
     assert line.text == reference.to_line_protocol()  # type: ignore[no-untyped-call]
     assert line.values == 3  # NaN and None are not written
     assert point(series.HOST, {"site": "s"}, {"cpu_util": None}, 1.0).values == 0  # no line without a value
+
+
+async def test_the_writer_task_stops_when_cancelled_as_a_batch_becomes_ready() -> None:
+    """A shutdown that lands in the same loop step as a full batch must still end the writer task."""
+    written: list[str] = []
+    store = Store(StoreSettings(url="http://unused", batch_size=1, flush_interval=30.0), writer=written.extend)
+    task = asyncio.create_task(store.run())
+    await asyncio.sleep(0.01)  # the task now waits for a batch
+    store.add([point(series.HOST, {"site": "s", "node": "n1"}, {"cpu_util": 1.0}, 1.0)])
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
