@@ -250,8 +250,9 @@ class Agent:
     async def _drain(self, limit: float) -> None:
         """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""
         if len(self.queue) and self.link.connected.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.queue.empty.wait(), timeout=limit)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: wait_for can swallow a cancellation (3.11)
+                async with asyncio.timeout(limit):
+                    await self.queue.empty.wait()
         if len(self.queue):
             log.info("%d window(s) stay queued for the next start", len(self.queue))
 
