@@ -22,7 +22,10 @@ from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, reso
 Risk = Literal["low", "medium", "high"]
 COLD_START_HOURS = 30 / 3600  # a large model takes 10-30 s to load
 LOST_TRAINING_HOURS = 0.5  # work lost on restart: half of an hourly checkpoint interval
-SHARE_UNITS = 100  # capacity units per GPU when the snapshot has shares of GPUs (a share rounds up)
+# capacity units per GPU when the snapshot has shares of GPUs (a share rounds up): hundredths, MIG sevenths and
+# AMD partitions (halves to eighths) all count exactly, so seven 1g slices fill one GPU (at 100 units a GPU they
+# took 7 x 15 and did not fit)
+SHARE_UNITS = 4200
 
 
 class PlanSettings(BaseModel):
@@ -296,7 +299,7 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
 def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
     """Plan moves for a snapshot (live or offline)."""
     resolved = resolve(catalog, snapshot)
-    # capacity in hundredths of a GPU when some workloads hold a share of one, else in whole GPUs
+    # capacity in 4200ths of a GPU when some workloads hold a share of one, else in whole GPUs
     per_gpu = SHARE_UNITS if settings.sharing or any(w.share < 1 for w in snapshot.workloads) else 1
     nodes = []
     for n in snapshot.nodes:

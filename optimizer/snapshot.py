@@ -7,6 +7,7 @@ The live optimizer builds one from telemetry every solve (and writes it to its s
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +19,7 @@ from optimizer.classify import classify
 from optimizer.costs import Demand
 from optimizer.features import workload_features
 from optimizer.fleet import Fleet
+from optimizer.shares import SHARE_FLOOR, layout
 
 
 class _Strict(BaseModel):
@@ -179,6 +181,15 @@ def measured(birth: Birth) -> tuple[bool | None, Literal["infiniband", "roce", "
     return nvlink, fabric
 
 
+def _quantised(share: float) -> float:
+    """A share as the planner can count it exactly: a fraction of up to eight parts as it is (a partition, an
+    equal split), anything else rounded down to hundredths, so tenants' shares never sum past their GPU."""
+    for parts in range(2, 9):
+        if abs(share * parts - round(share * parts)) < 1e-6:
+            return round(share * parts) / parts
+    return max(SHARE_FLOOR, math.floor(share * 100 + 1e-9) / 100)
+
+
 def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, str] | None = None) -> Snapshot:
     """The live fleet as a snapshot: every node with an inventory, every workload classified.
 
@@ -198,7 +209,8 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, s
                 SnapshotNode(
                     name=name,
                     hardware=physical[0].model,
-                    gpus=len(physical),
+                    # AMD compute partitions are devices of their own: eight CPX partitions are one MI300X
+                    gpus=max(1, round(layout(record.birth).gpus)),
                     nvlink=nvlink,
                     fabric=fabric,
                     pci_id=physical[0].pci_device_id,
@@ -210,6 +222,11 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, s
         if not set(f.nodes) <= known:
             continue
         result = classify(f)
+        gpus, share, profile = f.allotment
+        # Features are of what the workload holds (a MIG instance's own utilisation, a shared GPU's); the snapshot
+        # counts whole GPUs' worth of load and, for a share, the memory that share pins.
+        scale = f.held / gpus
+        memory = f.held_mem_mib if share < 1 or profile else f.mem_used_mib
         workloads.append(
             SnapshotWorkload(
                 id=f.id,
@@ -217,13 +234,15 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, s
                 workload_class=result.workload_class,
                 confidence=result.confidence,
                 nodes=f.nodes,
-                gpus=f.gpus,
-                mem_mib_per_gpu=round(f.mem_used_mib, 1),
-                mean_util=round(min(f.mean_util, 100.0), 2),
-                p95_util=round(min(max(f.p95_util, f.daily_peak_p95), 100.0), 2),
+                gpus=gpus,
+                mem_mib_per_gpu=round(memory, 1),
+                mean_util=round(min(f.mean_util * scale, 100.0), 2),
+                p95_util=round(min(max(f.p95_util, f.daily_peak_p95) * scale, 100.0), 2),
                 pinned=any(fnmatch.fnmatchcase(f.id, p) for p in pinned),
                 evidence=list(result.evidence),
                 history_hours=round(f.history_hours, 2),
+                gpu_share=_quantised(share) if share < 1 and profile is None else None,
+                mig_profile=profile,
             )
         )
     snapshot = Snapshot(site=site, nodes=nodes, workloads=workloads)

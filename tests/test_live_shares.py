@@ -1,0 +1,196 @@
+"""Fractional GPUs in the live optimizer: MIG instances, AMD compute partitions and GPUs shared by several
+workloads, from the GPU collector (fake NVML) through the wire protocol and ingest to the snapshot and the plan."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fake_nvml import FakeGpu, make_fake_nvml
+
+from agent.protocol import Birth, GpuInfo, WorkloadKind, WorkloadRef, encode
+from agent.window import WindowBuilder
+from collectors.attribution import Attributor
+from collectors.base import Entity, Sample
+from collectors.gpu import NvmlGpuCollector, open_gpu_collector
+from optimizer.catalog import load_catalog
+from optimizer.costs import monthly_cost
+from optimizer.fleet import Fleet
+from optimizer.recommend import PlanSettings, plan_snapshot
+from optimizer.shares import mig_profile, partition_share
+from optimizer.snapshot import from_fleet, resolve
+
+PREFIX = "fleetfit/v1"
+SITE = "s1"
+WINDOWS = 12
+TICKS = 10
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _unit(root: Path, pid: int, unit: str) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cgroup").write_text(f"0::/system.slice/{unit}.service\n")
+    (d / "comm").write_text("python3\n")
+    (d / "stat").write_text(f"{pid} (python3) S 1 {pid} {pid} 0 -1\n")
+
+
+def _record(fleet: Fleet, collector: NvmlGpuCollector, node: str) -> None:
+    """What the node's agent publishes: its birth, then WINDOWS windows of TICKS one-second samples."""
+    start = time.time() - WINDOWS * TICKS
+    inv = collector.inventory()
+    birth = Birth(
+        node=node,
+        site=SITE,
+        session=1,
+        agent_version="test",
+        hostname=node,
+        timestamp=start,
+        gpus=inv.gpus,
+        driver_version=inv.driver_version,
+    )
+    assert fleet.ingest(f"{PREFIX}/{SITE}/{node}/birth", encode(birth)) is not None
+    builder = WindowBuilder(node, SITE, 1)
+    for seq in range(WINDOWS):
+        for t in range(TICKS):
+            builder.add(collector.sample(), float(seq * TICKS + t))
+        window = builder.close(seq, start + seq * TICKS, start + (seq + 1) * TICKS, collector.workloads())
+        assert fleet.ingest(f"{PREFIX}/{SITE}/{node}/telemetry", encode(window)) is not None, fleet.node_rejections
+
+
+def _open(gpus: list[FakeGpu], root: Path) -> NvmlGpuCollector:
+    collector = open_gpu_collector(make_fake_nvml(gpus), Attributor(root, node="n1"), Clock())
+    assert isinstance(collector, NvmlGpuCollector)
+    return collector
+
+
+def _l4_node(tmp_path: Path, node: str) -> NvmlGpuCollector:
+    """A node of eight L4s, nothing on them: somewhere to move to."""
+    gpus = [FakeGpu(name="NVIDIA L4", memory_total=24 * 2**30, memory_used=0, util=0, nvlink_links=0) for _ in range(8)]
+    return _open(gpus, tmp_path / f"proc-{node}")
+
+
+# ---------------------------------------------------------------- MIG
+
+
+def test_a_mig_node_full_of_1g_slices_is_planned_with_each_workloads_profile(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    slices = []
+    for n in range(7):
+        _unit(root, 100 + n, f"svc-{n}")
+        name = "NVIDIA H100 80GB HBM3 MIG 1g.10gb" + ("+me" if n == 0 else "")
+        slices.append(FakeGpu(name=name, memory_total=10 * 2**30, memory_used=4 * 2**30, gpu_instance_id=n + 1))
+        slices[-1].gpm = {1: 35.0}
+        slices[-1].pids = [100 + n]
+    # A privileged agent sees each process on the MIG-mode GPU as well as on its instance.
+    parent = FakeGpu(mig=slices, gpm={2: 20.0}, pids=[100 + n for n in range(7)])
+    fleet = Fleet(PREFIX)
+    _record(fleet, _open([parent], root), "mig-01")
+    excluded: dict[str, str] = {}
+    snapshot = from_fleet(fleet, SITE, [], excluded)
+
+    assert excluded == {}
+    (node,) = snapshot.nodes
+    assert (node.hardware, node.gpus) == ("NVIDIA H100 80GB HBM3", 1)
+    assert sorted(w.id for w in snapshot.workloads) == [f"systemd/svc-{n}.service" for n in range(7)]
+    for w in snapshot.workloads:
+        assert (w.gpus, w.mig_profile, w.gpu_share) == (1, "1g.10gb", None)
+        # 35 % of a 1g instance is 5 % of the GPU; the planner's figures are of whole GPUs
+        assert abs(w.mean_util - 35 / 7) < 0.01
+        assert abs(w.mem_mib_per_gpu - 4096) < 1
+    assert snapshot.overcommitted() == []
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
+
+
+def test_mig_profile_names_as_nvml_gives_them() -> None:
+    assert mig_profile("3g.40gb") == ("3g.40gb", 3 / 7)
+    assert mig_profile("1g.10gb+me") == ("1g.10gb", 1 / 7)
+    assert mig_profile("1g.12gb") == ("1g.12gb", 1 / 7)
+    assert mig_profile("1G.24GB+GFX") == ("1g.24gb", 1 / 7)
+    assert mig_profile("7g.141gb") == ("7g.141gb", 1.0)
+    assert mig_profile("1c.3g.40gb") == ("3g.40gb", 1 / 7)  # a compute instance holds its own slice
+    for garbage in ("", "8g.80gb", "3c.1g.10gb", "1g.10gb; rm -rf /", "banana", "1g.gb", None):
+        assert mig_profile(garbage) is None
+
+
+def test_amd_compute_partitions_count_as_their_share_of_one_gpu() -> None:
+    assert partition_share("CPX", "AMD Instinct MI300X") == 1 / 8
+    assert partition_share("QPX", "AMD Instinct MI300X") == 1 / 4
+    assert partition_share("DPX", "AMD Instinct MI300X") == 1 / 2
+    assert partition_share("CPX", "AMD Instinct MI300A") == 1 / 6
+    assert partition_share("NPS4", "AMD Instinct MI300X") is None
+    birth = Birth(
+        node="mi-01",
+        site=SITE,
+        session=1,
+        agent_version="t",
+        hostname="h",
+        timestamp=time.time(),
+        gpus=[
+            GpuInfo(index=i, uuid=f"AMD-{i}", model="AMD Instinct MI300X", memory_mib=24_576, mig_profile="CPX")
+            for i in range(8)
+        ],
+    )
+    fleet = Fleet(PREFIX)
+    assert fleet.ingest(f"{PREFIX}/{SITE}/mi-01/birth", encode(birth)) is not None
+    builder = WindowBuilder("mi-01", SITE, 1)
+    refs = [
+        WorkloadRef(id=f"k8s/pod-{i}", kind=WorkloadKind.KUBERNETES_POD, name=f"pod {i}", gpus=[i]) for i in range(8)
+    ]
+    now = time.time()
+    for seq in range(3):
+        for t in range(TICKS):
+            gauges = {"util": 40.0, "mem_used_mib": 6000.0}
+            builder.add([Sample(Entity.GPU, str(i), gauges=gauges) for i in range(8)], float(seq * TICKS + t))
+        window = builder.close(seq, now + seq * TICKS, now + (seq + 1) * TICKS, refs)
+        assert fleet.ingest(f"{PREFIX}/{SITE}/mi-01/telemetry", encode(window)) is not None
+    snapshot = from_fleet(fleet, SITE, [])
+    (node,) = snapshot.nodes
+    assert node.gpus == 1  # eight CPX partitions are one MI300X
+    assert [w.gpu_share for w in snapshot.workloads] == [1 / 8] * 8
+    # a partition at 40 % is 5 % of its GPU; its memory is its own
+    assert {(w.mean_util, w.mem_mib_per_gpu) for w in snapshot.workloads} == {(5.0, 6000.0)}
+    assert snapshot.overcommitted() == []
+
+
+# ---------------------------------------------------------------- time-slicing and MPS
+
+
+def test_two_services_time_sliced_on_one_l4_each_pay_their_share(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    _unit(root, 201, "chat-a")
+    _unit(root, 202, "chat-b")
+    shared = FakeGpu(name="NVIDIA L4", memory_total=24 * 2**30, memory_used=12 * 2**30, util=40, nvlink_links=0)
+    shared.pids = [201, 202]
+    fleet = Fleet(PREFIX)
+    _record(fleet, _open([shared], root), "l4-shared")
+    _record(fleet, _l4_node(tmp_path, "l4-spare"), "l4-spare")
+    excluded: dict[str, str] = {}
+    snapshot = from_fleet(fleet, SITE, [], excluded)
+
+    assert excluded == {}
+    tenants = {w.id: w for w in snapshot.workloads}
+    assert sorted(tenants) == ["systemd/chat-a.service", "systemd/chat-b.service"]
+    shares = [w.gpu_share for w in tenants.values()]
+    assert all(s is not None and s < 1 for s in shares)
+    assert 0.99 <= sum(s or 0 for s in shares) <= 1
+    for w in tenants.values():
+        assert w.gpus == 1 and w.mig_profile is None
+        # the GPU's 40 % is the sum of its tenants' load, and its 12 GiB the sum of what they pin
+        assert abs(w.mean_util - 40 * (w.gpu_share or 0)) < 0.01
+        assert abs(w.mem_mib_per_gpu - 12 * 1024 * (w.gpu_share or 0)) < 4
+    catalog = load_catalog()
+    l4 = catalog.by_key("l4")
+    whole = l4.price_per_gpu_hour * catalog.defaults.hours_per_month
+    costs = [monthly_cost(catalog, r.w.demand, l4, l4) for r in resolve(catalog, snapshot) if r.w.id in tenants]
+    assert 0.99 * whole <= sum(costs) <= whole  # one L4 between them, not two
+    plan = plan_snapshot(snapshot, catalog, PlanSettings())
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
