@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -190,14 +191,25 @@ def _quantised(share: float) -> float:
     return max(SHARE_FLOOR, math.floor(share * 100 + 1e-9) / 100)
 
 
-def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, str] | None = None) -> Snapshot:
+def from_fleet(
+    fleet: Fleet,
+    site: str,
+    pinned: list[str],
+    excluded: dict[str, str] | None = None,
+    estimated: Counter[tuple[str, str]] | None = None,
+) -> Snapshot:
     """The live fleet as a snapshot: every node with an inventory, every workload classified.
 
-    A node the planner cannot trust is left out, with the reason in ``excluded`` (node -> "reason: detail")."""
+    A node the planner cannot trust is left out, with the reason in ``excluded`` (node -> "reason: detail").
+    Devices whose share of a GPU had to be estimated (a MIG profile or a partition mode that does not parse) are
+    counted in ``estimated`` ((node, reason) -> devices)."""
     excluded = {} if excluded is None else excluded
     nodes = []
     for (rec_site, name), record in sorted(fleet.nodes.items()):
         if rec_site == site and record.birth is not None and record.birth.gpus:
+            if estimated is not None:
+                for reason, count in layout(record.birth).fallbacks.items():
+                    estimated[(name, reason)] += count
             physical = [g for g in record.birth.gpus if g.parent is None]
             if not physical:  # only MIG instances listed: count their GPUs, name the model without the slice
                 slices = record.birth.gpus

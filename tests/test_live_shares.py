@@ -4,19 +4,26 @@ workloads, from the GPU collector (fake NVML) through the wire protocol and inge
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
+from conftest import free_port
 from fake_nvml import FakeGpu, make_fake_nvml
 
+from agent.config import MqttSettings
+from agent.metrics import render
 from agent.protocol import Birth, GpuInfo, WorkloadKind, WorkloadRef, encode
 from agent.window import WindowBuilder
 from collectors.attribution import Attributor
 from collectors.base import Entity, Sample
 from collectors.gpu import NvmlGpuCollector, open_gpu_collector
 from optimizer.catalog import load_catalog
+from optimizer.config import OptimizerConfig, OptimizerSettings
 from optimizer.costs import monthly_cost
 from optimizer.fleet import Fleet
+from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import PlanSettings, plan_snapshot
+from optimizer.service import Optimizer
 from optimizer.shares import mig_profile, partition_share
 from optimizer.snapshot import from_fleet, resolve
 
@@ -194,3 +201,70 @@ def test_two_services_time_sliced_on_one_l4_each_pay_their_share(tmp_path: Path)
     assert 0.99 * whole <= sum(costs) <= whole  # one L4 between them, not two
     plan = plan_snapshot(snapshot, catalog, PlanSettings())
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
+
+
+# ---------------------------------------------------------------- hostile agents
+
+
+def _ingest(fleet: Fleet, node: str, gpus: list[GpuInfo], refs: list[WorkloadRef]) -> None:
+    """A birth as given, and three windows of the given GPUs at 30 % with the given workload references."""
+    now = time.time()
+    birth = Birth(node=node, site=SITE, session=1, agent_version="t", hostname=node, timestamp=now, gpus=gpus)
+    assert fleet.ingest(f"{PREFIX}/{SITE}/{node}/birth", encode(birth)) is not None
+    builder = WindowBuilder(node, SITE, 1)
+    for seq in range(3):
+        for t in range(TICKS):
+            gauges = {"util": 30.0, "mem_used_mib": 8000.0}
+            builder.add([Sample(Entity.GPU, str(g.index), gauges=gauges) for g in gpus], float(seq * TICKS + t))
+        window = builder.close(seq, now + seq * TICKS, now + (seq + 1) * TICKS, refs)
+        assert fleet.ingest(f"{PREFIX}/{SITE}/{node}/telemetry", encode(window)) is not None
+
+
+def _ref(wid: str, gpus: list[int]) -> WorkloadRef:
+    return WorkloadRef(id=f"systemd/{wid}.service", kind=WorkloadKind.SYSTEMD_UNIT, name=wid, gpus=gpus)
+
+
+def _h100(index: int = 0, **kw: object) -> GpuInfo:
+    return GpuInfo(
+        index=index, uuid=f"GPU-{index}", model="NVIDIA H100 80GB HBM3", memory_mib=81_559, mig_mode=True, **kw
+    )  # type: ignore[arg-type]
+
+
+def _slice(index: int, profile: str, memory_mib: int = 10_000) -> GpuInfo:
+    model = f"NVIDIA H100 80GB HBM3 MIG {profile}"[:96]
+    return GpuInfo(index=index, uuid=f"MIG-{index}", model=model, memory_mib=memory_mib, parent=0, mig_profile=profile)
+
+
+def test_hostile_shares_are_counted_and_cost_only_their_node() -> None:
+    fleet = Fleet(PREFIX)
+    # Garbage MIG profiles: estimated from memory (20 GB of 80 GB: a quarter), counted, and planned.
+    _ingest(fleet, "garbage", [_h100(), _slice(1, "zz;DROP TABLE", 20_390), _slice(2, "9g.1tb")], [_ref("g", [1])])
+    # Instances that claim more than their GPU has (three 7g instances on one H100): overcommitted, left out.
+    over = [_h100(), _slice(1, "7g.80gb"), _slice(2, "7g.80gb"), _slice(3, "7g.80gb")]
+    _ingest(fleet, "greedy", over, [_ref(f"o{i}", [i]) for i in (1, 2, 3)])
+    # One GPU reported under two workloads (the same process attributed to both): they share it.
+    _ingest(fleet, "twice", [_h100()], [_ref("t1", [0]), _ref("t2", [0])])
+    excluded: dict[str, str] = {}
+    estimated: Counter[tuple[str, str]] = Counter()
+    snapshot = from_fleet(fleet, SITE, [], excluded, estimated)
+
+    assert excluded == {"greedy": "overcommitted: its workloads hold more GPUs than its inventory lists"}
+    assert estimated == Counter({("garbage", "mig_profile"): 2})
+    held = {w.id.split("/")[1]: (w.gpus, w.gpu_share, w.mig_profile) for w in snapshot.workloads}
+    assert held == {"g.service": (1, 0.25, None), "t1.service": (1, 0.5, None), "t2.service": (1, 0.5, None)}
+    assert sorted(n.name for n in snapshot.nodes) == ["garbage", "twice"]
+    plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
+
+
+async def test_the_optimizer_exports_which_nodes_shares_it_estimated(tmp_path: Path) -> None:
+    config = OptimizerConfig(
+        mqtt=MqttSettings(port=free_port()),
+        optimizer=OptimizerSettings(state_dir=tmp_path, solve_interval=3600),
+    )
+    optimizer = Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path))
+    _ingest(optimizer.fleet, "garbage", [_h100(), _slice(1, "banana", 20_390)], [_ref("g", [1])])
+    (plan,) = await optimizer.plan_once()
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
+    text = render(optimizer.self_metrics())
+    assert 'fleetfit_gpu_shares_estimated{site="s1",node="garbage",reason="mig_profile"} 1' in text
