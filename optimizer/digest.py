@@ -38,6 +38,7 @@ class Volatile:
     inbound_peers: int | None
     net_rx_bps: float | None
     net_tx_bps: float | None
+    gpu_mem_mib: tuple[float | None, ...] | None = None  # MiB held on each GPU of its reference, in that order
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,13 @@ def counted_disks(birth: Birth | None, names: list[str]) -> set[str]:
 
 
 RefKey = tuple[str, str, str, tuple[int, ...], str | None, str | None, tuple[int, ...], str | None]
-_VOLATILE = {"inbound_connections": None, "inbound_peers": None, "net_rx_bps": None, "net_tx_bps": None}
+_VOLATILE = {
+    "inbound_connections": None,
+    "inbound_peers": None,
+    "net_rx_bps": None,
+    "net_tx_bps": None,
+    "gpu_mem_mib": None,
+}
 
 
 def _intern(refs: list[WorkloadRef], known: dict[RefKey, WorkloadRef] | None) -> tuple[WorkloadRef, ...]:
@@ -181,9 +188,16 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
     own = counted_disks(birth, [d.name for d in window.disks])
     disks = [d for d in window.disks if d.name in own]
     volatile = tuple(
-        Volatile(r.id, r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps)
+        Volatile(
+            r.id,
+            r.inbound_connections,
+            r.inbound_peers,
+            r.net_rx_bps,
+            r.net_tx_bps,
+            tuple(r.gpu_mem_mib) if r.gpu_mem_mib is not None else None,
+        )
         for r in window.workloads
-        if r.net_rx_bps is not None or r.inbound_connections is not None
+        if r.net_rx_bps is not None or r.inbound_connections is not None or r.gpu_mem_mib is not None
     )
     return WindowDigest(
         session=window.session,

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agent.protocol import WorkloadRef
 from optimizer.digest import WindowDigest
 from optimizer.fleet import Fleet
 from optimizer.history import Digest
@@ -183,10 +182,21 @@ def _profile(devices: Layout, index: int) -> str | None:
     return device.profile if device is not None else None
 
 
-def _held_memory(window: WindowDigest, ref: WorkloadRef, gpus: tuple[int, ...], parts: dict[int, float]) -> float:
+def _pinned(window: WindowDigest) -> dict[str, dict[int, float | None]]:
+    """Workload → device → MiB its processes pin, as the agents report it (schema 2, ``gpu_mem_mib``)."""
+    refs = {r.id: r for r in window.workloads}
+    return {
+        v.workload: pinned(refs[v.workload].gpus, v.gpu_mem_mib)
+        for v in window.volatile
+        if v.gpu_mem_mib is not None and v.workload in refs
+    }
+
+
+def _held_memory(
+    window: WindowDigest, own: dict[int, float | None], gpus: tuple[int, ...], parts: dict[int, float]
+) -> float:
     """Memory the workload holds on its devices this window: what its processes pin where the agent reports it
     (NVML's per-process figure), else its part of each device's memory in use."""
-    own = pinned(ref)
     total = 0.0
     for g in window.gpus:
         if g.index in gpus:
@@ -373,7 +383,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         }
         for i, window in enumerate(windows):
             own = {v.workload: v for v in window.volatile}
-            tenants = tenancy(window.workloads, devices)
+            pinned_mib = _pinned(window)
+            tenants = tenancy(window.workloads, devices, pinned_mib)
             for ref in window.workloads:
                 acc = accs[ref.id]
                 acc.name, acc.hint = ref.name, ref.hint
@@ -409,7 +420,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 before = acc.windows
                 _fold_window(acc, window, set(held_gpus), shared["east_bps"][ref.id][i], north, ckpt)
                 if acc.windows > before:
-                    acc.held_mem.append(_held_memory(window, ref, held_gpus, parts))
+                    acc.held_mem.append(_held_memory(window, pinned_mib.get(ref.id, {}), held_gpus, parts))
                     acc.node_front.append(window.north_bps / max(len(gpu_info), 1))
                     acc.ingress.append(ingress)
                     acc.egress.append(max(north - ingress, 0.0))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agent.protocol import Birth, GpuInfo, WorkloadRef
@@ -132,15 +132,18 @@ def _instance(g: GpuInfo, parent: GpuInfo | None, siblings: int, fallbacks: Coun
     return Device(g.index, g.parent, min(1.0, max(1 / MIG_SLICES, share)))
 
 
-def tenancy(refs: Iterable[WorkloadRef], lay: Layout) -> dict[str, dict[int, float]]:
+def tenancy(
+    refs: Iterable[WorkloadRef], lay: Layout, memory: Mapping[str, Mapping[int, float | None]]
+) -> dict[str, dict[int, float]]:
     """For each workload of one window: the share of each of its devices it holds (device index → 0-1).
 
-    Tenants of one device split it by the memory each pins when every one of them reports it (and some is
-    pinned), equally otherwise."""
+    Tenants of one device split it by the memory each pins (``memory``: workload → device → MiB) when every one
+    of them reports it and some is pinned, equally otherwise: NVML measures a shared GPU's utilisation, not a
+    process's, and what a process pins is the one per-tenant figure it gives."""
     held: dict[str, dict[int, float]] = {}
     by_device: dict[int, list[tuple[str, float | None]]] = {}
     for ref in refs:
-        mem = pinned(ref)
+        mem = memory.get(ref.id, {})
         for i in lay.effective(ref.gpus):
             by_device.setdefault(i, []).append((ref.id, mem.get(i)))
     for i, tenants in by_device.items():
@@ -153,12 +156,12 @@ def tenancy(refs: Iterable[WorkloadRef], lay: Layout) -> dict[str, dict[int, flo
     return held
 
 
-def pinned(ref: WorkloadRef) -> dict[int, float | None]:
-    """MiB its processes pin on each of its devices, where the agent reports it (None: NVML could not say)."""
-    figures = getattr(ref, "gpu_mem_mib", None)
-    if not figures or len(figures) != len(ref.gpus):
+def pinned(gpus: Sequence[int], figures: Sequence[float | None] | None) -> dict[int, float | None]:
+    """MiB a workload's processes pin on each of its devices, where the agent reports it (None: NVML could not
+    say); nothing when the figures do not match its devices."""
+    if not figures or len(figures) != len(gpus):
         return {}
-    return dict(zip(ref.gpus, figures, strict=True))
+    return dict(zip(gpus, figures, strict=True))
 
 
 def units(parts: dict[int, float], lay: Layout) -> float:

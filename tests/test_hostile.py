@@ -101,6 +101,13 @@ BAD_WINDOWS: dict[str, Callable[[dict[str, Any]], None]] = {
     "GPU index 70": _gpu0(lambda g: g.update(index=70)),
     "a workload holding GPU 0 64 times": lambda raw: raw["workloads"][0].update(gpus=[0] * 64),
     "timestamp 1e15": lambda raw: raw.update(end=1e15),
+    "memory figures for GPUs it does not hold": lambda raw: raw["workloads"][0].update(gpu_mem_mib=[1.0] * 9),
+    "negative process memory": lambda raw: raw["workloads"][0].update(
+        gpu_mem_mib=[-1.0] * len(raw["workloads"][0]["gpus"])
+    ),
+    "process memory of 1e30 MiB": lambda raw: raw["workloads"][0].update(
+        gpu_mem_mib=[1e30] * len(raw["workloads"][0]["gpus"])
+    ),
 }
 
 

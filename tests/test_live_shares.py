@@ -7,12 +7,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pynvml
 from conftest import free_port
 from fake_nvml import FakeGpu, make_fake_nvml
 
 from agent.config import MqttSettings
 from agent.metrics import render
-from agent.protocol import Birth, GpuInfo, WorkloadKind, WorkloadRef, encode
+from agent.protocol import Birth, GpuInfo, Telemetry, WorkloadKind, WorkloadRef, encode
 from agent.window import WindowBuilder
 from collectors.attribution import Attributor
 from collectors.base import Entity, Sample
@@ -28,6 +29,7 @@ from optimizer.shares import mig_profile, partition_share
 from optimizer.snapshot import from_fleet, resolve
 
 PREFIX = "fleetfit/v1"
+NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 SITE = "s1"
 WINDOWS = 12
 TICKS = 10
@@ -96,6 +98,8 @@ def test_a_mig_node_full_of_1g_slices_is_planned_with_each_workloads_profile(tmp
         slices.append(FakeGpu(name=name, memory_total=10 * 2**30, memory_used=4 * 2**30, gpu_instance_id=n + 1))
         slices[-1].gpm = {1: 35.0}
         slices[-1].pids = [100 + n]
+        # without privileges NVML has no per-process figure in MIG mode; the instance's memory in use stands in
+        slices[-1].proc_memory = {100 + n: NOT_AVAILABLE if n % 2 else 3 * 2**30}
     # A privileged agent sees each process on the MIG-mode GPU as well as on its instance.
     parent = FakeGpu(mig=slices, gpm={2: 20.0}, pids=[100 + n for n in range(7)])
     fleet = Fleet(PREFIX)
@@ -111,7 +115,7 @@ def test_a_mig_node_full_of_1g_slices_is_planned_with_each_workloads_profile(tmp
         assert (w.gpus, w.mig_profile, w.gpu_share) == (1, "1g.10gb", None)
         # 35 % of a 1g instance is 5 % of the GPU; the planner's figures are of whole GPUs
         assert abs(w.mean_util - 35 / 7) < 0.01
-        assert abs(w.mem_mib_per_gpu - 4096) < 1
+        assert w.mem_mib_per_gpu == (4096 if int(w.id[-9]) % 2 else 3072)
     assert snapshot.overcommitted() == []
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
@@ -177,6 +181,7 @@ def test_two_services_time_sliced_on_one_l4_each_pay_their_share(tmp_path: Path)
     _unit(root, 202, "chat-b")
     shared = FakeGpu(name="NVIDIA L4", memory_total=24 * 2**30, memory_used=12 * 2**30, util=40, nvlink_links=0)
     shared.pids = [201, 202]
+    shared.proc_memory = {201: 3 * 2**30, 202: 9 * 2**30}
     fleet = Fleet(PREFIX)
     _record(fleet, _open([shared], root), "l4-shared")
     _record(fleet, _l4_node(tmp_path, "l4-spare"), "l4-spare")
@@ -186,21 +191,51 @@ def test_two_services_time_sliced_on_one_l4_each_pay_their_share(tmp_path: Path)
     assert excluded == {}
     tenants = {w.id: w for w in snapshot.workloads}
     assert sorted(tenants) == ["systemd/chat-a.service", "systemd/chat-b.service"]
-    shares = [w.gpu_share for w in tenants.values()]
-    assert all(s is not None and s < 1 for s in shares)
-    assert 0.99 <= sum(s or 0 for s in shares) <= 1
-    for w in tenants.values():
-        assert w.gpus == 1 and w.mig_profile is None
-        # the GPU's 40 % is the sum of its tenants' load, and its 12 GiB the sum of what they pin
-        assert abs(w.mean_util - 40 * (w.gpu_share or 0)) < 0.01
-        assert abs(w.mem_mib_per_gpu - 12 * 1024 * (w.gpu_share or 0)) < 4
+    # shared by the memory each pins; the GPU's 40 % is the sum of its tenants' load
+    a, b = tenants["systemd/chat-a.service"], tenants["systemd/chat-b.service"]
+    assert (a.gpus, a.gpu_share, a.mig_profile, a.mem_mib_per_gpu, a.mean_util) == (1, 0.25, None, 3072, 10)
+    assert (b.gpus, b.gpu_share, b.mig_profile, b.mem_mib_per_gpu, b.mean_util) == (1, 0.75, None, 9216, 30)
     catalog = load_catalog()
     l4 = catalog.by_key("l4")
     whole = l4.price_per_gpu_hour * catalog.defaults.hours_per_month
     costs = [monthly_cost(catalog, r.w.demand, l4, l4) for r in resolve(catalog, snapshot) if r.w.id in tenants]
-    assert 0.99 * whole <= sum(costs) <= whole  # one L4 between them, not two
+    assert abs(sum(costs) - whole) < 0.01  # one L4 between them, not two
     plan = plan_snapshot(snapshot, catalog, PlanSettings())
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
+
+
+def test_tenants_without_a_memory_figure_share_their_gpu_equally(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    for pid, unit in ((301, "a"), (302, "b"), (303, "c")):
+        _unit(root, pid, unit)
+    shared = FakeGpu(name="NVIDIA L4", memory_total=24 * 2**30, memory_used=12 * 2**30, util=60, nvlink_links=0)
+    shared.pids = [301, 302, 303]
+    shared.proc_memory = {302: NOT_AVAILABLE}
+    fleet = Fleet(PREFIX)
+    _record(fleet, _open([shared], root), "l4-mps")
+    snapshot = from_fleet(fleet, SITE, [])
+    assert [(w.gpu_share, w.mean_util) for w in snapshot.workloads] == [(1 / 3, 20.0)] * 3
+    assert snapshot.overcommitted() == []
+
+
+def test_the_agent_publishes_what_each_workload_pins_on_each_gpu(tmp_path: Path) -> None:
+    root = tmp_path / "proc"
+    for pid, unit in ((401, "a"), (402, "a"), (403, "b"), (404, "c"), (405, "d")):
+        if not (root / str(pid)).exists():
+            _unit(root, pid, unit)
+    gpu0 = FakeGpu(name="NVIDIA L4", nvlink_links=0)
+    gpu0.pids = [401, 402, 401, 403, 404, 405]  # 401 listed twice: its memory counts once
+    gpu0.proc_memory = {401: 2 * 2**30, 402: 2**30, 403: NOT_AVAILABLE, 404: 1 << 62, 405: 5 * 2**20}
+    gpu1 = FakeGpu(name="NVIDIA L4", nvlink_links=0, pids=[402], proc_memory={402: 2**29})
+    refs = {r.name: r for r in _open([gpu0, gpu1], root).workloads()}
+    assert (refs["a.service"].gpus, refs["a.service"].gpu_mem_mib) == ([0, 1], [3072.0, 512.0])
+    assert refs["b.service"].gpu_mem_mib is None  # NVML_VALUE_NOT_AVAILABLE
+    assert refs["c.service"].gpu_mem_mib is None  # 4 EiB cannot be true
+    assert refs["d.service"].gpu_mem_mib == [5.0]
+    # and it survives the wire
+    window = WindowBuilder("n1", SITE, 1).close(0, 0.0, 10.0, list(refs.values()))
+    again = Telemetry.model_validate_json(encode(window))
+    assert [w.gpu_mem_mib for w in again.workloads] == [[3072.0, 512.0], None, None, [5.0]]
 
 
 # ---------------------------------------------------------------- hostile agents
