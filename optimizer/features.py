@@ -91,7 +91,7 @@ class WorkloadFeatures:
         MIG instance, a compute partition or a shared GPU is (1, share, profile)."""
         if len(self.placements) == 1:
             p = self.placements[0]
-            if p.profile is not None or SHARE_FLOOR <= p.held < 1 - 1e-9:
+            if p.profile is not None or 0 < p.held < 1 - 1e-9:
                 return 1, min(1.0, max(SHARE_FLOOR, p.held)), p.profile
         gpus = sum(max(1, math.ceil(p.held - 1e-9)) if p.held else len(p.gpus) for p in self.placements)
         return max(gpus, 1), 1.0, None

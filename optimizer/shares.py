@@ -150,10 +150,22 @@ def tenancy(
         figures = [m for _, m in tenants]
         total = sum(m for m in figures if m is not None)
         weighed = all(m is not None for m in figures) and total > 0
-        for wid, m in tenants:
-            part = (m or 0.0) / total if weighed else 1 / len(tenants)
-            held.setdefault(wid, {})[i] = max(SHARE_FLOOR, part) if len(tenants) > 1 else 1.0
+        parts = [(m or 0.0) / total if weighed else 1 / len(tenants) for m in figures]
+        for (wid, _), part in zip(tenants, _lifted(parts), strict=True):
+            held.setdefault(wid, {})[i] = part if len(tenants) > 1 else 1.0
     return held
+
+
+def _lifted(parts: list[float]) -> list[float]:
+    """Parts that sum to one with none below a hundredth (while there are at most a hundred): the small ones
+    are lifted to it and the others give up the difference in proportion."""
+    floor = min(SHARE_FLOOR, 1 / len(parts))
+    low = [p < floor for p in parts]
+    others = sum(p for p, lo in zip(parts, low, strict=True) if not lo)
+    if not any(low) or others <= 0:
+        return parts
+    rest = 1 - floor * sum(low)
+    return [floor if lo else p * rest / others for p, lo in zip(parts, low, strict=True)]
 
 
 def pinned(gpus: Sequence[int], figures: Sequence[float | None] | None) -> dict[int, float | None]:

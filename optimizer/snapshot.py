@@ -207,8 +207,9 @@ def from_fleet(
     nodes = []
     for (rec_site, name), record in sorted(fleet.nodes.items()):
         if rec_site == site and record.birth is not None and record.birth.gpus:
+            devices = layout(record.birth)
             if estimated is not None:
-                for reason, count in layout(record.birth).fallbacks.items():
+                for reason, count in devices.fallbacks.items():
                     estimated[(name, reason)] += count
             physical = [g for g in record.birth.gpus if g.parent is None]
             if not physical:  # only MIG instances listed: count their GPUs, name the model without the slice
@@ -222,7 +223,7 @@ def from_fleet(
                     name=name,
                     hardware=physical[0].model,
                     # AMD compute partitions are devices of their own: eight CPX partitions are one MI300X
-                    gpus=max(1, round(layout(record.birth).gpus)),
+                    gpus=max(1, round(devices.gpus)),
                     nvlink=nvlink,
                     fabric=fabric,
                     pci_id=physical[0].pci_device_id,
@@ -235,9 +236,10 @@ def from_fleet(
             continue
         result = classify(f)
         gpus, share, profile = f.allotment
+        gpu_share = _quantised(share) if share < 1 and profile is None else None
         # Features are of what the workload holds (a MIG instance's own utilisation, a shared GPU's); the snapshot
         # counts whole GPUs' worth of load and, for a share, the memory that share pins.
-        scale = f.held / gpus
+        scale = gpu_share if gpu_share is not None else share if profile else f.held / gpus
         memory = f.held_mem_mib if share < 1 or profile else f.mem_used_mib
         workloads.append(
             SnapshotWorkload(
@@ -253,7 +255,7 @@ def from_fleet(
                 pinned=any(fnmatch.fnmatchcase(f.id, p) for p in pinned),
                 evidence=list(result.evidence),
                 history_hours=round(f.history_hours, 2),
-                gpu_share=_quantised(share) if share < 1 and profile is None else None,
+                gpu_share=gpu_share,
                 mig_profile=profile,
             )
         )

@@ -279,6 +279,11 @@ def test_hostile_shares_are_counted_and_cost_only_their_node() -> None:
     _ingest(fleet, "greedy", over, [_ref(f"o{i}", [i]) for i in (1, 2, 3)])
     # One GPU reported under two workloads (the same process attributed to both): they share it.
     _ingest(fleet, "twice", [_h100()], [_ref("t1", [0]), _ref("t2", [0])])
+    # A tenant pinning nearly all the memory beside three pinning nothing: each holds at least a hundredth, and
+    # the shares still fit the GPU.
+    lopsided = [_ref("big", [0]).model_copy(update={"gpu_mem_mib": [79_000.0]})]
+    lopsided += [_ref(f"tiny{i}", [0]).model_copy(update={"gpu_mem_mib": [0.0]}) for i in range(3)]
+    _ingest(fleet, "lopsided", [_h100()], lopsided)
     excluded: dict[str, str] = {}
     estimated: Counter[tuple[str, str]] = Counter()
     snapshot = from_fleet(fleet, SITE, [], excluded, estimated)
@@ -286,8 +291,10 @@ def test_hostile_shares_are_counted_and_cost_only_their_node() -> None:
     assert excluded == {"greedy": "overcommitted: its workloads hold more GPUs than its inventory lists"}
     assert estimated == Counter({("garbage", "mig_profile"): 2})
     held = {w.id.split("/")[1]: (w.gpus, w.gpu_share, w.mig_profile) for w in snapshot.workloads}
+    assert held.pop("big.service") == (1, 0.97, None)
+    assert [held.pop(f"tiny{i}.service") for i in range(3)] == [(1, 0.01, None)] * 3
     assert held == {"g.service": (1, 0.25, None), "t1.service": (1, 0.5, None), "t2.service": (1, 0.5, None)}
-    assert sorted(n.name for n in snapshot.nodes) == ["garbage", "twice"]
+    assert sorted(n.name for n in snapshot.nodes) == ["garbage", "lopsided", "twice"]
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
 
