@@ -3,17 +3,20 @@ workloads, from the GPU collector (fake NVML) through the wire protocol and inge
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from pathlib import Path
 
 import pynvml
-from conftest import free_port
+from conftest import MosquittoServer, free_port, wait_until, write_agent_config
 from fake_nvml import FakeGpu, make_fake_nvml
 
-from agent.config import MqttSettings
+from agent.config import AgentConfig, MqttSettings, load_config
 from agent.metrics import render
 from agent.protocol import Birth, GpuInfo, Telemetry, WorkloadKind, WorkloadRef, encode
+from agent.service import Agent
+from agent.spool import MemoryQueue
 from agent.window import WindowBuilder
 from collectors.attribution import Attributor
 from collectors.base import Entity, Sample
@@ -26,7 +29,7 @@ from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.service import Optimizer
 from optimizer.shares import mig_profile, partition_share
-from optimizer.snapshot import from_fleet, resolve
+from optimizer.snapshot import Snapshot, from_fleet, resolve
 
 PREFIX = "fleetfit/v1"
 NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
@@ -310,3 +313,59 @@ async def test_the_optimizer_exports_which_nodes_shares_it_estimated(tmp_path: P
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
     text = render(optimizer.self_metrics())
     assert 'fleetfit_gpu_shares_estimated{site="s1",node="garbage",reason="mig_profile"} 1' in text
+
+
+# ---------------------------------------------------------------- over a real broker
+
+
+async def test_agents_on_mig_and_shared_gpus_are_planned_by_the_live_optimizer(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "proc"
+    slices = []
+    for n in range(7):
+        _unit(root, 500 + n, f"mig-{n}")
+        slice_ = FakeGpu(name="NVIDIA H100 80GB HBM3 MIG 1g.10gb", memory_total=10 * 2**30, gpu_instance_id=n + 1)
+        slice_.memory_used, slice_.gpm, slice_.pids = 4 * 2**30, {1: 35.0}, [500 + n]
+        slices.append(slice_)
+    _unit(root, 601, "tts-a")
+    _unit(root, 602, "tts-b")
+    l4 = FakeGpu(name="NVIDIA L4", memory_total=24 * 2**30, memory_used=12 * 2**30, util=40, nvlink_links=0)
+    l4.pids, l4.proc_memory = [601, 602], {601: 3 * 2**30, 602: 9 * 2**30}
+    nodes = {"mig-01": [FakeGpu(mig=slices, gpm={2: 20.0})], "l4-01": [l4]}
+    agents = []
+    for name, gpus in nodes.items():
+        (tmp_path / name).mkdir()
+        config = load_config(AgentConfig, write_agent_config(tmp_path / name, mosquitto.port, prefix, name), environ={})
+        agents.append(Agent(config, [_open(gpus, root)], session=1, queue=MemoryQueue(100)))
+    config = OptimizerConfig(
+        mqtt=mosquitto.settings(prefix), optimizer=OptimizerSettings(solve_interval=1.0, state_dir=tmp_path)
+    )
+    optimizer = Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path))
+    tasks = [asyncio.create_task(optimizer.run())]
+    await asyncio.wait_for(optimizer.connected.wait(), 10)
+    tasks += [asyncio.create_task(a.run()) for a in agents]
+    exported = tmp_path / "snapshot-lab.json"
+
+    def planned() -> bool:
+        if not exported.exists():
+            return False
+        return len(Snapshot.model_validate_json(exported.read_bytes()).workloads) == 9
+
+    try:
+        await wait_until(planned, 30, "a plan of all nine workloads")
+        snapshot = Snapshot.model_validate_json(exported.read_bytes())
+        assert optimizer.excluded_nodes.get("lab", {}) == {}
+        assert {n.name: n.gpus for n in snapshot.nodes} == {"l4-01": 1, "mig-01": 1}
+        held = {w.name: (w.mig_profile, w.gpu_share) for w in snapshot.workloads}
+        assert held == {
+            **{f"mig-{n}.service": ("1g.10gb", None) for n in range(7)},
+            "tts-a.service": (None, 0.25),
+            "tts-b.service": (None, 0.75),
+        }
+        assert optimizer.fleet.rejected == {}
+    finally:
+        for a in agents:
+            a.should_exit.set()
+        optimizer.should_exit.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
