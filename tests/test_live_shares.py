@@ -14,7 +14,7 @@ from fake_nvml import FakeGpu, make_fake_nvml
 
 from agent.config import AgentConfig, MqttSettings, load_config
 from agent.metrics import render
-from agent.protocol import Birth, GpuInfo, Telemetry, WorkloadKind, WorkloadRef, encode
+from agent.protocol import Birth, GpuInfo, Telemetry, WorkloadClass, WorkloadKind, WorkloadRef, encode
 from agent.service import Agent
 from agent.spool import MemoryQueue
 from agent.window import WindowBuilder
@@ -23,7 +23,7 @@ from collectors.base import Entity, Sample
 from collectors.gpu import NvmlGpuCollector, open_gpu_collector
 from optimizer.catalog import load_catalog
 from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.costs import monthly_cost
+from optimizer.costs import Demand, fit_problem, monthly_cost
 from optimizer.fleet import Fleet
 from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import PlanSettings, plan_snapshot
@@ -369,3 +369,10 @@ async def test_agents_on_mig_and_shared_gpus_are_planned_by_the_live_optimizer(
             a.should_exit.set()
         optimizer.should_exit.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 20)
+
+
+def test_a_slice_too_big_for_a_share_of_the_target_says_so() -> None:
+    catalog = load_catalog()
+    h100, l4 = catalog.by_key("h100"), catalog.by_key("l4")
+    demand = Demand(WorkloadClass.INFERENCE, 1, 5_000, 3.0, 5.0, share=1 / 7)
+    assert fit_problem(catalog, demand, h100, l4) == "needs 4.9 GiB; a 14% share of L4 24GB has 3.4"
