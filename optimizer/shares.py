@@ -33,6 +33,7 @@ _PROFILE = re.compile(r"^(?:(?P<ci>[1-7])c\.)?(?P<gi>[1-7])g\.(?P<mem>\d{1,4})gb
 _AMD_PARTS = {"SPX": 1, "DPX": 2, "TPX": 3, "QPX": 4}
 _XCDS = {"MI300A": 6}  # every other partitionable Instinct GPU (MI300X, MI325X, MI350X, MI355X) has 8
 DEFAULT_XCDS = 8
+_NO_PARTITION = {"N/A", "NA", "NONE", "SPX"}  # amdsmi's words for a GPU that is not partitioned, or cannot be
 
 
 def mig_profile(name: str | None) -> tuple[str, float] | None:
@@ -105,7 +106,7 @@ def layout(birth: Birth) -> Layout:
             out.devices[g.index] = _instance(g, listed.get(g.parent), instances[g.parent], out.fallbacks)
             continue
         unit = 1.0
-        if g.mig_profile:  # AMD names its compute partition mode here
+        if g.mig_profile and g.mig_profile.strip().upper() not in _NO_PARTITION:  # AMD's compute partition mode
             share = partition_share(g.mig_profile, g.model)
             if share is None:
                 out.fallbacks["partition_unknown"] += 1

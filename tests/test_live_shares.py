@@ -28,7 +28,7 @@ from optimizer.fleet import Fleet
 from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.service import Optimizer
-from optimizer.shares import mig_profile, partition_share
+from optimizer.shares import layout, mig_profile, partition_share
 from optimizer.snapshot import Snapshot, from_fleet, resolve
 
 PREFIX = "fleetfit/v1"
@@ -141,6 +141,12 @@ def test_amd_compute_partitions_count_as_their_share_of_one_gpu() -> None:
     assert partition_share("DPX", "AMD Instinct MI300X") == 1 / 2
     assert partition_share("CPX", "AMD Instinct MI300A") == 1 / 6
     assert partition_share("NPS4", "AMD Instinct MI300X") is None
+    mi210 = GpuInfo(index=0, uuid="AMD-0", model="AMD Instinct MI210", memory_mib=65_536, mig_profile="N/A")
+    odd = GpuInfo(index=1, uuid="AMD-1", model="AMD Instinct MI300X", memory_mib=65_536, mig_profile="HEXPX")
+    lay = layout(
+        Birth(node="n", site=SITE, session=1, agent_version="t", hostname="h", timestamp=1.0, gpus=[mi210, odd])
+    )
+    assert (lay.gpus, dict(lay.fallbacks)) == (2.0, {"partition_unknown": 1})
     birth = Birth(
         node="mi-01",
         site=SITE,
