@@ -100,6 +100,6 @@ def _mib(used: object) -> float | None:
 
 
 def _figures(held: dict[int, float | None] | None, gpus: list[int]) -> list[float | None] | None:
-    if not held or all(held.get(g) is None for g in gpus):
-        return None
-    return [None if held.get(g) is None else round(held[g] or 0.0, 1) for g in gpus]
+    """One figure per GPU in ``gpus`` order; a sum past what any GPU holds is no figure."""
+    figures = [None if (mib := (held or {}).get(g)) is None or mib > MAX_PROCESS_MIB else round(mib, 1) for g in gpus]
+    return None if all(f is None for f in figures) else figures

@@ -236,15 +236,21 @@ def test_the_agent_publishes_what_each_workload_pins_on_each_gpu(tmp_path: Path)
     gpu0.pids = [401, 402, 401, 403, 404, 405]  # 401 listed twice: its memory counts once
     gpu0.proc_memory = {401: 2 * 2**30, 402: 2**30, 403: NOT_AVAILABLE, 404: 1 << 62, 405: 5 * 2**20}
     gpu1 = FakeGpu(name="NVIDIA L4", nvlink_links=0, pids=[402], proc_memory={402: 2**29})
+    # two processes each just under the garbage line: their sum is no figure, and the window is not lost
+    _unit(root, 406, "e")
+    _unit(root, 407, "e")
+    gpu1.pids += [406, 407]
+    gpu1.proc_memory |= {406: 2**44 - 1, 407: 2**44 - 1}
     refs = {r.name: r for r in _open([gpu0, gpu1], root).workloads()}
     assert (refs["a.service"].gpus, refs["a.service"].gpu_mem_mib) == ([0, 1], [3072.0, 512.0])
     assert refs["b.service"].gpu_mem_mib is None  # NVML_VALUE_NOT_AVAILABLE
     assert refs["c.service"].gpu_mem_mib is None  # 4 EiB cannot be true
     assert refs["d.service"].gpu_mem_mib == [5.0]
+    assert refs["e.service"].gpu_mem_mib is None
     # and it survives the wire
     window = WindowBuilder("n1", SITE, 1).close(0, 0.0, 10.0, list(refs.values()))
     again = Telemetry.model_validate_json(encode(window))
-    assert [w.gpu_mem_mib for w in again.workloads] == [[3072.0, 512.0], None, None, [5.0]]
+    assert [w.gpu_mem_mib for w in again.workloads] == [[3072.0, 512.0], None, None, [5.0], None]
 
 
 # ---------------------------------------------------------------- hostile agents
