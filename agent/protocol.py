@@ -407,6 +407,12 @@ class WorkloadRef(_Model):
         default=None, description="Kubernetes namespace, Slurm account or systemd unit: the team that pays"
     )
     owner_user: OwnerName | None = Field(default=None, description="Slurm user who submitted the job")
+    # Shared GPUs (schema 2): what its processes pin on each GPU, so tenants of one GPU share it by memory held.
+    gpu_mem_mib: list[Annotated[Quantity, Field(ge=0, le=2**24)] | None] | None = Field(
+        default=None,
+        max_length=64,
+        description="MiB its processes hold on each GPU of `gpus`, in that order (NVML usedGpuMemory); None: unknown",
+    )
 
     @model_validator(mode="after")
     def _gpu_indices(self) -> WorkloadRef:
@@ -414,6 +420,12 @@ class WorkloadRef(_Model):
             raise ValueError("gpus: an index is listed twice")
         if any(not 0 <= g <= MAX_GPU_INDEX for g in self.gpus):
             raise ValueError(f"gpus: indices run from 0 to {MAX_GPU_INDEX}")
+        return self
+
+    @model_validator(mode="after")
+    def _memory_per_gpu(self) -> WorkloadRef:
+        if self.gpu_mem_mib is not None and len(self.gpu_mem_mib) != len(self.gpus):
+            raise ValueError("gpu_mem_mib: one figure per GPU of gpus")
         return self
 
 

@@ -101,6 +101,10 @@ def _describe(exc: BaseException) -> str:
     return f"{text} (NVML error {code})" if code is not None else text
 
 
+def _larger(value: object, than: int) -> bool:
+    return isinstance(value, int) and value > than
+
+
 def _driver_tuple(version: str | None) -> tuple[int, ...]:
     try:
         return tuple(int(p) for p in (version or "").split(".")[:2])
@@ -585,8 +589,9 @@ class NvmlGpuCollector:
 
     # ------------------------------------------------------------------ attribution
 
-    def _device_pids(self, d: _Device) -> list[object]:
-        """PIDs on one device through the first process call the driver has (unchecked)."""
+    def _device_pids(self, d: _Device) -> list[tuple[object, object]]:
+        """(PID, bytes it holds) of each process on one device through the first process call the driver has
+        (unchecked; the binding gives None for the bytes where NVML reports them not available)."""
         while self._process_apis:
             api = self._process_apis[0]
             try:
@@ -599,11 +604,22 @@ class NvmlGpuCollector:
                     log.info("driver lacks %s (%s); using %s", api, _describe(exc), fallback)
                     continue
                 return []  # NOT_SUPPORTED and the like: this device only
-            return [getattr(p, "pid", None) for p in procs]
+            return [(getattr(p, "pid", None), getattr(p, "usedGpuMemory", None)) for p in procs]
         return []
 
     def workloads(self) -> list[WorkloadRef]:
-        return self._pids.workloads((d.index, self._device_pids(d)) for d in self._devices if d.index not in self._lost)
+        pids: list[tuple[int, list[object]]] = []
+        memory: dict[tuple[int, int], object] = {}
+        for d in self._devices:
+            if d.index in self._lost:
+                continue
+            procs = self._device_pids(d)
+            pids.append((d.index, [pid for pid, _ in procs]))
+            for pid, used in procs:
+                if isinstance(pid, int):  # listed twice: the larger figure, never the sum
+                    seen = memory.get((d.index, pid))
+                    memory[(d.index, pid)] = seen if isinstance(seen, int) and not _larger(used, seen) else used
+        return self._pids.workloads(pids, memory)
 
     def metrics(self) -> list[Family]:
         """Self-metrics: what the agent cannot see on this node's GPUs."""

@@ -55,7 +55,10 @@ def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuT
     """Why the workload cannot run on ``target`` (None when it can)."""
     target_mib = target.memory_gib * 1024 * demand.share
     if demand.mem_mib_per_gpu > MEMORY_HEADROOM * target_mib:
-        return f"needs {demand.mem_mib_per_gpu / 1024:.0f} GiB per GPU, {target.name} has {target.memory_gib:.0f}"
+        need = demand.mem_mib_per_gpu / 1024
+        if demand.share < 1:  # a MIG slice or a time-sliced share: it gets that share of the target's memory
+            return f"needs {need:.1f} GiB; a {demand.share:.0%} share of {target.name} has {target_mib / 1024:.1f}"
+        return f"needs {need:.0f} GiB per GPU, {target.name} has {target.memory_gib:.0f}"
     if demand.workload_class is WorkloadClass.TRAINING and demand.gpus > 1 and current.nvlink and not target.nvlink:
         # it may be tensor-parallel, which NVLink carries and PCIe cannot: never take NVLink away from it
         return f"{demand.gpus}-GPU training needs NVLink, which {target.name} lacks"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from array import array
+from collections import Counter
 from dataclasses import dataclass
 
 from agent.protocol import Birth, NicKind, NicRole, Stats, Telemetry, WorkloadRef
@@ -38,6 +39,7 @@ class Volatile:
     inbound_peers: int | None
     net_rx_bps: float | None
     net_tx_bps: float | None
+    gpu_mem_mib: tuple[float | None, ...] | None = None  # MiB held on each GPU of its reference, in that order
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,13 @@ def counted_disks(birth: Birth | None, names: list[str]) -> set[str]:
 
 
 RefKey = tuple[str, str, str, tuple[int, ...], str | None, str | None, tuple[int, ...], str | None]
-_VOLATILE = {"inbound_connections": None, "inbound_peers": None, "net_rx_bps": None, "net_tx_bps": None}
+_VOLATILE = {
+    "inbound_connections": None,
+    "inbound_peers": None,
+    "net_rx_bps": None,
+    "net_tx_bps": None,
+    "gpu_mem_mib": None,
+}
 
 
 def _intern(refs: list[WorkloadRef], known: dict[RefKey, WorkloadRef] | None) -> tuple[WorkloadRef, ...]:
@@ -180,11 +188,14 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
             north_tx_peak += nic.tx_bps.max if nic.tx_bps else 0.0
     own = counted_disks(birth, [d.name for d in window.disks])
     disks = [d for d in window.disks if d.name in own]
-    volatile = tuple(
-        Volatile(r.id, r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps)
-        for r in window.workloads
-        if r.net_rx_bps is not None or r.inbound_connections is not None
-    )
+    # What a workload pins is read only where it shares a GPU (time-slicing, MPS): kept for those windows alone.
+    listed = Counter(i for r in window.workloads for i in r.gpus)
+    shared = {i for i, n in listed.items() if n > 1}
+    volatile = []
+    for r in window.workloads:
+        pinned = tuple(r.gpu_mem_mib) if r.gpu_mem_mib is not None and shared.intersection(r.gpus) else None
+        if r.net_rx_bps is not None or r.inbound_connections is not None or pinned is not None:
+            volatile.append(Volatile(r.id, r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps, pinned))
     return WindowDigest(
         session=window.session,
         seq=window.seq,
@@ -198,5 +209,5 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         north_rx_bps=north_rx,
         north_tx_peak_bps=north_tx_peak,
         read_bps=sum(d.read_bps.mean for d in disks if d.read_bps),
-        volatile=volatile,
+        volatile=tuple(volatile),
     )

@@ -2,10 +2,16 @@
 
 A workload is what the agents attributed GPUs to; the same workload id seen on several nodes is one workload
 (multi-node training). Node-level traffic (NICs, disks) is shared among a node's workloads by GPU count.
+
+Utilisation and memory features are of what the workload holds: a MIG instance's utilisation is of the instance
+(GPM samples each instance on its own), and a GPU shared by several workloads (time-slicing, MPS) reads the
+same utilisation for each of them, since NVML measures the GPU, not a process. How much of a GPU a workload
+holds (``Placement.held``, from optimizer/shares.py) turns them into whole-GPU figures for the planner.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -16,6 +22,7 @@ import numpy as np
 from optimizer.digest import WindowDigest
 from optimizer.fleet import Fleet
 from optimizer.history import Digest
+from optimizer.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
 
 CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
 NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
@@ -27,6 +34,8 @@ class Placement:
     gpu_model: str
     gpu_memory_mib: int
     gpus: tuple[int, ...]
+    held: float = 0.0  # GPUs' worth it holds here: MIG slices, partitions and shared GPUs count their share
+    profile: str | None = None  # the MIG profile of its one device, when it holds that instance alone
 
 
 @dataclass(slots=True)
@@ -70,10 +79,27 @@ class WorkloadFeatures:
     inbound_peers: int | None = None
     own_network: bool = False  # ingress/egress are the workload's own network namespace, not a share of the node
     sched_step: str | None = None
+    held_mem_mib: float = 0.0  # peak memory it holds in all (its part of shared GPUs), across its devices
 
     @property
     def gpus(self) -> int:
         return sum(len(p.gpus) for p in self.placements)
+
+    @property
+    def allotment(self) -> tuple[int, float, str | None]:
+        """(GPUs the planner counts, the share of each it holds, MIG profile): whole GPUs are (n, 1, None); a
+        MIG instance, a compute partition or a shared GPU is (1, share, profile)."""
+        if len(self.placements) == 1:
+            p = self.placements[0]
+            if p.profile is not None or 0 < p.held < 1 - 1e-9:
+                return 1, min(1.0, max(SHARE_FLOOR, p.held)), p.profile
+        gpus = sum(max(1, math.ceil(p.held - 1e-9)) if p.held else len(p.gpus) for p in self.placements)
+        return max(gpus, 1), 1.0, None
+
+    @property
+    def held(self) -> float:
+        """GPUs' worth it holds in all."""
+        return sum(p.held if p.held else len(p.gpus) for p in self.placements)
 
     @property
     def nodes(self) -> list[str]:
@@ -148,6 +174,35 @@ class _Acc:
     connections: int | None = None
     peers: int | None = None
     step: str | None = None
+    held_mem: list[float] = field(default_factory=list)
+
+
+def _profile(devices: Layout, index: int) -> str | None:
+    device = devices.devices.get(index)
+    return device.profile if device is not None else None
+
+
+def _pinned(window: WindowDigest) -> dict[str, dict[int, float | None]]:
+    """Workload → device → MiB its processes pin, as the agents report it (schema 2, ``gpu_mem_mib``)."""
+    refs = {r.id: r for r in window.workloads}
+    return {
+        v.workload: pinned(refs[v.workload].gpus, v.gpu_mem_mib)
+        for v in window.volatile
+        if v.gpu_mem_mib is not None and v.workload in refs
+    }
+
+
+def _held_memory(
+    window: WindowDigest, own: dict[int, float | None], gpus: tuple[int, ...], parts: dict[int, float]
+) -> float:
+    """Memory the workload holds on its devices this window: what its processes pin where the agent reports it
+    (NVML's per-process figure), else its part of each device's memory in use."""
+    total = 0.0
+    for g in window.gpus:
+        if g.index in gpus:
+            mine = own.get(g.index)
+            total += mine if mine is not None else (g.mem_max_mib or 0.0) * parts.get(g.index, 1.0)
+    return total
 
 
 def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool) -> None:
@@ -310,15 +365,16 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         if rec_site != site or record.birth is None:
             continue
         gpu_info = {g.index: g for g in record.birth.gpus}
+        devices = layout(record.birth)
         windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
-        loads = {wid: [_window_load(w, ref.gpus) for w in windows] for wid, ref in refs.items()}
+        loads = {wid: [_window_load(w, devices.effective(ref.gpus)) for w in windows] for wid, ref in refs.items()}
         bursts = _save_bursts(windows)
         # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
         # checkpoints; with several such jobs it is nobody's evidence.
         hard = [
-            [r.id for r in w.workloads if _trains_hard(w, r.gpus)] if b else []
+            [r.id for r in w.workloads if _trains_hard(w, devices.effective(r.gpus))] if b else []
             for w, b in zip(windows, bursts, strict=True)
         ]
         shared = {
@@ -327,18 +383,26 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         }
         for i, window in enumerate(windows):
             own = {v.workload: v for v in window.volatile}
+            pinned_mib = _pinned(window)
+            tenants = tenancy(window.workloads, devices, pinned_mib)
             for ref in window.workloads:
                 acc = accs[ref.id]
                 acc.name, acc.hint = ref.name, ref.hint
                 acc.program = ref.program or acc.program
                 acc.listen = tuple(ref.listen_ports) or acc.listen
                 acc.step = ref.sched_step or acc.step
-                first = gpu_info.get(ref.gpus[0]) if ref.gpus else None
+                held_gpus = devices.effective(ref.gpus)
+                parts = tenants.get(ref.id, {})
+                first = gpu_info.get(held_gpus[0]) if held_gpus else None
+                alone = len(held_gpus) == 1 and parts.get(held_gpus[0]) == 1.0
+                # the latest window says what it holds now: tenants come and go
                 acc.placements[record.node] = Placement(
                     node=record.node,
                     gpu_model=first.model if first else "unknown",
                     gpu_memory_mib=first.memory_mib if first else 0,
-                    gpus=tuple(ref.gpus),
+                    gpus=held_gpus,
+                    held=units(parts, devices),
+                    profile=_profile(devices, held_gpus[0]) if alone else None,
                 )
                 # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
                 # does between checkpoints; a serving workload is bursty.
@@ -354,8 +418,9 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                         acc.own_net = True
                         ingress, north = facts.net_rx_bps, facts.net_rx_bps + facts.net_tx_bps
                 before = acc.windows
-                _fold_window(acc, window, set(ref.gpus), shared["east_bps"][ref.id][i], north, ckpt)
+                _fold_window(acc, window, set(held_gpus), shared["east_bps"][ref.id][i], north, ckpt)
                 if acc.windows > before:
+                    acc.held_mem.append(_held_memory(window, pinned_mib.get(ref.id, {}), held_gpus, parts))
                     acc.node_front.append(window.north_bps / max(len(gpu_info), 1))
                     acc.ingress.append(ingress)
                     acc.egress.append(max(north - ingress, 0.0))
@@ -419,6 +484,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 inbound_peers=acc.peers,
                 own_network=acc.own_net,
                 sched_step=acc.step,
+                held_mem_mib=max(acc.held_mem, default=0.0),
             )
         )
     return out

@@ -17,6 +17,7 @@ from optimizer.findings import cheapest_fit, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.ordering import Action, order
 from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
+from optimizer.shares import share_units
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
 
 Risk = Literal["low", "medium", "high"]
@@ -296,8 +297,10 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
 def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
     """Plan moves for a snapshot (live or offline)."""
     resolved = resolve(catalog, snapshot)
-    # capacity in hundredths of a GPU when some workloads hold a share of one, else in whole GPUs
-    per_gpu = SHARE_UNITS if settings.sharing or any(w.share < 1 for w in snapshot.workloads) else 1
+    # capacity in hundredths of a GPU when some workloads hold a share of one (finer where MIG sevenths or
+    # partitions' eighths need it to count exactly), else in whole GPUs
+    fractions = [w.share for w in snapshot.workloads if w.share < 1]
+    per_gpu = share_units(fractions, SHARE_UNITS) if settings.sharing or fractions else 1
     nodes = []
     for n in snapshot.nodes:
         hw = hardware_of(catalog, n.hardware)

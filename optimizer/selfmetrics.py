@@ -83,6 +83,16 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             ],
         ),
         Family(
+            "fleetfit_gpu_shares_estimated",
+            "gauge",
+            "GPU devices of each node whose share of a GPU the last plan estimated (mig_profile, partition_unknown).",
+            [
+                ({"site": s, "node": n, "reason": r}, v)
+                for s, counts in sorted(optimizer.share_estimates.items())
+                for (n, r), v in sorted(counts.items())
+            ],
+        ),
+        Family(
             "fleetfit_node_rejections_total",
             "counter",
             "Messages and workload references rejected per node, by reason.",

@@ -92,6 +92,8 @@ class Optimizer:
         self.plan_failures: Counter[str] = Counter()  # per site
         self.failing_sites: dict[str, str] = {}  # site -> why its last round failed
         self.excluded_nodes: dict[str, dict[str, str]] = {}  # site -> node -> "reason: detail", last round
+        # site -> (node, reason) -> devices whose share of a GPU was estimated in the last round
+        self.share_estimates: dict[str, Counter[tuple[str, str]]] = {}
 
     async def _ingest(self) -> None:
         settings = self.config.mqtt
@@ -208,8 +210,9 @@ class Optimizer:
     def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan, dict[str, str]]:
         pinned = self.config.plan.pinned
         excluded: dict[str, str] = {}
+        estimated: Counter[tuple[str, str]] = Counter()
         try:
-            fleet_snapshot = from_fleet(fleet, site, pinned, excluded)
+            fleet_snapshot = from_fleet(fleet, site, pinned, excluded, estimated)
         except Exception:
             # Some node's data breaks the snapshot: find which, one node at a time, and plan without them.
             for name in sorted(node for s, node in fleet.nodes if s == site):
@@ -223,7 +226,18 @@ class Optimizer:
                 raise
             rest = Fleet(fleet.prefix, fleet.horizon)
             rest.nodes = {k: r for k, r in fleet.nodes.items() if not (k[0] == site and k[1] in excluded)}
-            fleet_snapshot = from_fleet(rest, site, pinned, excluded)
+            estimated.clear()
+            fleet_snapshot = from_fleet(rest, site, pinned, excluded, estimated)
+        if estimated != self.share_estimates.get(site, Counter()):
+            for (node, reason), count in sorted(estimated.items()):
+                log.warning(
+                    "site %s: node %s: %d GPU device(s) with an unreadable %s; share estimated",
+                    site,
+                    node,
+                    count,
+                    reason,
+                )
+        self.share_estimates[site] = estimated
         return fleet_snapshot, plan_snapshot(fleet_snapshot, self.catalog, self.config.plan), excluded
 
     def _export(self, fleet_snapshot: Snapshot) -> None:

@@ -7,6 +7,8 @@ The live optimizer builds one from telemetry every solve (and writes it to its s
 from __future__ import annotations
 
 import fnmatch
+import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
@@ -18,6 +20,7 @@ from optimizer.classify import classify
 from optimizer.costs import Demand
 from optimizer.features import workload_features
 from optimizer.fleet import Fleet
+from optimizer.shares import SHARE_FLOOR, layout
 
 
 class _Strict(BaseModel):
@@ -179,14 +182,35 @@ def measured(birth: Birth) -> tuple[bool | None, Literal["infiniband", "roce", "
     return nvlink, fabric
 
 
-def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, str] | None = None) -> Snapshot:
+def _quantised(share: float) -> float:
+    """A share as the planner can count it exactly: a fraction of up to eight parts as it is (a partition, an
+    equal split), anything else rounded down to hundredths, so tenants' shares never sum past their GPU."""
+    for parts in range(2, 9):
+        if abs(share * parts - round(share * parts)) < 1e-6:
+            return round(share * parts) / parts
+    return max(SHARE_FLOOR, math.floor(share * 100 + 1e-9) / 100)
+
+
+def from_fleet(
+    fleet: Fleet,
+    site: str,
+    pinned: list[str],
+    excluded: dict[str, str] | None = None,
+    estimated: Counter[tuple[str, str]] | None = None,
+) -> Snapshot:
     """The live fleet as a snapshot: every node with an inventory, every workload classified.
 
-    A node the planner cannot trust is left out, with the reason in ``excluded`` (node -> "reason: detail")."""
+    A node the planner cannot trust is left out, with the reason in ``excluded`` (node -> "reason: detail").
+    Devices whose share of a GPU had to be estimated (a MIG profile or a partition mode that does not parse) are
+    counted in ``estimated`` ((node, reason) -> devices)."""
     excluded = {} if excluded is None else excluded
     nodes = []
     for (rec_site, name), record in sorted(fleet.nodes.items()):
         if rec_site == site and record.birth is not None and record.birth.gpus:
+            devices = layout(record.birth)
+            if estimated is not None:
+                for reason, count in devices.fallbacks.items():
+                    estimated[(name, reason)] += count
             physical = [g for g in record.birth.gpus if g.parent is None]
             if not physical:  # only MIG instances listed: count their GPUs, name the model without the slice
                 slices = record.birth.gpus
@@ -198,7 +222,8 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, s
                 SnapshotNode(
                     name=name,
                     hardware=physical[0].model,
-                    gpus=len(physical),
+                    # AMD compute partitions are devices of their own: eight CPX partitions are one MI300X
+                    gpus=max(1, round(devices.gpus)),
                     nvlink=nvlink,
                     fabric=fabric,
                     pci_id=physical[0].pci_device_id,
@@ -210,6 +235,12 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, s
         if not set(f.nodes) <= known:
             continue
         result = classify(f)
+        gpus, share, profile = f.allotment
+        gpu_share = _quantised(share) if share < 1 and profile is None else None
+        # Features are of what the workload holds (a MIG instance's own utilisation, a shared GPU's); the snapshot
+        # counts whole GPUs' worth of load and, for a share, the memory that share pins.
+        scale = gpu_share if gpu_share is not None else share if profile else f.held / gpus
+        memory = f.held_mem_mib if share < 1 or profile else f.mem_used_mib
         workloads.append(
             SnapshotWorkload(
                 id=f.id,
@@ -217,13 +248,15 @@ def from_fleet(fleet: Fleet, site: str, pinned: list[str], excluded: dict[str, s
                 workload_class=result.workload_class,
                 confidence=result.confidence,
                 nodes=f.nodes,
-                gpus=f.gpus,
-                mem_mib_per_gpu=round(f.mem_used_mib, 1),
-                mean_util=round(min(f.mean_util, 100.0), 2),
-                p95_util=round(min(max(f.p95_util, f.daily_peak_p95), 100.0), 2),
+                gpus=gpus,
+                mem_mib_per_gpu=round(memory, 1),
+                mean_util=round(min(f.mean_util * scale, 100.0), 2),
+                p95_util=round(min(max(f.p95_util, f.daily_peak_p95) * scale, 100.0), 2),
                 pinned=any(fnmatch.fnmatchcase(f.id, p) for p in pinned),
                 evidence=list(result.evidence),
                 history_hours=round(f.history_hours, 2),
+                gpu_share=gpu_share,
+                mig_profile=profile,
             )
         )
     snapshot = Snapshot(site=site, nodes=nodes, workloads=workloads)

@@ -46,6 +46,9 @@ class FakeGpu:
     nvlink_kib_per_link: int = 0
     link_kib: dict[int, int] = field(default_factory=dict)  # per-link override of nvlink_kib_per_link
     pids: list[int] = field(default_factory=list)
+    # bytes each process holds (usedGpuMemory as the driver fills it; default (n + 1) GiB for the n-th process);
+    # pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value where the driver has no figure (MIG without privileges)
+    proc_memory: dict[int, int] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)
     lost: bool = False
     handle_error: int | None = None  # nvmlDeviceGetHandleByIndex fails with this code
@@ -210,11 +213,13 @@ def make_fake_nvml(
     def _procs(h: FakeGpu, garbled: bool) -> list[Any]:
         out = []
         for n, pid in enumerate(h.pids):
-            used = (n + 1) * 2**30
+            used = h.proc_memory.get(pid, (n + 1) * 2**30)
             # 535.43-535.86 fill a larger struct than the binding reads: every entry after the first is
             # shifted, so its pid field holds part of the previous entry's memory figure.
-            shown = pid if n == 0 or not garbled else (used - 2**30) or 1 << 40
-            out.append(types.SimpleNamespace(pid=shown, usedGpuMemory=used, gpuInstanceId=0, computeInstanceId=0))
+            shown = pid if n == 0 or not garbled else (n * 2**30) or 1 << 40
+            # the binding's own conversion: NVML_VALUE_NOT_AVAILABLE becomes None
+            reported = None if used == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value else used
+            out.append(types.SimpleNamespace(pid=shown, usedGpuMemory=reported, gpuInstanceId=0, computeInstanceId=0))
         return out
 
     def procs_v3(h: FakeGpu) -> list[Any]:

@@ -101,6 +101,13 @@ BAD_WINDOWS: dict[str, Callable[[dict[str, Any]], None]] = {
     "GPU index 70": _gpu0(lambda g: g.update(index=70)),
     "a workload holding GPU 0 64 times": lambda raw: raw["workloads"][0].update(gpus=[0] * 64),
     "timestamp 1e15": lambda raw: raw.update(end=1e15),
+    "memory figures for GPUs it does not hold": lambda raw: raw["workloads"][0].update(gpu_mem_mib=[1.0] * 9),
+    "negative process memory": lambda raw: raw["workloads"][0].update(
+        gpu_mem_mib=[-1.0] * len(raw["workloads"][0]["gpus"])
+    ),
+    "process memory of 1e30 MiB": lambda raw: raw["workloads"][0].update(
+        gpu_mem_mib=[1e30] * len(raw["workloads"][0]["gpus"])
+    ),
 }
 
 
@@ -355,10 +362,11 @@ async def test_an_overcommitted_node_is_planned_without(tmp_path: Path) -> None:
     optimizer = _optimizer(tmp_path)
     _feed(optimizer, "good", range(8))
     baseline = _moves((await optimizer.plan_once())[0])
-    # l4-002 (8 GPUs, asr-api on all 8) also reports a second workload on its GPUs 0-3
+    # l4-002 (8 GPUs, asr-api on all 8) then reports another workload alone on its GPUs 0-3: with asr-api's own
+    # last window they claim 12 GPUs. (Two workloads reported together on a GPU share it: that is no overcommit.)
     birth, windows = node_data(6, "good", windows=7)
     extra = windows[0].workloads[0].model_copy(update={"id": "k8s/squatter", "gpus": [0, 1, 2, 3]})
-    last = windows[-1].model_copy(update={"seq": 100, "workloads": [*windows[-1].workloads, extra]})
+    last = windows[-1].model_copy(update={"seq": 100, "workloads": [extra]})
     assert optimizer.fleet.ingest(topic("good", birth.node, TopicKind.TELEMETRY), encode(last))
     plan = (await optimizer.plan_once())[0]
     assert optimizer.excluded_nodes["good"] == {
