@@ -5,6 +5,12 @@ workload runs on exactly one node; no node holds more GPUs than it has (workload
 theirs); at most ``max_moves`` workloads move. Objective: monthly cost of the placement plus the one-off cost
 of each move, in integer cents. The current placement is the solver's hint, so "change nothing" is always a
 feasible starting point.
+
+Nodes the site could buy (``Problem.offers``, chosen in optimizer/purchases.py) join the same model as empty
+candidates: each has a boolean ``bought``, holds nothing unless bought, and costs its amortised monthly price
+when bought; a workload on it pays only what differs from holding those GPUs (a throughput-bound job that
+finishes sooner on faster hardware), since the node's whole price is already counted. Bought nodes of one
+type are taken in order (the first before the second), which removes their symmetric solutions.
 """
 
 from __future__ import annotations
@@ -31,6 +37,17 @@ class NodeSlot:
     name: str
     hardware: str  # catalog key
     gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """Empty nodes of one hardware type the plan may buy, named ``names``."""
+
+    hardware: str  # catalog key
+    gpus: int  # capacity units per node
+    monthly_cost: float  # US$ a month per node, amortised: what its GPUs cost at the catalog's price
+    names: tuple[str, ...]
+    workloads: frozenset[str]  # the workloads it is offered to (those short of some hardware: a small model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +85,8 @@ class Problem:
     exact_model_limit: int = 20_000  # model variables up to which CP-SAT always solves (fleet scale above)
     focus_model_limit: int = 100_000  # model variables above which only the LP's hardware types are offered
     post_solve_share: float = 0.1  # of the time limit kept for what follows the solve (packing, the plan's text)
+    offers: list[Offer] = field(default_factory=list)  # nodes the plan may buy (see the module's docstring)
+    start: dict[str, str] | None = None  # a feasible placement to start from instead of the greedy and the LP
 
 
 @dataclass(slots=True)
@@ -120,25 +139,30 @@ class _Options:
     why_not: str | None  # why no better hardware qualified, if so
 
 
-def _sized(catalog: Catalog, problem: Problem, w: Movable, current: GpuType, target: GpuType) -> Demand | None:
+def sized(catalog: Catalog, problem: Problem, w: Movable, current: GpuType, target: GpuType) -> Demand | None:
     """What ``w`` needs on ``target``: fewer GPUs where its daily peak fits them, a share of one where the
     operator lets services share that hardware (None: as it is, or it does not fit)."""
     if not (problem.right_size and w.resizable):
         return None
-    sized = right_sized(catalog, w.demand, current, target)
+    fewer = right_sized(catalog, w.demand, current, target)
     step = problem.sharing.get(target.key)
-    if sized is not None and step is not None and problem.units > 1:
-        return shared(catalog, sized, current, target, step) or sized
-    return sized
+    if fewer is not None and step is not None and problem.units > 1:
+        return shared(catalog, fewer, current, target, step) or fewer
+    return fewer
 
 
 def _candidates(
-    catalog: Catalog, problem: Problem, targets: _Targets, w: Movable, slots: dict[str, NodeSlot]
+    catalog: Catalog,
+    problem: Problem,
+    targets: _Targets,
+    w: Movable,
+    slots: dict[str, NodeSlot],
+    offered: dict[str, Offer] | None = None,
 ) -> _Options:
     here = slots[w.node]
     current = catalog.by_key(here.hardware)
     cost_now = monthly_cost(catalog, w.demand, current, current)
-    at_home = _sized(catalog, problem, w, current, current)
+    at_home = sized(catalog, problem, w, current, current)
     home_cost = monthly_cost(catalog, at_home, current, current) if at_home is not None else cost_now
     if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
         at_home, home_cost = None, cost_now
@@ -151,13 +175,15 @@ def _candidates(
         same = (n for n in targets.nodes(here.hardware, gpus_home) if n != w.node and slots[n].gpus >= gpus_home)
         for name in itertools.islice(same, problem.room_moves):
             out.nodes[name] = home_cost
-    for key in targets.by_hardware:
+    keys = list(targets.by_hardware)
+    if offered:
+        keys += [key for key in offered if key not in targets.by_hardware]
+    for key in keys:
         if key == here.hardware:
             continue
         target = catalog.by_key(key)
         problem_text = fit_problem(catalog, w.demand, current, target)
-        sized = _sized(catalog, problem, w, current, target)
-        demand = sized or w.demand
+        demand = sized(catalog, problem, w, current, target) or w.demand
         cost = monthly_cost(catalog, demand, current, target)
         saving = cost_now - cost
         worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
@@ -170,6 +196,12 @@ def _candidates(
             for name in targets.nodes(key, size):
                 if slots[name].gpus >= size:
                     out.nodes[name] = cost
+            offer = offered.get(key) if offered else None
+            if offer is not None and offer.gpus >= size and w.id in offer.workloads:
+                # the node's price is counted once, when bought; what the workload holds there is part of it
+                held = size / problem.units * target.price_per_gpu_hour * catalog.defaults.hours_per_month
+                for name in offer.names:
+                    out.nodes[name] = cost - held
     return out
 
 
@@ -243,6 +275,28 @@ def _spread_replicas(
                 model.add(sum(variables) <= limit)
 
 
+def _offer(
+    model: cp_model.CpModel,
+    offer: Offer,
+    usage: dict[str, list[tuple[int, cp_model.IntVar]]],
+    objective: list[cp_model.LinearExpr],
+) -> None:
+    """The offered nodes: each holds nothing unless bought, and costs its price when bought."""
+    previous = None
+    price = round(offer.monthly_cost * CENTS)
+    for name in offer.names:
+        bought = model.new_bool_var(f"bought[{name}]")
+        terms = usage[name]
+        if terms:
+            model.add(sum(g * v for g, v in terms) <= offer.gpus * bought)
+        for _, v in terms:
+            model.add_implication(v, bought)  # tightens the relaxation: the capacity row alone is weak
+        objective.append(price * bought)
+        if previous is not None:
+            model.add_implication(bought, previous)  # the n-th node only after the (n-1)-th: no symmetric twins
+        previous = bought
+
+
 def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, cp_model.IntVar]]) -> None:
     """What a pool of identical nodes can take (see optimizer/pools.py)."""
     sizes = sorted({g for g, _ in terms})
@@ -279,21 +333,30 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in model_nodes}
     targets = _Targets.of(replace(problem, nodes=model_nodes)) if pools else _Targets.of(problem)
     slots = {n.name: n for n in model_nodes}
+    offered = {o.hardware: o for o in problem.offers}
+    for offer in problem.offers:
+        for name in offer.names:
+            slots[name] = NodeSlot(name, offer.hardware, offer.gpus)
+            usage[name] = []
     options: dict[str, _Options] = {}
     for w in problem.movable:
-        options[w.id] = o = _candidates(catalog, problem, targets, w, slots)
+        options[w.id] = o = _candidates(catalog, problem, targets, w, slots, offered)
         if len(o.nodes) == 1 and o.why_not:
             blocked[w.id] = o.why_not
-    # The greedy pass and the LP rounded onto nodes both see every concrete node; the cheaper of the two,
-    # pooled, is the hint and always a choice.
-    concrete = _Targets.of(problem) if pools else targets
-    greedy = _greedy(problem, concrete, options)
-    bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
-    hint = greedy
-    if bound is not None:
-        rounded = _rounded(problem, options, bound, slots)
-        if _placement_cost(problem, options, rounded, slots) < _placement_cost(problem, options, greedy, slots):
-            hint = rounded
+    bound: Bound | None = None
+    if problem.start is not None:
+        hint = problem.start  # a plan solved already (without offers): its placement is feasible here too
+    else:
+        # The greedy pass and the LP rounded onto nodes both see every concrete node; the cheaper of the two,
+        # pooled, is the hint and always a choice.
+        concrete = _Targets.of(problem) if pools else targets
+        greedy = _greedy(problem, concrete, options)
+        bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
+        hint = greedy
+        if bound is not None:
+            rounded = _rounded(problem, options, bound, slots)
+            if _placement_cost(problem, options, rounded, slots) < _placement_cost(problem, options, greedy, slots):
+                hint = rounded
     start = {wid: member_of[node].key if node in member_of else node for wid, node in hint.items()}
     for w in problem.movable:
         o = options[w.id]
@@ -331,6 +394,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             _pool_capacity(model, pools[n.name], terms)
         elif terms:
             model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
+    for bought in problem.offers:
+        _offer(model, bought, usage, objective)
     if moves:
         model.add(sum(moves) <= problem.max_moves)
     _spread_replicas(model, problem, choice, pools)

@@ -1,0 +1,171 @@
+"""What to buy: the purchase that returns the most of the savings a plan leaves blocked for want of capacity.
+
+After the plan is solved, every workload it leaves short of its cheapest worthwhile hardware (the site's own
+hardware first, as the plan's blocked reasons name it) counts towards that type's shortfall. Each short type is
+offered as empty candidate nodes (``GPUS_PER_NODE`` GPUs each) in the planner's own CP-SAT model: as many as
+the shortfall fills, and no more than its workloads' savings could pay for. The model, started from the plan,
+then chooses placement and purchase together, minimising monthly cost with the bought nodes at their amortised
+price (the catalog's ``price_per_gpu_hour``: purchase over ``AMORTISATION_MONTHS`` plus running costs), under
+the same constraints and move budget as the plan.
+
+The rule: the net-optimal purchase. A node is bought only if what it unlocks exceeds what it costs, so it is
+also the smallest purchase that captures the savings worth having; a purchase that never pays is never
+suggested. For each type bought: the nodes, their monthly cost, the savings they unlock (what the plan with
+them saves a month beyond the plan without them, before paying for them: moves onto a bought node free the
+GPUs they leave, and moves the room they free makes possible are shared among the types in proportion), and
+the payback: monthly cost × ``AMORTISATION_MONTHS`` ÷ monthly savings, the months of savings that pay for the
+nodes' whole amortisation period (under 36 whenever the purchase pays).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from agent.protocol import Purchase
+from optimizer.catalog import Catalog, GpuType
+from optimizer.costs import fit_problem, monthly_cost, units
+from optimizer.planner import Movable, Offer, Problem, Solution, sized, solve
+
+AMORTISATION_MONTHS = 36  # the catalog's prices amortise purchase over three years (optimizer/data/catalog.toml)
+GPUS_PER_NODE = 8
+NEW_PREFIX = "new-"
+MIN_SECONDS = 1.0  # below this the purchase question is left unanswered rather than answered badly
+
+
+@dataclass(slots=True)
+class _Short:
+    units: int = 0  # capacity units the workloads short of this type take there
+    gross: float = 0.0  # what they would save a month there beyond the plan, the nodes' price not counted
+
+
+def _wanted(
+    catalog: Catalog, problem: Problem, w: Movable, current: GpuType, planned: float, present: set[str]
+) -> tuple[GpuType, int, float] | None:
+    """The cheapest hardware ``w`` is worth moving to beyond where the plan puts it (the site's own hardware
+    first), the units it takes there and its monthly cost there."""
+    cost_now = monthly_cost(catalog, w.demand, current, current)
+    worth = max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now)
+    for among in (present, None):
+        best: tuple[GpuType, int, float] | None = None
+        for target in catalog.gpu:
+            if target.key == current.key or (among is not None and target.key not in among):
+                continue
+            if fit_problem(catalog, w.demand, current, target) is not None:
+                continue
+            demand = sized(catalog, problem, w, current, target) or w.demand
+            cost = monthly_cost(catalog, demand, current, target)
+            if cost_now - cost >= worth and planned - cost >= worth and (best is None or cost < best[2]):
+                best = (target, units(demand, problem.units), cost)
+        if best is not None:
+            return best
+    return None
+
+
+def offers(
+    catalog: Catalog, problem: Problem, solution: Solution, taken: set[str], gpus_per_node: int = GPUS_PER_NODE
+) -> list[Offer]:
+    """The nodes worth offering: per short type, as many as its shortfall fills and its savings could pay for."""
+    hardware = {n.name: n.hardware for n in problem.nodes}
+    present = set(hardware.values())
+    short: dict[str, _Short] = {}
+    buyers = set()
+    month = catalog.defaults.hours_per_month
+    for w in problem.movable:
+        current = catalog.by_key(hardware[w.node])
+        planned = solution.monthly_cost.get(w.id, (0.0, monthly_cost(catalog, w.demand, current, current)))[1]
+        found = _wanted(catalog, problem, w, current, planned, present)
+        if found is None:
+            continue
+        target, size, cost = found
+        if size > gpus_per_node * problem.units:
+            continue
+        s = short.setdefault(target.key, _Short())
+        s.units += size
+        s.gross += planned - (cost - size / problem.units * target.price_per_gpu_hour * month) - w.move_cost_usd
+        buyers.add(w.id)
+    out = []
+    for key, s in sorted(short.items()):
+        target = catalog.by_key(key)
+        node_cost = gpus_per_node * target.price_per_gpu_hour * month
+        count = min(math.ceil(s.units / (gpus_per_node * problem.units)), math.floor(s.gross / node_cost))
+        if count < 1:
+            continue
+        names: list[str] = []
+        i = 0
+        while len(names) < count:
+            i += 1
+            name = f"{NEW_PREFIX}{key}-{i:03d}"
+            if name not in taken:
+                names.append(name)
+        out.append(Offer(key, gpus_per_node * problem.units, node_cost, tuple(names), frozenset(buyers)))
+    return out
+
+
+def purchases(
+    catalog: Catalog,
+    problem: Problem,
+    solution: Solution,
+    seconds: float,
+    gpus_per_node: int = GPUS_PER_NODE,
+) -> list[Purchase] | None:
+    """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to)."""
+    started = time.perf_counter()
+    taken = {n.name for n in problem.nodes}
+    offered = offers(catalog, problem, solution, taken, gpus_per_node)
+    if not offered:
+        return []
+    left = seconds - (time.perf_counter() - started)
+    if left < MIN_SECONDS:
+        return None
+    buying = replace(problem, offers=offered, start=dict(solution.placement), time_limit_s=left, post_solve_share=0.0)
+    bought = solve(catalog, buying)
+    return _purchases(catalog, problem, solution, bought, offered, gpus_per_node)
+
+
+def _purchases(
+    catalog: Catalog,
+    problem: Problem,
+    before: Solution,
+    after: Solution,
+    offered: list[Offer],
+    gpus_per_node: int,
+) -> list[Purchase]:
+    type_of = {name: o for o in offered for name in o.names}
+    nodes: dict[str, set[str]] = {}
+    direct: dict[str, float] = {}
+    workloads: dict[str, list[str]] = {}
+    spill = 0.0  # what the plan with the new nodes gains on the nodes it already has
+    for w in problem.movable:
+        gain = before.monthly_cost.get(w.id, (0.0, 0.0))[1] - after.monthly_cost.get(w.id, (0.0, 0.0))[1]
+        if w.id not in before.monthly_cost or w.id not in after.monthly_cost:
+            continue
+        node = after.placement.get(w.id, w.node)
+        offer = type_of.get(node)
+        if offer is None:
+            spill += gain
+            continue
+        nodes.setdefault(offer.hardware, set()).add(node)
+        direct[offer.hardware] = direct.get(offer.hardware, 0.0) + gain
+        workloads.setdefault(offer.hardware, []).append(w.id)
+    total = sum(direct.values())
+    out = []
+    for key, names in nodes.items():
+        offer = next(o for o in offered if o.hardware == key)
+        gross = direct[key] + (spill * direct[key] / total if total > 0 else 0.0)
+        cost = len(names) * offer.monthly_cost
+        if gross <= cost:
+            continue  # the solver may stop at a purchase that does not pay; never suggest one
+        out.append(
+            Purchase(
+                hardware=catalog.by_key(key).name,
+                gpus_per_node=gpus_per_node,
+                nodes=len(names),
+                monthly_cost_usd=round(cost, 2),
+                monthly_savings_usd=round(gross, 2),
+                payback_months=round(cost * AMORTISATION_MONTHS / gross, 2),
+                workloads=sorted(workloads[key]),
+            )
+        )
+    return sorted(out, key=lambda p: -(p.monthly_savings_usd - p.monthly_cost_usd))
