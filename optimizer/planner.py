@@ -230,7 +230,7 @@ def _greedy(problem: Problem, targets: _Targets, options: dict[str, _Options]) -
             node = next(
                 (
                     name
-                    for _, name in targets.by_hardware[key]
+                    for _, name in targets.by_hardware.get(key, ())
                     if room[name] >= gpus
                     and not (w.service and name not in already[w.service] and (w.service, name) in taken)
                 ),
