@@ -98,10 +98,11 @@ CLASS_MIX = {"training": 3, "inference": 5, "batch_inference": 2, "interactive":
 
 
 def hetero_catalog() -> Catalog:
-    """The shipped catalog and three older GPU generations."""
-    base = load_catalog()
-    return Catalog.model_validate({**base.model_dump(mode="json"), "gpu": [*base.model_dump(mode="json")["gpu"],
-                                                                            *OLDER_GPUS]})  # fmt: skip
+    """The shipped catalog and three older GPU generations, as the bench prices them (in place of the shipped
+    catalog's entries of the same keys, so figures stay comparable across catalog versions)."""
+    base = load_catalog().model_dump(mode="json")
+    older = {g["key"] for g in OLDER_GPUS}
+    return Catalog.model_validate({**base, "gpu": [*(g for g in base["gpu"] if g["key"] not in older), *OLDER_GPUS]})
 
 
 def hetero_fleet(nodes: int, seed: int, catalog: Catalog, per_node: float = 4.0, shared: float = 0.0) -> Snapshot:

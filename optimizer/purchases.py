@@ -1,10 +1,12 @@
 """What to buy: the purchase that returns the most of the savings a plan leaves blocked for want of capacity.
 
-After the plan is solved, every workload it leaves short of its cheapest worthwhile hardware (the site's own
-hardware first, as the plan's blocked reasons name it) counts towards that type's shortfall. Each short type is
+After the plan is solved, every workload it leaves short of the cheapest worthwhile hardware the site runs
+counts towards that type's shortfall (a type the site does not run yet is a platform decision, not capacity:
+``fleetfit plan --add`` prices one). Each short type is
 offered as empty candidate nodes (``GPUS_PER_NODE`` GPUs each) in the planner's own CP-SAT model: as many as
-the shortfall fills, and no more than its workloads' savings could pay for. The model, started from the plan,
-then chooses placement and purchase together, minimising monthly cost with the bought nodes at their amortised
+the shortfall fills, and no more than its workloads' savings could pay for. The model, started from the plan and
+restricted to the workloads short of capacity (the others hold what the plan gives them), then chooses their
+placement and the purchase together, minimising monthly cost with the bought nodes at their amortised
 price (the catalog's ``price_per_gpu_hour``: purchase over ``AMORTISATION_MONTHS`` plus running costs), under
 the same constraints and move budget as the plan.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from agent.protocol import Purchase
 from optimizer.catalog import Catalog, GpuType
@@ -31,36 +33,34 @@ from optimizer.planner import Movable, Offer, Problem, Solution, sized, solve
 AMORTISATION_MONTHS = 36  # the catalog's prices amortise purchase over three years (optimizer/data/catalog.toml)
 GPUS_PER_NODE = 8
 NEW_PREFIX = "new-"
-MIN_SECONDS = 1.0  # below this the purchase question is left unanswered rather than answered badly
+MIN_SECONDS = 0.5  # below this the purchase question is left unanswered rather than answered badly
+MAX_BUYERS = 300  # workloads offered new nodes, most to gain first: the model stays small at fleet scale
 
 
 @dataclass(slots=True)
 class _Short:
     units: int = 0  # capacity units the workloads short of this type take there
     gross: float = 0.0  # what they would save a month there beyond the plan, the nodes' price not counted
+    buyers: set[str] = field(default_factory=set)  # those workloads
 
 
 def _wanted(
-    catalog: Catalog, problem: Problem, w: Movable, current: GpuType, planned: float, present: set[str]
+    catalog: Catalog, problem: Problem, w: Movable, current: GpuType, planned: float, present: list[str]
 ) -> tuple[GpuType, int, float] | None:
-    """The cheapest hardware ``w`` is worth moving to beyond where the plan puts it (the site's own hardware
-    first), the units it takes there and its monthly cost there."""
+    """The cheapest of the site's hardware ``w`` is worth moving to beyond where the plan puts it, the units it
+    takes there and its monthly cost there."""
     cost_now = monthly_cost(catalog, w.demand, current, current)
     worth = max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now)
-    for among in (present, None):
-        best: tuple[GpuType, int, float] | None = None
-        for target in catalog.gpu:
-            if target.key == current.key or (among is not None and target.key not in among):
-                continue
-            if fit_problem(catalog, w.demand, current, target) is not None:
-                continue
-            demand = sized(catalog, problem, w, current, target) or w.demand
-            cost = monthly_cost(catalog, demand, current, target)
-            if cost_now - cost >= worth and planned - cost >= worth and (best is None or cost < best[2]):
-                best = (target, units(demand, problem.units), cost)
-        if best is not None:
-            return best
-    return None
+    best: tuple[GpuType, int, float] | None = None
+    for key in present:
+        target = catalog.by_key(key)
+        if key == current.key or fit_problem(catalog, w.demand, current, target) is not None:
+            continue
+        demand = sized(catalog, problem, w, current, target) or w.demand
+        cost = monthly_cost(catalog, demand, current, target)
+        if cost_now - cost >= worth and planned - cost >= worth and (best is None or cost < best[2]):
+            best = (target, units(demand, problem.units), cost)
+    return best
 
 
 def offers(
@@ -68,23 +68,27 @@ def offers(
 ) -> list[Offer]:
     """The nodes worth offering: per short type, as many as its shortfall fills and its savings could pay for."""
     hardware = {n.name: n.hardware for n in problem.nodes}
-    present = set(hardware.values())
-    short: dict[str, _Short] = {}
-    buyers = set()
+    present = sorted(set(hardware.values()))
     month = catalog.defaults.hours_per_month
+    wants = []
     for w in problem.movable:
         current = catalog.by_key(hardware[w.node])
         planned = solution.monthly_cost.get(w.id, (0.0, monthly_cost(catalog, w.demand, current, current)))[1]
         found = _wanted(catalog, problem, w, current, planned, present)
-        if found is None:
+        if found is None or found[1] > gpus_per_node * problem.units:
             continue
         target, size, cost = found
-        if size > gpus_per_node * problem.units:
-            continue
-        s = short.setdefault(target.key, _Short())
+        gross = planned - (cost - size / problem.units * target.price_per_gpu_hour * month) - w.move_cost_usd
+        if gross > 0:
+            wants.append((gross, w.id, target.key, size))
+    # no plan moves more than its budget: the workloads with most to gain are the ones a purchase could serve
+    wants.sort(key=lambda x: (-x[0], x[1]))
+    short: dict[str, _Short] = {}
+    for gross, wid, key, size in wants[: min(problem.max_moves, MAX_BUYERS)]:
+        s = short.setdefault(key, _Short())
         s.units += size
-        s.gross += planned - (cost - size / problem.units * target.price_per_gpu_hour * month) - w.move_cost_usd
-        buyers.add(w.id)
+        s.gross += gross
+        s.buyers.add(wid)
     out = []
     for key, s in sorted(short.items()):
         target = catalog.by_key(key)
@@ -99,7 +103,7 @@ def offers(
             name = f"{NEW_PREFIX}{key}-{i:03d}"
             if name not in taken:
                 names.append(name)
-        out.append(Offer(key, gpus_per_node * problem.units, node_cost, tuple(names), frozenset(buyers)))
+        out.append(Offer(key, gpus_per_node * problem.units, node_cost, tuple(names), frozenset(s.buyers)))
     return out
 
 
@@ -112,6 +116,8 @@ def purchases(
 ) -> list[Purchase] | None:
     """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to)."""
     started = time.perf_counter()
+    if seconds < MIN_SECONDS:
+        return None
     taken = {n.name for n in problem.nodes}
     offered = offers(catalog, problem, solution, taken, gpus_per_node)
     if not offered:
@@ -119,9 +125,36 @@ def purchases(
     left = seconds - (time.perf_counter() - started)
     if left < MIN_SECONDS:
         return None
-    buying = replace(problem, offers=offered, start=dict(solution.placement), time_limit_s=left, post_solve_share=0.0)
+    buying = _buying(problem, solution, offered, left)
+    if buying.max_moves == 0:
+        return []  # the plan's other moves take the whole budget
     bought = solve(catalog, buying)
     return _purchases(catalog, problem, solution, bought, offered, gpus_per_node)
+
+
+def _buying(problem: Problem, solution: Solution, offered: list[Offer], seconds: float) -> Problem:
+    """The plan's model with the offers, restricted to the workloads short of capacity: every other workload
+    holds what the plan gives it (at best already, or with nothing to gain from a new node), which keeps the
+    model a few hundred choices at fleet scale; the moves it makes come out of the budget."""
+    buyers = frozenset().union(*(o.workloads for o in offered))
+    fixed = dict(problem.fixed_usage)
+    moved = 0
+    for w in problem.movable:
+        if w.id in buyers:
+            continue
+        node = solution.placement.get(w.id, w.node)
+        fixed[node] = fixed.get(node, 0) + solution.gpus.get(w.id, units(w.demand, problem.units))
+        moved += node != w.node
+    return replace(
+        problem,
+        fixed_usage=fixed,
+        movable=[w for w in problem.movable if w.id in buyers],
+        max_moves=max(problem.max_moves - moved, 0),
+        offers=offered,
+        start={w.id: solution.placement.get(w.id, w.node) for w in problem.movable if w.id in buyers},
+        time_limit_s=seconds,
+        post_solve_share=0.0,
+    )
 
 
 def _purchases(
