@@ -87,6 +87,7 @@ class Problem:
     post_solve_share: float = 0.1  # of the time limit kept for what follows the solve (packing, the plan's text)
     offers: list[Offer] = field(default_factory=list)  # nodes the plan may buy (see the module's docstring)
     start: dict[str, str] | None = None  # a feasible placement to start from instead of the greedy and the LP
+    max_bought: int | None = None  # at most this many offered nodes bought
 
 
 @dataclass(slots=True)
@@ -280,9 +281,10 @@ def _offer(
     offer: Offer,
     usage: dict[str, list[tuple[int, cp_model.IntVar]]],
     objective: list[cp_model.LinearExpr],
-) -> None:
+) -> list[cp_model.IntVar]:
     """The offered nodes: each holds nothing unless bought, and costs its price when bought."""
     previous = None
+    out = []
     price = round(offer.monthly_cost * CENTS)
     for name in offer.names:
         bought = model.new_bool_var(f"bought[{name}]")
@@ -295,6 +297,8 @@ def _offer(
         if previous is not None:
             model.add_implication(bought, previous)  # the n-th node only after the (n-1)-th: no symmetric twins
         previous = bought
+        out.append(bought)
+    return out
 
 
 def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, cp_model.IntVar]]) -> None:
@@ -360,8 +364,9 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     start = {wid: member_of[node].key if node in member_of else node for wid, node in hint.items()}
     for w in problem.movable:
         o = options[w.id]
-        if start[w.id] not in o.nodes:
-            o.nodes[start[w.id]] = o.types[slots[start[w.id]].hardware]
+        if start[w.id] not in o.nodes:  # a given start may hold a move to make room, on its own hardware
+            key = slots[start[w.id]].hardware
+            o.nodes[start[w.id]] = o.types[key] if key in o.types else o.nodes[w.node]
     if sum(len(o.nodes) for o in options.values()) > problem.exact_model_limit and bound is not None:
         saved = sum(o.now for o in options.values()) - _placement_cost(problem, options, hint, slots, one_off=False)
         if saved >= (1 - problem.bound_tolerance) * bound.savings:
@@ -394,8 +399,9 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             _pool_capacity(model, pools[n.name], terms)
         elif terms:
             model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
-    for bought in problem.offers:
-        _offer(model, bought, usage, objective)
+    bought = [_offer(model, offer, usage, objective) for offer in problem.offers]
+    if problem.max_bought is not None:
+        model.add(sum(v for vs in bought for v in vs) <= problem.max_bought)
     if moves:
         model.add(sum(moves) <= problem.max_moves)
     _spread_replicas(model, problem, choice, pools)

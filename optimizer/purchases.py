@@ -113,11 +113,15 @@ def purchases(
     solution: Solution,
     seconds: float,
     gpus_per_node: int = GPUS_PER_NODE,
+    capture: float | None = None,
 ) -> list[Purchase] | None:
-    """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to)."""
+    """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to);
+    with ``capture``, the fewest nodes that unlock that share of the net-optimal purchase's savings instead."""
     started = time.perf_counter()
     if seconds < MIN_SECONDS:
         return None
+    if sum(1 for w in problem.movable if solution.placement.get(w.id, w.node) != w.node) >= problem.max_moves:
+        return []  # the plan's moves take the whole budget: no new node could be used
     taken = {n.name for n in problem.nodes}
     offered = offers(catalog, problem, solution, taken, gpus_per_node)
     if not offered:
@@ -129,7 +133,38 @@ def purchases(
     if buying.max_moves == 0:
         return []  # the plan's other moves take the whole budget
     bought = solve(catalog, buying)
-    return _purchases(catalog, problem, solution, bought, offered, gpus_per_node)
+    found = _purchases(catalog, problem, solution, bought, offered, gpus_per_node)
+    if capture is not None:
+        found = _smallest(catalog, problem, solution, buying, offered, gpus_per_node, found, capture, started, seconds)
+    return found
+
+
+def _smallest(
+    catalog: Catalog,
+    problem: Problem,
+    solution: Solution,
+    buying: Problem,
+    offered: list[Offer],
+    gpus_per_node: int,
+    found: list[Purchase],
+    capture: float,
+    started: float,
+    seconds: float,
+) -> list[Purchase]:
+    """The fewest nodes whose best purchase still unlocks ``capture`` of what ``found`` does (bench/plan.py
+    measures it against the net-optimal purchase)."""
+    target = capture * sum(p.monthly_savings_usd for p in found)
+    nodes = sum(p.nodes for p in found) - 1
+    while nodes >= 1:
+        left = seconds - (time.perf_counter() - started)
+        if left < MIN_SECONDS:
+            break
+        fewer = solve(catalog, replace(buying, max_bought=nodes, time_limit_s=left))
+        smaller = _purchases(catalog, problem, solution, fewer, offered, gpus_per_node)
+        if sum(p.monthly_savings_usd for p in smaller) < target:
+            break
+        found, nodes = smaller, sum(p.nodes for p in smaller) - 1
+    return found
 
 
 def _buying(problem: Problem, solution: Solution, offered: list[Offer], seconds: float) -> Problem:

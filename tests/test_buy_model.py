@@ -120,3 +120,11 @@ def test_fleetfit_plan_prints_and_serialises_the_purchases(tmp_path: Path) -> No
     )
     assert [(p["hardware"], p["nodes"]) for p in body["purchases"]] == [("L40S 48GB", 3)]
     assert Plan.model_validate(body).purchases is not None
+
+
+def test_the_purchase_question_stays_inside_the_plans_time_limit() -> None:
+    # the live optimizer's plan has its time limit; what the solve leaves is under the phase's minimum here
+    assert _plan(_fleet(3), time_limit=0.5).purchases is None
+    assert _plan(_fleet(3), buy=False).purchases is None
+    # fleetfit plan --buy gives it a time limit of its own
+    assert _plan(_fleet(3), time_limit=0.5, buy_time_limit=5).purchases
