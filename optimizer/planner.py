@@ -7,10 +7,12 @@ of each move, in integer cents. The current placement is the solver's hint, so "
 feasible starting point.
 
 Nodes the site could buy (``Problem.offers``, chosen in optimizer/purchases.py) join the same model as empty
-candidates: each has a boolean ``bought``, holds nothing unless bought, and costs its amortised monthly price
-when bought; a workload on it pays only what differs from holding those GPUs (a throughput-bound job that
-finishes sooner on faster hardware), since the node's whole price is already counted. Bought nodes of one
-type are taken in order (the first before the second), which removes their symmetric solutions.
+candidates of one hardware type, identical, so solved as a pool (optimizer/pools.py) whose member count is a
+variable: ``bought`` nodes, 0 to the number offered, each costing its amortised monthly price. A workload has
+one choice per type ("a new node of it"); what it holds there fits ``bought`` nodes (exactly for divisible
+sizes, as for pools; first-fit decreasing then names the nodes), at most ``bought`` large workloads and as many
+replicas of one service. A workload on a new node pays only what differs from holding those GPUs (a
+throughput-bound job that finishes sooner on faster hardware): the node's whole price is counted once.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from agent.protocol import SolverReport
 from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, shared, units
-from optimizer.pools import Pool, assign, build_pools
+from optimizer.pools import POOL_PREFIX, Pool, assign, build_pools
 from optimizer.rounding import Candidate, pack
 
 CENTS = 100
@@ -41,13 +43,22 @@ class NodeSlot:
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """Empty nodes of one hardware type the plan may buy, named ``names``."""
+    """Empty nodes of one hardware type the plan may buy, named ``names`` (at most that many bought)."""
 
     hardware: str  # catalog key
     gpus: int  # capacity units per node
     monthly_cost: float  # US$ a month per node, amortised: what its GPUs cost at the catalog's price
     names: tuple[str, ...]
     workloads: frozenset[str]  # the workloads it is offered to (those short of some hardware: a small model)
+
+    @property
+    def key(self) -> str:
+        """The offered nodes' place in the model, as a pool's."""
+        return f"{POOL_PREFIX}new:{self.hardware}"
+
+    @property
+    def pool(self) -> Pool:
+        return Pool(self.key, self.hardware, self.gpus, self.names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +212,7 @@ def _candidates(
             if offer is not None and offer.gpus >= size and w.id in offer.workloads:
                 # the node's price is counted once, when bought; what the workload holds there is part of it
                 held = size / problem.units * target.price_per_gpu_hour * catalog.defaults.hours_per_month
-                for name in offer.names:
-                    out.nodes[name] = cost - held
+                out.nodes[offer.key] = cost - held
     return out
 
 
@@ -278,27 +288,36 @@ def _spread_replicas(
 
 def _offer(
     model: cp_model.CpModel,
+    problem: Problem,
     offer: Offer,
-    usage: dict[str, list[tuple[int, cp_model.IntVar]]],
+    terms: list[tuple[int, cp_model.IntVar]],
+    choice: dict[tuple[str, str], cp_model.IntVar],
     objective: list[cp_model.LinearExpr],
-) -> list[cp_model.IntVar]:
-    """The offered nodes: each holds nothing unless bought, and costs its price when bought."""
-    previous = None
-    out = []
-    price = round(offer.monthly_cost * CENTS)
-    for name in offer.names:
-        bought = model.new_bool_var(f"bought[{name}]")
-        terms = usage[name]
-        if terms:
-            model.add(sum(g * v for g, v in terms) <= offer.gpus * bought)
-        for _, v in terms:
-            model.add_implication(v, bought)  # tightens the relaxation: the capacity row alone is weak
-        objective.append(price * bought)
-        if previous is not None:
-            model.add_implication(bought, previous)  # the n-th node only after the (n-1)-th: no symmetric twins
-        previous = bought
-        out.append(bought)
-    return out
+) -> cp_model.IntVar:
+    """The offered nodes: how many are bought, what that costs, and what the workloads sent there need."""
+    bought = model.new_int_var(0, len(offer.names), f"bought[{offer.hardware}]")
+    # Room the plan frees on the site's own nodes is priced like a new node's; a dollar a node more makes the
+    # model use that room first, and buy only what it lacks.
+    objective.append((round(offer.monthly_cost * CENTS) + CENTS) * bought)
+    if not terms:
+        return bought
+    sizes = sorted({g for g, _ in terms})
+    for s in sizes:  # exact for divisible sizes, as for a pool (optimizer/pools.py)
+        if s > 1 and all(g % s == 0 for g in sizes if g >= s):
+            model.add(sum(g * v for g, v in terms if g >= s) <= s * (offer.gpus // s) * bought)
+    model.add(sum(g * v for g, v in terms) <= offer.gpus * bought)
+    large = [v for g, v in terms if 2 * g > offer.gpus]
+    if large:
+        model.add(sum(large) <= bought)
+    replicas: dict[str, list[cp_model.IntVar]] = {}
+    for w in problem.movable:
+        var = choice.get((w.id, offer.key))
+        if w.service and var is not None:
+            replicas.setdefault(w.service, []).append(var)
+    for same in replicas.values():
+        if len(same) > 1:
+            model.add(sum(same) <= bought)  # one replica of a service a node
+    return bought
 
 
 def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, cp_model.IntVar]]) -> None:
@@ -339,9 +358,9 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     slots = {n.name: n for n in model_nodes}
     offered = {o.hardware: o for o in problem.offers}
     for offer in problem.offers:
-        for name in offer.names:
-            slots[name] = NodeSlot(name, offer.hardware, offer.gpus)
-            usage[name] = []
+        slots[offer.key] = NodeSlot(offer.key, offer.hardware, offer.gpus)
+        usage[offer.key] = []
+        pools[offer.key] = offer.pool
     options: dict[str, _Options] = {}
     for w in problem.movable:
         options[w.id] = o = _candidates(catalog, problem, targets, w, slots, offered)
@@ -399,9 +418,9 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             _pool_capacity(model, pools[n.name], terms)
         elif terms:
             model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
-    bought = [_offer(model, offer, usage, objective) for offer in problem.offers]
+    bought = [_offer(model, problem, offer, usage[offer.key], choice, objective) for offer in problem.offers]
     if problem.max_bought is not None:
-        model.add(sum(v for vs in bought for v in vs) <= problem.max_bought)
+        model.add(sum(bought) <= problem.max_bought)
     if moves:
         model.add(sum(moves) <= problem.max_moves)
     _spread_replicas(model, problem, choice, pools)

@@ -128,3 +128,39 @@ def test_the_purchase_question_stays_inside_the_plans_time_limit() -> None:
     assert _plan(_fleet(3), buy=False).purchases is None
     # fleetfit plan --buy gives it a time limit of its own
     assert _plan(_fleet(3), time_limit=0.5, buy_time_limit=5).purchases
+
+
+CHAIN = {
+    "schema": 1,
+    "site": "eu-1",
+    "nodes": [{"name": "h100-01", "hardware": "h100", "gpus": 8}, {"name": "l40s-01", "hardware": "l40s", "gpus": 8},
+              {"name": "l4-01", "hardware": "l4", "gpus": 8}],
+    "workloads": [
+        {"id": "chat", "name": "chat-serving", "class": "inference", "nodes": ["h100-01"], "gpus": 8,
+         "mem_mib_per_gpu": 30000, "mean_util": 32, "p95_util": 50},
+        {"id": "tts", "name": "tts-api", "class": "inference", "nodes": ["l40s-01"], "gpus": 8,
+         "mem_mib_per_gpu": 10000, "mean_util": 12, "p95_util": 20, "history_hours": 1},
+        {"id": "ddp", "name": "vision-ddp", "class": "training", "nodes": ["l4-01"], "gpus": 8,
+         "mem_mib_per_gpu": 10000, "mean_util": 90, "pinned": True},
+    ],
+}  # fmt: skip
+
+
+def test_one_cheap_node_that_frees_room_for_a_chain_beats_two() -> None:
+    """chat-serving wants the L40S that tts-api holds, and tts-api wants an L4: one new L4 node serves both."""
+    plan = _plan(CHAIN)
+    assert plan.recommendations == [] and {b.workload: b.reason for b in plan.blocked} == {
+        "chat": "no free L40S 48GB capacity in site eu-1",
+        "tts": "no free L4 24GB capacity in site eu-1",
+        "ddp": "pinned",
+    }
+    assert plan.purchases is not None
+    (purchase,) = plan.purchases
+    assert (purchase.hardware, purchase.nodes, purchase.workloads) == ("L4 24GB", 1, ["tts"])
+    # tts-api frees its 8 L40S, and chat-serving its 8 H100 by moving into them
+    assert purchase.monthly_savings_usd == pytest.approx((8 * 0.85 + 8 * 2.50 - 8 * 0.85) * MONTH)
+    catalog = load_catalog()
+    bigger = with_additions(Snapshot.model_validate(CHAIN), [Addition(catalog.by_key("l4"), 8, 1)])
+    after = plan_snapshot(bigger, catalog, PlanSettings())
+    moves = {r.workload: (r.to_node, r.wave) for r in after.recommendations}
+    assert moves == {"tts": ("new-l4-001", 1), "chat": ("l40s-01", 2)}
