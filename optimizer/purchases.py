@@ -2,23 +2,27 @@
 
 After the plan is solved, every workload it leaves short of the cheapest worthwhile hardware the site runs
 counts towards that type's shortfall (a type the site does not run yet is a platform decision, not capacity:
-``fleetfit plan --add`` prices one). Each short type is
-offered as empty candidate nodes (``GPUS_PER_NODE`` GPUs each) in the planner's own CP-SAT model: as many as
-the shortfall fills, and no more than its workloads' savings could pay for. The model, started from the plan and
-restricted to the workloads short of capacity (the others hold what the plan gives them), then chooses their
-placement and the purchase together, minimising monthly cost with the bought nodes at their amortised
-price (the catalog's ``price_per_gpu_hour``: purchase over ``AMORTISATION_MONTHS`` plus running costs), under
-the same constraints and move budget as the plan.
+``fleetfit plan --add`` prices one); the ``MAX_BUYERS`` with most to gain, and no more than the move budget
+holds. Each short type is offered in the planner's own CP-SAT model as empty ``GPUS_PER_NODE``-GPU nodes: as
+many as its shortfall fills and its workloads' savings could pay for, solved as one pool with a bought count
+(optimizer/planner.py). The model, started from the plan and restricted to the workloads short of capacity (the
+others hold what the plan gives them, and their moves come out of the budget), chooses their placement and the
+purchase together, minimising monthly cost with each bought node at its amortised price (the catalog's
+``price_per_gpu_hour``: purchase over ``AMORTISATION_MONTHS`` plus running costs) and a dollar more, so that
+room the plan frees on the site's own nodes is used before anything is bought.
 
-The rule: the net-optimal purchase. A node is bought only if what it unlocks exceeds what it costs, so it is
-also the smallest purchase that captures the savings worth having; a purchase that never pays is never
-suggested. For each type bought: the nodes, their monthly cost, the savings they unlock (what the plan with
-them saves a month beyond the plan without them, before paying for them: moves onto a bought node free the
-GPUs they leave, and moves the room they free makes possible are shared among the types in proportion), and
-the payback: monthly cost × ``AMORTISATION_MONTHS`` ÷ monthly savings, the months of savings that pay for the
-nodes' whole amortisation period (under 36 whenever the purchase pays).
+The rule: the net-optimal purchase. A node is bought only if what it unlocks exceeds what it costs, so a
+purchase that never pays is never suggested, and each node bought pays for itself. (``capture`` asks instead for
+the fewest nodes that still unlock that share of it; bench/plan.py --buy shows what that changes.) For each
+type bought: the nodes, their monthly cost, the savings they unlock (what the plan with them saves a month
+beyond the plan without them, before paying for them: moves onto a bought node free the GPUs they leave, and
+moves into the room that frees are shared among the types bought, in proportion), and the payback: monthly
+cost × ``AMORTISATION_MONTHS`` ÷ monthly savings, the months of savings that pay for the nodes' whole
+amortisation period (under 36 whenever the purchase pays).
+
+The phase runs with the time the plan's solve leaves within its limit (``MIN_SECONDS`` at least, or the
+question is left unanswered: ``None``); ``fleetfit plan --buy`` gives it a limit of its own.
 """
-
 from __future__ import annotations
 
 import math
