@@ -23,6 +23,7 @@ amortisation period (under 36 whenever the purchase pays).
 The phase runs with the time the plan's solve leaves within its limit (``MIN_SECONDS`` at least, or the
 question is left unanswered: ``None``); ``fleetfit plan --buy`` gives it a limit of its own.
 """
+
 from __future__ import annotations
 
 import math
