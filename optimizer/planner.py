@@ -98,7 +98,6 @@ class Problem:
     post_solve_share: float = 0.1  # of the time limit kept for what follows the solve (packing, the plan's text)
     offers: list[Offer] = field(default_factory=list)  # nodes the plan may buy (see the module's docstring)
     start: dict[str, str] | None = None  # a feasible placement to start from instead of the greedy and the LP
-    max_bought: int | None = None  # at most this many offered nodes bought
 
 
 @dataclass(slots=True)
@@ -418,9 +417,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             _pool_capacity(model, pools[n.name], terms)
         elif terms:
             model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
-    bought = [_offer(model, problem, offer, usage[offer.key], choice, objective) for offer in problem.offers]
-    if problem.max_bought is not None:
-        model.add(sum(bought) <= problem.max_bought)
+    for offer in problem.offers:
+        _offer(model, problem, offer, usage[offer.key], choice, objective)
     if moves:
         model.add(sum(moves) <= problem.max_moves)
     _spread_replicas(model, problem, choice, pools)

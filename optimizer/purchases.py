@@ -12,8 +12,8 @@ purchase together, minimising monthly cost with each bought node at its amortise
 room the plan frees on the site's own nodes is used before anything is bought.
 
 The rule: the net-optimal purchase. A node is bought only if what it unlocks exceeds what it costs, so a
-purchase that never pays is never suggested, and each node bought pays for itself. (``capture`` asks instead for
-the fewest nodes that still unlock that share of it; bench/plan.py --buy shows what that changes.) For each
+purchase that never pays is never suggested, and each node bought pays for itself (docs/decisions.md: why not
+the fewest nodes that keep nine tenths of its savings). For each
 type bought: the nodes, their monthly cost, the savings they unlock (what the plan with them saves a month
 beyond the plan without them, before paying for them: moves onto a bought node free the GPUs they leave, and
 moves into the room that frees are shared among the types bought, in proportion), and the payback: monthly
@@ -118,10 +118,8 @@ def purchases(
     solution: Solution,
     seconds: float,
     gpus_per_node: int = GPUS_PER_NODE,
-    capture: float | None = None,
 ) -> list[Purchase] | None:
-    """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to);
-    with ``capture``, the fewest nodes that unlock that share of the net-optimal purchase's savings instead."""
+    """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to)."""
     started = time.perf_counter()
     if seconds < MIN_SECONDS:
         return None
@@ -138,38 +136,7 @@ def purchases(
     if buying.max_moves == 0:
         return []  # the plan's other moves take the whole budget
     bought = solve(catalog, buying)
-    found = _purchases(catalog, problem, solution, bought, offered, gpus_per_node)
-    if capture is not None:
-        found = _smallest(catalog, problem, solution, buying, offered, gpus_per_node, found, capture, started, seconds)
-    return found
-
-
-def _smallest(
-    catalog: Catalog,
-    problem: Problem,
-    solution: Solution,
-    buying: Problem,
-    offered: list[Offer],
-    gpus_per_node: int,
-    found: list[Purchase],
-    capture: float,
-    started: float,
-    seconds: float,
-) -> list[Purchase]:
-    """The fewest nodes whose best purchase still unlocks ``capture`` of what ``found`` does (bench/plan.py
-    measures it against the net-optimal purchase)."""
-    target = capture * sum(p.monthly_savings_usd for p in found)
-    nodes = sum(p.nodes for p in found) - 1
-    while nodes >= 1:
-        left = seconds - (time.perf_counter() - started)
-        if left < MIN_SECONDS:
-            break
-        fewer = solve(catalog, replace(buying, max_bought=nodes, time_limit_s=left))
-        smaller = _purchases(catalog, problem, solution, fewer, offered, gpus_per_node)
-        if sum(p.monthly_savings_usd for p in smaller) < target:
-            break
-        found, nodes = smaller, sum(p.nodes for p in smaller) - 1
-    return found
+    return _purchases(catalog, problem, solution, bought, offered, gpus_per_node)
 
 
 def _buying(problem: Problem, solution: Solution, offered: list[Offer], seconds: float) -> Problem:
