@@ -562,6 +562,18 @@ class Blocked(_Model):
     monthly_savings_usd: float = Field(ge=0, description="what moving it would save")
 
 
+class Purchase(_Model):
+    """Nodes of one hardware type worth buying: what they cost and the savings they unlock (schema 2)."""
+
+    hardware: str = Field(max_length=200)
+    gpus_per_node: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+    monthly_cost_usd: float = Field(ge=0, description="the nodes at the catalog's amortised price")
+    monthly_savings_usd: float = Field(description="what the plan with them saves beyond the plan without them")
+    payback_months: float | None = Field(default=None, ge=0, description="cost x amortisation months / savings")
+    workloads: list[str] = Field(default_factory=list, description="the workloads that would run on them")
+
+
 class SolverReport(_Model):
     status: str
     objective: float
@@ -586,6 +598,8 @@ class Plan(_Model):
     recommendations: list[Recommendation] = Field(default_factory=list)
     blocked: list[Blocked] = Field(default_factory=list)
     monthly_savings_usd: float = 0.0
+    # schema 2: what buying capacity returns (None: not evaluated; empty: nothing pays)
+    purchases: list[Purchase] | None = None
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 

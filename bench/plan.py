@@ -5,11 +5,15 @@ and handed to the planner as fleet snapshots, the way ``fleetfit plan`` reads th
 the workloads from the biggest possible saving down and moves each to the cheapest fitting node that has room.
 
     .venv/bin/python bench/plan.py [--fleet mixed|hetero] [--sizes 250,1000,2000] [--time-limit 10]
-        [--max-moves 200 (0: no limit)] [--moves-only] [--repeat N] [--seed N]
+        [--max-moves 200 (0: no limit)] [--moves-only] [--repeat N] [--seed N] [--buy] [--no-buy]
 
 ``--fleet hetero``: eight GPU types (three older generations added to the catalog for the bench), about four
 workloads a node placed with no regard to cost; ``--shared 0.3`` makes that share of one-GPU services two or
 four services sharing the GPU (fractional workloads). Every plan is also measured against the LP bound on savings.
+
+Plans include their purchase section, as the optimizer's are (within the time limit); ``--no-buy`` leaves it
+out. ``--buy`` also plans each fleet as ``fleetfit plan --buy`` does (the purchase its own time limit) and
+prints what that phase took beyond the plan without it, and what it would buy.
 """
 
 from __future__ import annotations
@@ -94,10 +98,11 @@ CLASS_MIX = {"training": 3, "inference": 5, "batch_inference": 2, "interactive":
 
 
 def hetero_catalog() -> Catalog:
-    """The shipped catalog and three older GPU generations."""
-    base = load_catalog()
-    return Catalog.model_validate({**base.model_dump(mode="json"), "gpu": [*base.model_dump(mode="json")["gpu"],
-                                                                            *OLDER_GPUS]})  # fmt: skip
+    """The shipped catalog and three older GPU generations, as the bench prices them (in place of the shipped
+    catalog's entries of the same keys, so figures stay comparable across catalog versions)."""
+    base = load_catalog().model_dump(mode="json")
+    older = {g["key"] for g in OLDER_GPUS}
+    return Catalog.model_validate({**base, "gpu": [*(g for g in base["gpu"] if g["key"] not in older), *OLDER_GPUS]})
 
 
 def hetero_fleet(nodes: int, seed: int, catalog: Catalog, per_node: float = 4.0, shared: float = 0.0) -> Snapshot:
@@ -220,6 +225,31 @@ def greedy(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings) -> floa
     return saved
 
 
+def buying(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, repeat: int) -> None:
+    """The purchase phase of ``fleetfit plan --buy``: its time beyond the plan without it, and what it buys."""
+    without, within = [], []
+    plan = None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        plan_snapshot(snapshot, catalog, settings.model_copy(update={"buy": False}))
+        without.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        plan = plan_snapshot(snapshot, catalog, settings.model_copy(update={"buy_time_limit": settings.time_limit}))
+        within.append(time.perf_counter() - started)
+    assert plan is not None
+    short = sum(1 for b in plan.blocked if " capacity in site " in b.reason)
+    bought = ", ".join(
+        f"{p.nodes} x {p.gpus_per_node} {p.hardware} (${p.monthly_savings_usd:,.0f} for ${p.monthly_cost_usd:,.0f}"
+        f"/mo, {len(p.workloads)} workloads, payback {p.payback_months} mo)"
+        for p in plan.purchases or []
+    )
+    print(
+        f"       --buy: plan {statistics.median(without):.1f} s, with purchases {statistics.median(within):.1f} s "
+        f"(+{statistics.median(within) - statistics.median(without):.1f} s); {short} blocked for capacity; "
+        f"buy: {bought or 'nothing' if plan.purchases is not None else 'not answered'}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fleet", choices=["mixed", "hetero"], default="mixed")
@@ -237,6 +267,8 @@ def main() -> int:
     parser.add_argument(
         "--moves-only", action="store_true", help="no reclaims and no resizing: plans comparable to the greedy's"
     )
+    parser.add_argument("--no-buy", action="store_true", help="plans without their purchase section")
+    parser.add_argument("--buy", action="store_true", help="also time the purchase phase as `fleetfit plan --buy`")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1_000_000)
     catalog = hetero_catalog() if args.fleet == "hetero" else load_catalog()
@@ -259,6 +291,7 @@ def main() -> int:
             pools=not args.no_pools,
             reclaim_idle=not args.moves_only,
             right_size=not args.moves_only,
+            buy=not args.no_buy,
         )
         walls, plans = [], []
         for _ in range(args.repeat):
@@ -279,6 +312,8 @@ def main() -> int:
             f"{s.status:>10}{statistics.median(walls):>8.1f}{s.gap:>8.2%}{saved:>12,.0f}"
             f"{bound or 0:>12,.0f}{share}{plan.monthly_savings_usd:>12,.0f}{baseline:>13,.0f}{ratio:>7.2f}"
         )
+        if args.buy:
+            buying(snapshot, catalog, settings, args.repeat)
     print(
         "(saved: the solve's moves and resizing; bound: no plan saves more (LP relaxation); plan: with reclaims;\n"
         " greedy: moves only, biggest saving first; ratio: plan / greedy.\n"

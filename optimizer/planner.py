@@ -5,6 +5,14 @@ workload runs on exactly one node; no node holds more GPUs than it has (workload
 theirs); at most ``max_moves`` workloads move. Objective: monthly cost of the placement plus the one-off cost
 of each move, in integer cents. The current placement is the solver's hint, so "change nothing" is always a
 feasible starting point.
+
+Nodes the site could buy (``Problem.offers``, chosen in optimizer/purchases.py) join the same model as empty
+candidates of one hardware type, identical, so solved as a pool (optimizer/pools.py) whose member count is a
+variable: ``bought`` nodes, 0 to the number offered, each costing its amortised monthly price. A workload has
+one choice per type ("a new node of it"); what it holds there fits ``bought`` nodes (exactly for divisible
+sizes, as for pools; first-fit decreasing then names the nodes), at most ``bought`` large workloads and as many
+replicas of one service. A workload on a new node pays only what differs from holding those GPUs (a
+throughput-bound job that finishes sooner on faster hardware): the node's whole price is counted once.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from agent.protocol import SolverReport
 from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, shared, units
-from optimizer.pools import Pool, assign, build_pools
+from optimizer.pools import POOL_PREFIX, Pool, assign, build_pools
 from optimizer.rounding import Candidate, pack
 
 CENTS = 100
@@ -31,6 +39,26 @@ class NodeSlot:
     name: str
     hardware: str  # catalog key
     gpus: int
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """Empty nodes of one hardware type the plan may buy, named ``names`` (at most that many bought)."""
+
+    hardware: str  # catalog key
+    gpus: int  # capacity units per node
+    monthly_cost: float  # US$ a month per node, amortised: what its GPUs cost at the catalog's price
+    names: tuple[str, ...]
+    workloads: frozenset[str]  # the workloads it is offered to (those short of some hardware: a small model)
+
+    @property
+    def key(self) -> str:
+        """The offered nodes' place in the model, as a pool's."""
+        return f"{POOL_PREFIX}new:{self.hardware}"
+
+    @property
+    def pool(self) -> Pool:
+        return Pool(self.key, self.hardware, self.gpus, self.names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +96,8 @@ class Problem:
     exact_model_limit: int = 20_000  # model variables up to which CP-SAT always solves (fleet scale above)
     focus_model_limit: int = 100_000  # model variables above which only the LP's hardware types are offered
     post_solve_share: float = 0.1  # of the time limit kept for what follows the solve (packing, the plan's text)
+    offers: list[Offer] = field(default_factory=list)  # nodes the plan may buy (see the module's docstring)
+    start: dict[str, str] | None = None  # a feasible placement to start from instead of the greedy and the LP
 
 
 @dataclass(slots=True)
@@ -120,25 +150,30 @@ class _Options:
     why_not: str | None  # why no better hardware qualified, if so
 
 
-def _sized(catalog: Catalog, problem: Problem, w: Movable, current: GpuType, target: GpuType) -> Demand | None:
+def sized(catalog: Catalog, problem: Problem, w: Movable, current: GpuType, target: GpuType) -> Demand | None:
     """What ``w`` needs on ``target``: fewer GPUs where its daily peak fits them, a share of one where the
     operator lets services share that hardware (None: as it is, or it does not fit)."""
     if not (problem.right_size and w.resizable):
         return None
-    sized = right_sized(catalog, w.demand, current, target)
+    fewer = right_sized(catalog, w.demand, current, target)
     step = problem.sharing.get(target.key)
-    if sized is not None and step is not None and problem.units > 1:
-        return shared(catalog, sized, current, target, step) or sized
-    return sized
+    if fewer is not None and step is not None and problem.units > 1:
+        return shared(catalog, fewer, current, target, step) or fewer
+    return fewer
 
 
 def _candidates(
-    catalog: Catalog, problem: Problem, targets: _Targets, w: Movable, slots: dict[str, NodeSlot]
+    catalog: Catalog,
+    problem: Problem,
+    targets: _Targets,
+    w: Movable,
+    slots: dict[str, NodeSlot],
+    offered: dict[str, Offer] | None = None,
 ) -> _Options:
     here = slots[w.node]
     current = catalog.by_key(here.hardware)
     cost_now = monthly_cost(catalog, w.demand, current, current)
-    at_home = _sized(catalog, problem, w, current, current)
+    at_home = sized(catalog, problem, w, current, current)
     home_cost = monthly_cost(catalog, at_home, current, current) if at_home is not None else cost_now
     if cost_now - home_cost < max(problem.min_monthly_savings, problem.min_savings_fraction * cost_now):
         at_home, home_cost = None, cost_now
@@ -151,13 +186,15 @@ def _candidates(
         same = (n for n in targets.nodes(here.hardware, gpus_home) if n != w.node and slots[n].gpus >= gpus_home)
         for name in itertools.islice(same, problem.room_moves):
             out.nodes[name] = home_cost
-    for key in targets.by_hardware:
+    keys = list(targets.by_hardware)
+    if offered:
+        keys += [key for key in offered if key not in targets.by_hardware]
+    for key in keys:
         if key == here.hardware:
             continue
         target = catalog.by_key(key)
         problem_text = fit_problem(catalog, w.demand, current, target)
-        sized = _sized(catalog, problem, w, current, target)
-        demand = sized or w.demand
+        demand = sized(catalog, problem, w, current, target) or w.demand
         cost = monthly_cost(catalog, demand, current, target)
         saving = cost_now - cost
         worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
@@ -170,6 +207,11 @@ def _candidates(
             for name in targets.nodes(key, size):
                 if slots[name].gpus >= size:
                     out.nodes[name] = cost
+            offer = offered.get(key) if offered else None
+            if offer is not None and offer.gpus >= size and w.id in offer.workloads:
+                # the node's price is counted once, when bought; what the workload holds there is part of it
+                held = size / problem.units * target.price_per_gpu_hour * catalog.defaults.hours_per_month
+                out.nodes[offer.key] = cost - held
     return out
 
 
@@ -198,7 +240,7 @@ def _greedy(problem: Problem, targets: _Targets, options: dict[str, _Options]) -
             node = next(
                 (
                     name
-                    for _, name in targets.by_hardware[key]
+                    for _, name in targets.by_hardware.get(key, ())
                     if room[name] >= gpus
                     and not (w.service and name not in already[w.service] and (w.service, name) in taken)
                 ),
@@ -243,6 +285,40 @@ def _spread_replicas(
                 model.add(sum(variables) <= limit)
 
 
+def _offer(
+    model: cp_model.CpModel,
+    problem: Problem,
+    offer: Offer,
+    terms: list[tuple[int, cp_model.IntVar]],
+    choice: dict[tuple[str, str], cp_model.IntVar],
+    objective: list[cp_model.LinearExpr],
+) -> cp_model.IntVar:
+    """The offered nodes: how many are bought, what that costs, and what the workloads sent there need."""
+    bought = model.new_int_var(0, len(offer.names), f"bought[{offer.hardware}]")
+    # Room the plan frees on the site's own nodes is priced like a new node's; a dollar a node more makes the
+    # model use that room first, and buy only what it lacks.
+    objective.append((round(offer.monthly_cost * CENTS) + CENTS) * bought)
+    if not terms:
+        return bought
+    sizes = sorted({g for g, _ in terms})
+    for s in sizes:  # exact for divisible sizes, as for a pool (optimizer/pools.py)
+        if s > 1 and all(g % s == 0 for g in sizes if g >= s):
+            model.add(sum(g * v for g, v in terms if g >= s) <= s * (offer.gpus // s) * bought)
+    model.add(sum(g * v for g, v in terms) <= offer.gpus * bought)
+    large = [v for g, v in terms if 2 * g > offer.gpus]
+    if large:
+        model.add(sum(large) <= bought)
+    replicas: dict[str, list[cp_model.IntVar]] = {}
+    for w in problem.movable:
+        var = choice.get((w.id, offer.key))
+        if w.service and var is not None:
+            replicas.setdefault(w.service, []).append(var)
+    for same in replicas.values():
+        if len(same) > 1:
+            model.add(sum(same) <= bought)  # one replica of a service a node
+    return bought
+
+
 def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, cp_model.IntVar]]) -> None:
     """What a pool of identical nodes can take (see optimizer/pools.py)."""
     sizes = sorted({g for g, _ in terms})
@@ -279,26 +355,36 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     usage: dict[str, list[tuple[int, cp_model.IntVar]]] = {n.name: [] for n in model_nodes}
     targets = _Targets.of(replace(problem, nodes=model_nodes)) if pools else _Targets.of(problem)
     slots = {n.name: n for n in model_nodes}
+    offered = {o.hardware: o for o in problem.offers}
+    for offer in problem.offers:
+        slots[offer.key] = NodeSlot(offer.key, offer.hardware, offer.gpus)
+        usage[offer.key] = []
+        pools[offer.key] = offer.pool
     options: dict[str, _Options] = {}
     for w in problem.movable:
-        options[w.id] = o = _candidates(catalog, problem, targets, w, slots)
+        options[w.id] = o = _candidates(catalog, problem, targets, w, slots, offered)
         if len(o.nodes) == 1 and o.why_not:
             blocked[w.id] = o.why_not
-    # The greedy pass and the LP rounded onto nodes both see every concrete node; the cheaper of the two,
-    # pooled, is the hint and always a choice.
-    concrete = _Targets.of(problem) if pools else targets
-    greedy = _greedy(problem, concrete, options)
-    bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
-    hint = greedy
-    if bound is not None:
-        rounded = _rounded(problem, options, bound, slots)
-        if _placement_cost(problem, options, rounded, slots) < _placement_cost(problem, options, greedy, slots):
-            hint = rounded
+    bound: Bound | None = None
+    if problem.start is not None:
+        hint = problem.start  # a plan solved already (without offers): its placement is feasible here too
+    else:
+        # The greedy pass and the LP rounded onto nodes both see every concrete node; the cheaper of the two,
+        # pooled, is the hint and always a choice.
+        concrete = _Targets.of(problem) if pools else targets
+        greedy = _greedy(problem, concrete, options)
+        bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
+        hint = greedy
+        if bound is not None:
+            rounded = _rounded(problem, options, bound, slots)
+            if _placement_cost(problem, options, rounded, slots) < _placement_cost(problem, options, greedy, slots):
+                hint = rounded
     start = {wid: member_of[node].key if node in member_of else node for wid, node in hint.items()}
     for w in problem.movable:
         o = options[w.id]
-        if start[w.id] not in o.nodes:
-            o.nodes[start[w.id]] = o.types[slots[start[w.id]].hardware]
+        if start[w.id] not in o.nodes:  # a given start may hold a move to make room, on its own hardware
+            key = slots[start[w.id]].hardware
+            o.nodes[start[w.id]] = o.types[key] if key in o.types else o.nodes[w.node]
     if sum(len(o.nodes) for o in options.values()) > problem.exact_model_limit and bound is not None:
         saved = sum(o.now for o in options.values()) - _placement_cost(problem, options, hint, slots, one_off=False)
         if saved >= (1 - problem.bound_tolerance) * bound.savings:
@@ -331,6 +417,8 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
             _pool_capacity(model, pools[n.name], terms)
         elif terms:
             model.add(sum(g * v for g, v in terms) <= max(n.gpus - problem.fixed_usage.get(n.name, 0), 0))
+    for offer in problem.offers:
+        _offer(model, problem, offer, usage[offer.key], choice, objective)
     if moves:
         model.add(sum(moves) <= problem.max_moves)
     _spread_replicas(model, problem, choice, pools)

@@ -17,6 +17,7 @@ from optimizer.findings import cheapest_fit, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.ordering import Action, order
 from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
+from optimizer.purchases import purchases
 from optimizer.shares import share_units
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
 
@@ -54,6 +55,10 @@ class PlanSettings(BaseModel):
 
     history_min_hours: float = Field(
         default=24.0, ge=0, description="load history needed before an allocation is released or resized"
+    )
+    buy: bool = Field(default=True, description="say what buying capacity for blocked moves would return")
+    buy_time_limit: float | None = Field(
+        default=None, gt=0, le=600, description="seconds for that beyond time_limit (default: what time_limit leaves)"
     )
 
 
@@ -296,6 +301,7 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
 
 def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
     """Plan moves for a snapshot (live or offline)."""
+    started = time.perf_counter()
     resolved = resolve(catalog, snapshot)
     # capacity in hundredths of a GPU when some workloads hold a share of one (finer where MIG sevenths or
     # partitions' eighths need it to count exactly), else in whole GPUs
@@ -347,6 +353,11 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         sharing=settings.sharing,
     )
     solution = solve(catalog, problem)
+    bought = None
+    if settings.buy:
+        # within the plan's time limit, less the share the solve keeps for building the plan
+        left = settings.time_limit * (1 - problem.post_solve_share) - (time.perf_counter() - started)
+        bought = purchases(catalog, problem, solution, settings.buy_time_limit or left)
     node_hw = {n.name: n.hardware for n in nodes}
     for r in resolved:
         target_node = solution.placement.get(r.w.id)
@@ -426,6 +437,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         recommendations=recommendations,
         blocked=blocked,
         monthly_savings_usd=round(sum(x.monthly_savings_usd for x in recommendations), 2),
+        purchases=bought,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from agent.protocol import Plan, Recommendation
+from agent.protocol import Plan, Purchase, Recommendation
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -81,6 +81,9 @@ def render_table(plan: Plan) -> str:
                 f"  {b.workload_name} on {b.node} [{b.hardware}]: {b.reason} "
                 f"(would save ${b.monthly_savings_usd:,.0f}/month)"
             )
+    if plan.purchases:
+        lines.append("")
+        lines.append(render_purchases(plan.purchases))
     s = plan.solver
     lines.append(
         f"solver: {s.status}, objective ${s.objective:,.0f}, bound ${s.best_bound:,.0f}, "
@@ -91,6 +94,24 @@ def render_table(plan: Plan) -> str:
         lines.append(
             f"moves and resizing save ${s.savings_usd:,.0f}/month; no plan saves more than "
             f"${s.bound_savings_usd:,.0f}/month ({share:.1%} of that bound; {s.bound_method})"
+        )
+    return "\n".join(lines)
+
+
+def render_purchases(purchases: list[Purchase] | None) -> str:
+    """The plan's purchase section: the nodes worth buying, chosen together, best net saving first."""
+    if purchases is None:
+        return "what to buy: not answered; the plan's time limit ran out first"
+    if not purchases:
+        return "what to buy: nothing; no purchase pays for itself in what the blocked moves would save"
+    lines = ["what to buy, for the moves blocked for want of capacity (chosen together, against this plan):"]
+    for p in purchases:
+        net = p.monthly_savings_usd - p.monthly_cost_usd
+        payback = f"pays back in {p.payback_months:.1f} months" if p.payback_months is not None else "never pays back"
+        lines.append(
+            f"  {p.nodes} node(s) of {p.gpus_per_node} × {printable(p.hardware)}: unblock "
+            f"${p.monthly_savings_usd:,.0f}/month, cost ${p.monthly_cost_usd:,.0f}/month amortised "
+            f"(net ${net:,.0f}/month); {payback}; takes {len(p.workloads)} workload(s)"
         )
     return "\n".join(lines)
 

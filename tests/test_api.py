@@ -71,6 +71,12 @@ async def test_api_end_to_end(tmp_path: Path) -> None:
         async with http.get(f"{base}/api/v1/nodes") as r:
             nodes = await r.json()
         assert len(nodes) == 8 and all(n["windows_held"] == 8 for n in nodes)
+        async with http.get(f"{base}/api/v1/plans") as r:
+            (plan,) = await r.json()
+        # nothing in this fleet is blocked for want of capacity: the plan says buying nothing pays
+        assert len(plan["recommendations"]) == 3 and plan["purchases"] == []
+        async with http.get(f"{base}/api/v1/plans?site=elsewhere") as r:
+            assert await r.json() == []
         async with http.get(f"{base}/recommendations") as r:
             page = await r.text()
         assert "<table" in page and "chat-serving" in page and "3 recommendation(s) shown" in page

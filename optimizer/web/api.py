@@ -65,6 +65,11 @@ class JsonApi:
         owners = owners_of(self.optimizer.fleet)
         return web.json_response([tracked_json(t, owners) for t in tracked])
 
+    async def plans(self, request: web.Request) -> web.Response:
+        """Each site's current plan as published (the protocol's ``Plan``: actions, blocked moves, purchases)."""
+        site = request.query.get("site")
+        return web.json_response([p for p in self._plans() if site is None or p["site"] == site])
+
     async def workloads(self, request: web.Request) -> web.Response:
         owners = owners_of(self.optimizer.fleet)
         return web.json_response(

@@ -55,6 +55,7 @@ class WebServer:
         app.router.add_post("/api/v1/recommendations/{id}/{action}", api.change)
         app.router.add_get("/api/v1/workloads", api.workloads)
         app.router.add_get("/api/v1/nodes", api.nodes)
+        app.router.add_get("/api/v1/plans", api.plans)
         return app
 
     async def start(self) -> None:
