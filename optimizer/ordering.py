@@ -6,9 +6,10 @@ it, and what a wave frees counts only from the next one, so the actions of a wav
 order. An action that lands on a node other actions must leave first waits for them (``after``).
 
 When no pending action fits anywhere (moves that wait on each other in a cycle), one of them is staged through
-free room on a third node that can host it; when no such room exists, the smallest cycle is reported as a swap
-carried out together (both stop, both start). The plan's final placement fits, so the pending actions carried
-out together always do: ordering never drops an action.
+free room on a third node that can host it: one whose leaving lets another pending action land, and each action
+at most once (an action staged for nothing would hop between free nodes for ever); when no such room exists, the
+smallest cycle is reported as a swap carried out together (both stop, both start). The plan's final placement
+fits, so the pending actions carried out together always do: ordering never drops an action.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def _unblock(
     """Break a deadlock in ``wave``: stage one action through free room, or carry out a swap."""
     roomiest = sorted(((free, n) for n, free in room.items() if free > EPS), key=lambda fn: (-fn[0], fn[1]))
     for a in sorted(pending, key=lambda x: (x.need, x.id)):
+        if steps[a.id].via_node is not None or not _frees_a_landing(a, pending, room):
+            continue
         spot = next(
             (n for free, n in roomiest if free < a.need - EPS or (n not in (a.source, a.target) and can_stage(a, n))),
             None,
@@ -145,6 +148,12 @@ def _unblock(
                 step.after += [d for d in waits if d not in ids and d not in step.after]
     done = set(ids)
     return [a for a in pending if a.id not in done]
+
+
+def _frees_a_landing(a: Action, pending: list[Action], room: dict[str, float]) -> bool:
+    """Whether ``a`` leaving its node lets another pending action land there."""
+    freed = room.get(a.source, 0.0) + a.release
+    return any(b.target == a.source and b.id != a.id and b.need <= freed + EPS for b in pending)
 
 
 def _cycle(pending: list[Action], room: dict[str, float]) -> list[Action] | None:

@@ -290,3 +290,12 @@ def test_small_services_consolidate_onto_shared_gpus_only_where_allowed() -> Non
     replay(snapshot, plan)
     with pytest.raises(ValueError, match="smallest share"):
         PlanSettings(sharing={"l4": 0.0})
+
+
+def test_a_move_staged_for_nothing_does_not_hop_between_free_nodes() -> None:
+    """x waits for a, which is in a cycle with b; the free room (n3) is too small for a or b. Staging x there
+    frees nothing anyone waits for, so the cycle is a swap and x follows it."""
+    actions = [Action("a", "n1", 4, "n2", 4), Action("b", "n2", 4, "n1", 4), Action("x", "n5", 1, "n1", 1)]
+    steps = order(actions, {"n1": 0, "n2": 0, "n3": 2, "n5": 0}, can_stage=lambda a, n: True)
+    assert steps["a"].swap == ["b"] and steps["b"].swap == ["a"]
+    assert steps["x"].via_node is None and steps["x"].wave > steps["a"].wave
