@@ -55,6 +55,7 @@ class SimulatedFleet:
         self._history = history
         self._seed = seed
         self.live = asyncio.Event()
+        self.history_windows = 0
         session = int(time.time())
         self.agents: list[Agent] = []
         self.sims: list[SimulatedNode] = []
@@ -85,17 +86,24 @@ class SimulatedFleet:
         return write
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Queue each node's history, then run every agent until ``stop`` is set, then shut them all down
-        gracefully. ``live`` is set once the agents start."""
+        """Run every agent until ``stop`` is set, then shut them all down gracefully. With ``history``, each agent
+        starts once its node's history is queued, and ``live`` is set when the last one has."""
         tasks: list[asyncio.Task[None]] = []
+        started = time.monotonic()
         try:
-            if not await self._queue_history(stop):
-                return
-            self.live.set()
-            tasks = [
-                asyncio.create_task(self._start(a, delay), name=f"agent-{a.settings.node}")
-                for a, delay in zip(self.agents, self._delays, strict=True)
-            ]
+            for agent, delay, node, sim in zip(self.agents, self._delays, self.nodes, self.sims, strict=True):
+                if not await self._queue_history(agent, node, sim, stop):
+                    break
+                tasks.append(asyncio.create_task(self._start(agent, delay), name=f"agent-{agent.settings.node}"))
+            else:
+                if self._history > 0:
+                    log.info(
+                        "queued %.1f h of history per node (%d windows in all) in %.1f s",
+                        self._history / 3600,
+                        self.history_windows,
+                        time.monotonic() - started,
+                    )
+                self.live.set()
             await stop.wait()
         finally:
             for a in self.agents:
@@ -111,33 +119,26 @@ class SimulatedFleet:
                     await asyncio.gather(*pending, return_exceptions=True)
             log.info("%s", self.summary())
 
-    async def _queue_history(self, stop: asyncio.Event) -> bool:
-        """Put the ``history`` seconds before each node's live simulation in its agent's queue, as the spool of
-        an earlier run; False when ``stop`` came first."""
+    async def _queue_history(self, agent: Agent, node: ScenarioNode, sim: SimulatedNode, stop: asyncio.Event) -> bool:
+        """Put the ``history`` seconds before the node's live simulation in its agent's queue, as the spool of an
+        earlier run; False when ``stop`` came first."""
         if self._history <= 0:
             return True
-        started = time.monotonic()
-        for agent, node, sim in zip(self.agents, self.nodes, self.sims, strict=True):
-            settings = agent.settings
-            for window in past_windows(
-                node,
-                sim.started,
-                self._history,
-                site=settings.site,
-                session=agent.session - 1,  # an earlier run of the agent: the optimizer takes it as a replay
-                publish_interval=settings.publish_interval,
-                seed=self._seed,
-            ):
-                agent.queue.put(encode(window))
-                await asyncio.sleep(0)  # a day of windows takes seconds to build: the loop stays responsive
-                if stop.is_set():
-                    return False
-        log.info(
-            "queued %.1f h of history per node (%d windows in all) in %.1f s",
-            self._history / 3600,
-            sum(len(a.queue) for a in self.agents),
-            time.monotonic() - started,
-        )
+        settings = agent.settings
+        for window in past_windows(
+            node,
+            sim.started,
+            self._history,
+            site=settings.site,
+            session=agent.session - 1,  # an earlier run of the agent: the optimizer takes it as a replay
+            publish_interval=settings.publish_interval,
+            seed=self._seed,
+        ):
+            agent.queue.put(encode(window))
+            self.history_windows += 1
+            await asyncio.sleep(0)  # a day of windows takes a second to build: the live agents keep their beat
+            if stop.is_set():
+                return False
         return True
 
     @staticmethod

@@ -580,8 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--duration",
         type=cliargs.positive_float,
-        default=30.0,
-        help="seconds of live telemetry, after each node's day of history is queued (default 30)",
+        default=25.0,
+        help="seconds of live telemetry, after each node's day of history is queued (default 25)",
     )
     p.add_argument("--format", choices=["table", "json"], default="table", help="how plans are printed (stdout)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the simulated fleet (default 1)")

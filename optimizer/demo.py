@@ -20,6 +20,7 @@ import os
 import secrets
 import signal
 import tempfile
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,7 @@ DEMO_HISTORY = 25.5 * 3600.0  # a day and a bit: the digests must span the 24 h 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
     nodes: int = 11
-    duration: float = 30.0  # seconds of live telemetry, after the fleet's history is queued
+    duration: float = 25.0  # seconds of live telemetry, after the fleet's history is queued
     seed: int = 1
     time_scale: float = 10.0
     solve_interval: float = 5.0
@@ -162,7 +163,8 @@ async def _run(
         interrupted = stop.is_set()
         stop.set()
         await fleet_task
-        await optimizer.plan_once()
+        await _ingested(optimizer, sum(a.link.published for a in fleet.agents))
+        final = {p.site: p for p in await optimizer.plan_once()}.get(DEMO_SITE)
         if console is not None and options.keep_serving and not interrupted:
             stop.clear()
             log.info("the run is over; the console stays up until Ctrl-C")
@@ -173,7 +175,19 @@ async def _run(
             await console[0].stop()
         if lifecycle is not None:
             lifecycle.close()
-        return optimizer.plans.get(DEMO_SITE)
+        # a round of planning that began before the run ended may finish after the final plan: it is older
+        return final or optimizer.plans.get(DEMO_SITE)
+
+
+async def _ingested(optimizer: Optimizer, published: int, limit: float = 10.0) -> None:
+    """Wait (up to ``limit`` seconds) until the optimizer has taken in as many windows as the agents published:
+    the final plan then counts every one of them."""
+    deadline = time.monotonic() + limit
+    while optimizer.fleet.accepted["telemetry"] + sum(optimizer.fleet.rejected.values()) < published:
+        if time.monotonic() > deadline:
+            log.warning("the final plan misses windows the optimizer has not taken in within %g s", limit)
+            return
+        await asyncio.sleep(0.1)
 
 
 async def _first(*waits: Coroutine[Any, Any, object] | asyncio.Task[None]) -> None:
