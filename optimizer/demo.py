@@ -179,7 +179,7 @@ async def _run(
         return final or optimizer.plans.get(DEMO_SITE)
 
 
-async def _ingested(optimizer: Optimizer, published: int, limit: float = 10.0) -> None:
+async def _ingested(optimizer: Optimizer, published: int, limit: float = 5.0) -> None:
     """Wait (up to ``limit`` seconds) until the optimizer has taken in as many windows as the agents published:
     the final plan then counts every one of them."""
     deadline = time.monotonic() + limit
