@@ -147,30 +147,41 @@ async def _run(
         optimizer_task = asyncio.create_task(optimizer.run(), name="optimizer")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(optimizer.connected.wait(), timeout=10)
-        fleet = SimulatedFleet(
-            nodes, mqtt, site=DEMO_SITE, clock=Clock(options.time_scale), seed=options.seed, history=options.history
-        )
-        log.info(
-            "simulating %d nodes at %gx real time; planted misplacements: %s",
-            len(nodes),
-            options.time_scale,
-            ", ".join(sorted(w.name for n in nodes for w in n.workloads if w.id in n.misplaced)),
-        )
-        fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
-        await _first(stop.wait(), fleet.live.wait(), fleet_task)  # the duration counts from when the fleet is live
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=options.duration)
-        interrupted = stop.is_set()
-        stop.set()
-        await fleet_task
-        await _ingested(optimizer, sum(a.link.published for a in fleet.agents))
-        final = {p.site: p for p in await optimizer.plan_once()}.get(DEMO_SITE)
-        if console is not None and options.keep_serving and not interrupted:
-            stop.clear()
-            log.info("the run is over; the console stays up until Ctrl-C")
-            await stop.wait()
-        optimizer.should_exit.set()
-        await optimizer_task  # posts the alerts still gathering
+        fleet_task: asyncio.Task[None] | None = None
+        try:
+            fleet = SimulatedFleet(
+                nodes, mqtt, site=DEMO_SITE, clock=Clock(options.time_scale), seed=options.seed, history=options.history
+            )
+            log.info(
+                "simulating %d nodes at %gx real time; planted misplacements: %s",
+                len(nodes),
+                options.time_scale,
+                ", ".join(sorted(w.name for n in nodes for w in n.workloads if w.id in n.misplaced)),
+            )
+            fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
+            await _first(stop.wait(), fleet.live.wait(), fleet_task)  # the duration counts from when the fleet is live
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=options.duration)
+            interrupted = stop.is_set()
+            stop.set()
+            await fleet_task
+            await _ingested(optimizer, sum(a.link.published for a in fleet.agents))
+            final = {p.site: p for p in await optimizer.plan_once()}.get(DEMO_SITE)
+            if console is not None and options.keep_serving and not interrupted:
+                stop.clear()
+                log.info("the run is over; the console stays up until Ctrl-C")
+                await stop.wait()
+            optimizer.should_exit.set()
+            await optimizer_task  # posts the alerts still gathering
+        except asyncio.CancelledError:  # a second signal: leave now, without the final plan or the last alerts
+            running = [t for t in (fleet_task, optimizer_task) if t is not None]
+            for t in running:
+                t.cancel()
+            await asyncio.wait(running, timeout=0.2)
+            for t in running:
+                t.cancel()  # again: cuts short the optimizer's flush of the alerts still gathering
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
         if console is not None:
             await console[0].stop()
         if lifecycle is not None:
