@@ -177,7 +177,7 @@ async def _run(
             running = [t for t in (fleet_task, optimizer_task) if t is not None]
             for t in running:
                 t.cancel()
-            await asyncio.wait(running, timeout=0.2)
+            await asyncio.sleep(0.05)  # into their clean-up
             for t in running:
                 t.cancel()  # again: cuts short the optimizer's flush of the alerts still gathering
             await asyncio.gather(*running, return_exceptions=True)
