@@ -1,7 +1,7 @@
 """Simulated fleets: which nodes exist and what runs on them, with the ground truth of what is misplaced.
 
 * ``demo``: a fixed, small fleet with three planted misplacements (25 %-busy inference on H100s, 4-GPU
-  training on L4s without NVLink, an idle allocation on A100s) among well-placed work; from the ninth node on,
+  training on L4s without NVLink, an idle allocation on A100s) among well-placed work; from the eleventh node on,
   a speech service holding twice the L40S GPUs its daily peak needs, 8-GPU training on L40S cards and two small
   services on an H100 node that belong on L40S cards: the training's H100s are free only once they have left.
 * ``mixed``: a heterogeneous fleet in which about a fifth of the workloads are misplaced.
@@ -108,9 +108,9 @@ def online(gpus: int, name: str, level: float, program: str, misplaced: bool = F
     return Job(Pattern.INFERENCE, gpus, name, hint, level, misplaced, params=server | params)
 
 
-# The demo's ninth to eleventh nodes: a service that can give GPUs back (its daily peak and memory fit half of
-# them); 8-GPU training on L40S cards, which belongs on H100s with NVLink; and two services that belong on L40S
-# cards, whose H100 node is the one room for that training once they have left.
+# The demo's eleventh to thirteenth nodes (after two well-placed ones): a service that can give GPUs back (its
+# daily peak and memory fit half of them); 8-GPU training on L40S cards, which belongs on H100s with NVLink; and
+# two services that belong on L40S cards, whose H100 node is the one room for that training once they have left.
 _DEMO_MORE: Layout = [
     ("l40s", [online(8, "tts-api", 0.1, "tritonserver", peers=24, client_scale=0.1)]),
     ("l40s", [training(8, "speech-ddp", misplaced=True)]),
@@ -155,8 +155,8 @@ def _layout(scenario: str, nodes: int, rng: random.Random) -> Layout:
     if scenario == "demo":
         if nodes < len(_DEMO):
             raise ValueError(f"the demo fleet needs at least {len(_DEMO)} nodes")
-        more = _DEMO_MORE[: nodes - len(_DEMO)]
-        return _DEMO + more + [_WELL_PLACED[i % 4] for i in range(nodes - len(_DEMO) - len(more))]
+        filler = [_WELL_PLACED[i % 4] for i in range(nodes - len(_DEMO))]
+        return _DEMO + filler[:2] + _DEMO_MORE[: max(0, nodes - len(_DEMO) - 2)] + filler[2 + len(_DEMO_MORE) :]
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     if nodes < 1:

@@ -576,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
         "replay a day of its history, plan it, and serve the console on 127.0.0.1 (its URL is printed). "
         "Needs nothing installed.",
     )
-    p.add_argument("--nodes", type=cliargs.positive_int, default=11, help="simulated nodes, at least 8 (default 11)")
+    p.add_argument("--nodes", type=cliargs.positive_int, default=13, help="simulated nodes, at least 8 (default 13)")
     p.add_argument(
         "--duration",
         type=cliargs.positive_float,

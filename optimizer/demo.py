@@ -50,7 +50,7 @@ DEMO_HISTORY = 25.5 * 3600.0  # a day and a bit: the digests must span the 24 h 
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
-    nodes: int = 11
+    nodes: int = 13
     duration: float = 25.0  # seconds of live telemetry, after the fleet's history is queued
     seed: int = 1
     time_scale: float = 10.0

@@ -36,7 +36,7 @@ def _demo_snapshot(plan: Plan) -> Snapshot:
     """The fleet the demo planned, as a snapshot: its nodes as simulated, its workloads where the plan saw them."""
     nodes = [
         SnapshotNode(name=n.name, hardware=PROFILES[n.profile].gpu_model, gpus=PROFILES[n.profile].gpus)
-        for n in build_scenario("demo", 11, seed=1)
+        for n in build_scenario("demo", 13, seed=1)
     ]
     workloads = [
         SnapshotWorkload.model_validate({"id": w.id, "class": w.workload_class, "nodes": w.nodes, "gpus": w.gpus})
@@ -46,7 +46,7 @@ def _demo_snapshot(plan: Plan) -> Snapshot:
 
 
 def test_demo_releases_resizes_and_orders_moves_from_a_day_of_its_own_telemetry() -> None:
-    nodes = build_scenario("demo", 11, seed=1)
+    nodes = build_scenario("demo", 13, seed=1)
     planted = {w.name for n in nodes for w in n.workloads if w.id in n.misplaced}
     started = time.monotonic()
     with webhook_server() as hooks:
