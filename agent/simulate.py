@@ -7,20 +7,22 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
 from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig, AgentSettings, MqttSettings
-from agent.protocol import Birth, Telemetry
+from agent.protocol import Birth, Telemetry, encode
 from agent.service import Agent
 from agent.spool import MemoryQueue
 from agent.window import WindowBuilder
 from collectors.scenarios import ScenarioNode, simulated_node
+from collectors.simulated import DAY_S, SimulatedNode
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,10 @@ class SimulatedFleet:
         seed: int = 0,
         record: IO[str] | None = None,
         stagger: bool = True,
+        history: float = 0.0,
     ) -> None:
+        """``history``: seconds of each node's past queued before its agent starts (see :func:`past_windows`),
+        replayed after the birth as an agent replays its spool; 0 for none."""
         self.clock = clock or Clock()
         # Real agents boot at different moments, so their windows close at different moments; without a spread
         # every simulated node would publish in the same instant, a burst no real fleet sends.
@@ -47,14 +52,20 @@ class SimulatedFleet:
         self._delays = [rng.uniform(0, spread) for _ in nodes]
         self.nodes = nodes
         self._record = record
+        self._history = history
+        self._seed = seed
+        self.live = asyncio.Event()
+        self.history_windows = 0
         session = int(time.time())
         self.agents: list[Agent] = []
+        self.sims: list[SimulatedNode] = []
         for node in nodes:
             config = AgentConfig(
                 agent=AgentSettings(node=node.name, site=site, publish_interval=publish_interval),
                 mqtt=mqtt,
             )
             sim = simulated_node(node, self.clock.wall, seed)
+            self.sims.append(sim)
             queue = MemoryQueue(config.agent.spool_max_windows)
             agent = Agent(config, [sim], session=session, clock=self.clock, hostname=node.name, queue=queue)
             if record is not None:
@@ -75,25 +86,60 @@ class SimulatedFleet:
         return write
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run every agent until ``stop`` is set, then shut them all down gracefully."""
-        tasks = [
-            asyncio.create_task(self._start(a, delay), name=f"agent-{a.settings.node}")
-            for a, delay in zip(self.agents, self._delays, strict=True)
-        ]
+        """Run every agent until ``stop`` is set, then shut them all down gracefully. With ``history``, each agent
+        starts once its node's history is queued, and ``live`` is set when the last one has."""
+        tasks: list[asyncio.Task[None]] = []
+        started = time.monotonic()
         try:
+            for agent, delay, node, sim in zip(self.agents, self._delays, self.nodes, self.sims, strict=True):
+                if not await self._queue_history(agent, node, sim, stop):
+                    break
+                tasks.append(asyncio.create_task(self._start(agent, delay), name=f"agent-{agent.settings.node}"))
+            else:
+                if self._history > 0:
+                    log.info(
+                        "queued %.1f h of history per node (%d windows in all) in %.1f s",
+                        self._history / 3600,
+                        self.history_windows,
+                        time.monotonic() - started,
+                    )
+                self.live.set()
             await stop.wait()
         finally:
             for a in self.agents:
                 a.should_exit.set()
-            done, pending = await asyncio.wait(tasks, timeout=15)
-            for t in pending:
-                t.cancel()
-            for t in done:
-                if not t.cancelled() and t.exception() is not None:
-                    log.error("agent task failed: %r", t.exception())
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*pending, return_exceptions=True)
+            if tasks:
+                done, pending = await asyncio.wait(tasks, timeout=15)
+                for t in pending:
+                    t.cancel()
+                for t in done:
+                    if not t.cancelled() and t.exception() is not None:
+                        log.error("agent task failed: %r", t.exception())
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(*pending, return_exceptions=True)
             log.info("%s", self.summary())
+
+    async def _queue_history(self, agent: Agent, node: ScenarioNode, sim: SimulatedNode, stop: asyncio.Event) -> bool:
+        """Put the ``history`` seconds before the node's live simulation in its agent's queue, as the spool of an
+        earlier run; False when ``stop`` came first."""
+        if self._history <= 0:
+            return True
+        settings = agent.settings
+        for window in past_windows(
+            node,
+            sim.started,
+            self._history,
+            site=settings.site,
+            session=agent.session - 1,  # an earlier run of the agent: the optimizer takes it as a replay
+            publish_interval=settings.publish_interval,
+            seed=self._seed,
+        ):
+            agent.queue.put(encode(window))
+            self.history_windows += 1
+            await asyncio.sleep(0)  # a day of windows takes a second to build: the live agents keep their beat
+            if stop.is_set():
+                return False
+        return True
 
     @staticmethod
     async def _start(agent: Agent, delay: float) -> None:
@@ -132,6 +178,41 @@ def shift_to_now(windows: list[Telemetry]) -> list[Telemetry]:
     simulation starts at a fixed date."""
     shift = time.time() - max(w.end for w in windows)
     return [w.model_copy(update={"start": w.start + shift, "end": w.end + shift}) for w in windows]
+
+
+# One window per 10-minute history digest (optimizer/history.py), a little over 10 minutes apart so that short
+# cycles (checkpoints every few minutes) are not always caught at the same phase.
+PAST_WINDOW_EVERY = 610.0
+
+
+def past_windows(
+    node: ScenarioNode,
+    end: float,
+    span: float,
+    site: str = "sim",
+    session: int = 1,
+    publish_interval: float = 10.0,
+    seed: int = 0,
+    every: float = PAST_WINDOW_EVERY,
+) -> Iterator[Telemetry]:
+    """``node``'s windows over the ``span`` seconds before ``end``, one every ``every`` seconds, each built by the
+    agent's window code from a ``publish_interval`` of 1 Hz samples.
+
+    The node's simulation is taken to have started a whole number of days before ``end``, so daily cycles meet
+    those of a live simulation that starts at ``end``."""
+    days = max(1, math.ceil(span / DAY_S))
+    clock = ManualClock(end - days * DAY_S)
+    sim = simulated_node(node, clock, seed + 1)  # other draws than the live simulation's
+    ticks = max(1, round(publish_interval))
+    count = int(span // every)
+    for seq in range(count):
+        clock.now = end - (count - seq) * every
+        builder = WindowBuilder(node.name, site, session)  # rates start afresh: the gap before is not a second
+        start = clock.now
+        for _ in range(ticks):
+            clock.now += publish_interval / ticks
+            builder.add(sim.sample(), clock.now)
+        yield builder.close(seq, start, clock.now, sim.workloads())
 
 
 def offline_windows(

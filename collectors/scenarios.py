@@ -1,7 +1,9 @@
 """Simulated fleets: which nodes exist and what runs on them, with the ground truth of what is misplaced.
 
 * ``demo``: a fixed, small fleet with three planted misplacements (25 %-busy inference on H100s, 4-GPU
-  training on L4s without NVLink, an idle allocation on A100s) among well-placed work.
+  training on L4s without NVLink, an idle allocation on A100s) among well-placed work; from the eleventh node on,
+  a speech service holding twice the L40S GPUs its daily peak needs, 8-GPU training on L40S cards and two small
+  services on an H100 node that belong on L40S cards: the training's H100s are free only once they have left.
 * ``mixed``: a heterogeneous fleet in which about a fifth of the workloads are misplaced.
 * ``well-placed``: a heterogeneous fleet with nothing worth moving.
 * ``training-heavy`` / ``inference-heavy``: mostly one kind of work, a few misplaced.
@@ -95,6 +97,31 @@ _DEMO: Layout = [
     ("l4", [inference(8, "asr-api", level=0.5)]),
     ("a100", [idle(4, "forgotten-notebook-alloc")]),
 ]
+
+
+def online(gpus: int, name: str, level: float, program: str, misplaced: bool = False, **params: object) -> Job:
+    """An online inference server as production runs one (the names, ports and client counts that
+    realistic_spec draws): it listens for many clients, whose small responses leave a fraction of the textbook
+    north-south traffic."""
+    hint = program if program in ("tritonserver", "gunicorn") else "python3"
+    server = {"program": program, "listen_ports": (8000, 8001), "client_scale": 0.02, "power_intensity": 0.6}
+    return Job(Pattern.INFERENCE, gpus, name, hint, level, misplaced, params=server | params)
+
+
+# The demo's eleventh to thirteenth nodes (after two well-placed ones): a service that can give GPUs back (its
+# daily peak and memory fit half of them); 8-GPU training on L40S cards, which belongs on H100s with NVLink; and
+# two services that belong on L40S cards, whose H100 node is the one room for that training once they have left.
+_DEMO_MORE: Layout = [
+    ("l40s", [online(8, "tts-api", 0.1, "tritonserver", peers=24, client_scale=0.1)]),
+    ("l40s", [training(8, "speech-ddp", misplaced=True)]),
+    (
+        "h100",
+        [
+            online(4, "translate-api", 0.15, "uvicorn", misplaced=True, peers=40),
+            online(4, "search-api", 0.15, "gunicorn", misplaced=True, peers=40),
+        ],
+    ),
+]
 _WELL_PLACED: Layout = [
     ("l40s", [batch(8, "nightly-batch-scoring")]),
     ("h100", [training(8, "llm-sft")]),
@@ -128,7 +155,8 @@ def _layout(scenario: str, nodes: int, rng: random.Random) -> Layout:
     if scenario == "demo":
         if nodes < len(_DEMO):
             raise ValueError(f"the demo fleet needs at least {len(_DEMO)} nodes")
-        return _DEMO + [_WELL_PLACED[i % 4] for i in range(nodes - len(_DEMO))]
+        filler = [_WELL_PLACED[i % 4] for i in range(nodes - len(_DEMO))]
+        return _DEMO + filler[:2] + _DEMO_MORE[: max(0, nodes - len(_DEMO) - 2)] + filler[2 + len(_DEMO_MORE) :]
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     if nodes < 1:

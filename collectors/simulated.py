@@ -127,6 +127,11 @@ class SimulatedNode:
         self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
         self._netns: dict[str, tuple[float, float, float]] = {}  # per workload: tx bytes, rx bytes, seconds
 
+    @property
+    def started(self) -> float:
+        """When the simulation began, on its clock: the time its daily cycles count from."""
+        return self._start
+
     # ------------------------------------------------------------------ the collector interface
 
     def inventory(self) -> Inventory:

@@ -572,11 +572,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         help="embedded broker + simulated fleet + optimizer, with the console on a local port",
-        description="Run a simulated fleet with three planted misplacements, plan it, and serve the console on "
-        "127.0.0.1 (its URL is printed). Needs nothing installed.",
+        description="Run a simulated fleet with planted misplacements, an idle allocation and an oversized service, "
+        "replay a day of its history, plan it, and serve the console on 127.0.0.1 (its URL is printed). "
+        "Needs nothing installed.",
     )
-    p.add_argument("--nodes", type=cliargs.positive_int, default=10, help="simulated nodes, at least 8 (default 10)")
-    p.add_argument("--duration", type=cliargs.positive_float, default=45.0, help="seconds of real time (default 45)")
+    p.add_argument("--nodes", type=cliargs.positive_int, default=13, help="simulated nodes, at least 8 (default 13)")
+    p.add_argument(
+        "--duration",
+        type=cliargs.positive_float,
+        default=25.0,
+        help="seconds of live telemetry, after each node's day of history is queued (default 25)",
+    )
     p.add_argument("--format", choices=["table", "json"], default="table", help="how plans are printed (stdout)")
     p.add_argument("--seed", type=int, default=1, help="random seed of the simulated fleet (default 1)")
     p.add_argument(

@@ -1,5 +1,15 @@
 """``fleetfit demo``: an embedded broker, a simulated fleet with planted misplacements and the optimizer, all
-in one process. Simulated time runs ``time_scale`` times faster so minutes of telemetry pass in seconds."""
+in one process. Simulated time runs ``time_scale`` times faster so minutes of telemetry pass in seconds.
+
+The optimizer releases idle allocations and resizes services only on a day of load history (the plan setting
+``history_min_hours``, 24 by default), which it keeps as 10-minute digests (optimizer/history.py). A real
+deployment has that day because the optimizer has been running for it; the demo cannot wait a day, so each
+simulated agent starts with the last ``history`` seconds of its node in its queue, as an agent restarted after
+an outage starts with its spool, and publishes them after its birth, before its live windows. The optimizer
+ingests them as it does any replay, through MQTT and within its per-node burst (360 windows): the day is
+thinned to one 10 s window per 10-minute digest (agent.simulate.past_windows), since building every second
+of a day for every node would take minutes. The busiest part of the day, the services' daily peak, is where the
+live run starts, and comes in full."""
 
 from __future__ import annotations
 
@@ -10,9 +20,11 @@ import os
 import secrets
 import signal
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agent.clock import Clock
 from agent.config import MqttSettings
@@ -33,12 +45,13 @@ log = logging.getLogger(__name__)
 
 DEMO_SITE = "demo"
 DEMO_FLUSH_TIMEOUT = 5.0  # seconds the demo's last alerts may take at the end: an unreachable hook must not hold it
+DEMO_HISTORY = 25.5 * 3600.0  # a day and a bit: the digests must span the 24 h that releasing and resizing wait for
 
 
 @dataclass(frozen=True, slots=True)
 class DemoOptions:
-    nodes: int = 10
-    duration: float = 45.0
+    nodes: int = 13
+    duration: float = 25.0  # seconds of live telemetry, after the fleet's history is queued
     seed: int = 1
     time_scale: float = 10.0
     solve_interval: float = 5.0
@@ -46,6 +59,7 @@ class DemoOptions:
     console: bool = True  # serve the console on 127.0.0.1
     console_port: int = 0  # 0: a free port
     keep_serving: bool = False  # after the run, keep the console up until SIGINT/SIGTERM
+    history: float = DEMO_HISTORY  # seconds of each node's past its agent replays before going live
 
 
 ConsoleReady = Callable[[str, str], None]  # (the console's URL, the token its buttons need)
@@ -72,7 +86,8 @@ def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[L
 async def run_demo(
     options: DemoOptions, on_plan: Callable[[Plan], None] | None = None, on_console: ConsoleReady | None = None
 ) -> Plan | None:
-    """Run the demo for ``options.duration`` seconds (or until SIGINT/SIGTERM); return the final plan."""
+    """Run the demo for ``options.duration`` seconds once the fleet is live (or until SIGINT/SIGTERM); return the
+    final plan."""
     nodes = build_scenario("demo", options.nodes, options.seed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -117,8 +132,7 @@ async def _run(
                 node_window_rate=0.2 * max(1.0, options.time_scale),
                 max_clock_skew=86_400.0 * max(1.0, options.time_scale),
             ),
-            # the demo's fleet is minutes old: it releases and resizes on what it has seen, not on a day of it
-            plan=PlanSettings(time_limit=5.0, history_min_hours=0),
+            plan=PlanSettings(time_limit=5.0),
             alerts=AlertSettings(flush_timeout=DEMO_FLUSH_TIMEOUT),
         )
         lifecycle, alerter = _alerting(options.webhooks, state_dir)
@@ -133,31 +147,69 @@ async def _run(
         optimizer_task = asyncio.create_task(optimizer.run(), name="optimizer")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(optimizer.connected.wait(), timeout=10)
-        fleet = SimulatedFleet(nodes, mqtt, site=DEMO_SITE, clock=Clock(options.time_scale), seed=options.seed)
-        log.info(
-            "simulating %d nodes at %gx real time; planted misplacements: %s",
-            len(nodes),
-            options.time_scale,
-            ", ".join(sorted(w.name for n in nodes for w in n.workloads if w.id in n.misplaced)),
-        )
-        fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=options.duration)
-        interrupted = stop.is_set()
-        stop.set()
-        await fleet_task
-        await optimizer.plan_once()
-        if console is not None and options.keep_serving and not interrupted:
-            stop.clear()
-            log.info("the run is over; the console stays up until Ctrl-C")
-            await stop.wait()
-        optimizer.should_exit.set()
-        await optimizer_task  # posts the alerts still gathering
+        fleet_task: asyncio.Task[None] | None = None
+        try:
+            fleet = SimulatedFleet(
+                nodes, mqtt, site=DEMO_SITE, clock=Clock(options.time_scale), seed=options.seed, history=options.history
+            )
+            log.info(
+                "simulating %d nodes at %gx real time; planted misplacements: %s",
+                len(nodes),
+                options.time_scale,
+                ", ".join(sorted(w.name for n in nodes for w in n.workloads if w.id in n.misplaced)),
+            )
+            fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
+            await _first(stop.wait(), fleet.live.wait(), fleet_task)  # the duration counts from when the fleet is live
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=options.duration)
+            interrupted = stop.is_set()
+            stop.set()
+            await fleet_task
+            await _ingested(optimizer, sum(a.link.published for a in fleet.agents))
+            final = {p.site: p for p in await optimizer.plan_once()}.get(DEMO_SITE)
+            if console is not None and options.keep_serving and not interrupted:
+                stop.clear()
+                log.info("the run is over; the console stays up until Ctrl-C")
+                await stop.wait()
+            optimizer.should_exit.set()
+            await optimizer_task  # posts the alerts still gathering
+        except asyncio.CancelledError:  # a second signal: leave now, without the final plan or the last alerts
+            running = [t for t in (fleet_task, optimizer_task) if t is not None]
+            for t in running:
+                t.cancel()
+            await asyncio.sleep(0.05)  # into their clean-up
+            for t in running:
+                t.cancel()  # again: cuts short the optimizer's flush of the alerts still gathering
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
         if console is not None:
             await console[0].stop()
         if lifecycle is not None:
             lifecycle.close()
-        return optimizer.plans.get(DEMO_SITE)
+        # a round of planning that began before the run ended may finish after the final plan: it is older
+        return final or optimizer.plans.get(DEMO_SITE)
+
+
+async def _ingested(optimizer: Optimizer, published: int, limit: float = 5.0) -> None:
+    """Wait (up to ``limit`` seconds) until the optimizer has taken in as many windows as the agents published:
+    the final plan then counts every one of them."""
+    deadline = time.monotonic() + limit
+    while optimizer.fleet.accepted["telemetry"] + sum(optimizer.fleet.rejected.values()) < published:
+        if time.monotonic() > deadline:
+            log.warning("the final plan misses windows the optimizer has not taken in within %g s", limit)
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _first(*waits: Coroutine[Any, Any, object] | asyncio.Task[None]) -> None:
+    """Wait until any of ``waits`` is done; cancel the coroutines' tasks that are not (tasks given are left)."""
+    made = [asyncio.ensure_future(w) for w in waits if not isinstance(w, asyncio.Task)]
+    given = [w for w in waits if isinstance(w, asyncio.Task)]
+    try:
+        await asyncio.wait([*made, *given], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in made:
+            task.cancel()
 
 
 def _console(optimizer: Optimizer, options: DemoOptions) -> tuple[WebServer, str] | None:

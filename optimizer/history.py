@@ -1,6 +1,6 @@
 """The long view of each workload at bounded cost: full windows age out after the horizon, but every
-10 minutes of a workload's load is kept as one digest for a day, enough to see a diurnal cycle and the daily
-peak a placement must carry."""
+10 minutes of a workload's load is kept as one digest for a day and an hour, enough to see a diurnal cycle and
+the daily peak a placement must carry."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from optimizer.digest import WindowDigest
 
 DIGEST_SECONDS = 600.0
-DIGESTS_KEPT = 144  # a day
+# A day and an hour: a digest's end lies one period into what it covers, and a period closes at the first window
+# past its ten minutes, so 144 digests span under 24 h and a day of history (``history_min_hours``) could never
+# be shown.
+DIGESTS_KEPT = 150
 
 
 @dataclass(frozen=True, slots=True)

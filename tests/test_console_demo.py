@@ -1,5 +1,5 @@
 """`fleetfit demo` serves the console on a free local port and prints its URL; a newcomer who opens it sees
-the three planted problems and their moves, and can decide on them with the printed token."""
+the planted problems and their actions, and can decide on them with the printed token."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import urllib.request
 from conftest import FLEETFIT
 
 PLANTED = {"chat-serving", "vision-finetune-ddp", "forgotten-notebook-alloc"}
+# The day of history the demo replays shows chat-serving's daily peak, which the L40S cards would not carry.
+ACTED_ON = PLANTED - {"chat-serving"}
 
 
 def _get(url: str) -> str:
@@ -38,14 +40,16 @@ def test_demo_prints_the_console_url_and_keeps_serving_until_ctrl_c() -> None:
         recs: list[dict[str, object]] = []
         while time.monotonic() < deadline:
             recs = json.loads(_get(f"{base}api/v1/recommendations"))
-            if {r["workload_name"] for r in recs} == PLANTED:
+            # a plan taken while the fleet's day of history was still arriving may move the idle allocation
+            if {r["workload_name"] for r in recs} == ACTED_ON and {r["kind"] for r in recs} == {"move", "reclaim"}:
                 break
             time.sleep(1)
-        assert {r["workload_name"] for r in recs} == PLANTED
+        assert {r["workload_name"] for r in recs} == ACTED_ON
+        assert {r["kind"] for r in recs} == {"move", "reclaim"}
         overview = _get(base)
         assert all(name in overview for name in PLANTED) and "/month" in overview
         page = _get(f"{base}recommendations")
-        assert page.count('data-action="ack"') == 3
+        assert page.count('data-action="ack"') == 2
         # the printed token decides, as the buttons do
         request = urllib.request.Request(
             f"{base}api/v1/recommendations/{recs[0]['id']}/ack",

@@ -78,6 +78,14 @@ def test_a_day_of_serving_shows_its_cycle_and_is_not_moved_at_the_trough() -> No
     assert len(fleet.nodes[(SITE, "l40s-1")].history.of("k8s/serve")) <= DIGESTS_KEPT
 
 
+def test_more_than_a_day_of_telemetry_shows_the_day_that_resizing_and_releasing_wait_for() -> None:
+    fleet = Fleet(P, horizon_windows=6)
+    fleet.ingest(node_topic(P, SITE, "l40s-1", TopicKind.BIRTH), _birth("l40s-1", "NVIDIA L40S", 46068))
+    _serving_day(fleet, hours=26)
+    (f,) = workload_features(fleet, SITE)
+    assert f.history_hours >= PlanSettings().history_min_hours
+
+
 def test_half_a_day_is_not_enough_to_call_a_cycle() -> None:
     fleet = Fleet(P, horizon_windows=6)
     fleet.ingest(node_topic(P, SITE, "l40s-1", TopicKind.BIRTH), _birth("l40s-1", "NVIDIA L40S", 46068))
