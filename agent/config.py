@@ -98,6 +98,14 @@ class AgentSettings(Section):
     fabric_interfaces: list[str] = Field(default_factory=lambda: list(DEFAULT_FABRIC_PATTERNS))
     mounts: list[str] = Field(default_factory=list, description="mount points whose usage each window reports")
     shutdown_timeout: float = Field(default=5.0, gt=0, le=120)
+    publish_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1000,
+        description="windows a second published at most: a spool replay is paced to it; none: 0.9, or twice the "
+        "live rate when that is higher",
+    )
+    publish_burst: int = Field(default=300, ge=1, description="windows published at once before pacing starts")
     metrics_port: int | None = Field(
         default=None, ge=0, le=65535, description="serve Prometheus self-metrics on this port; none: off"
     )
@@ -107,7 +115,14 @@ class AgentSettings(Section):
     def _window_holds_samples(self) -> AgentSettings:
         if self.publish_interval < self.sample_interval:
             raise ValueError("publish_interval must be at least sample_interval")
+        if self.publish_rate is not None and self.publish_rate * self.publish_interval <= 1.0:
+            raise ValueError("publish_rate must exceed one window per publish_interval, or a backlog never drains")
         return self
+
+    @property
+    def pace(self) -> float:
+        """Windows a second the agent publishes at most."""
+        return self.publish_rate if self.publish_rate is not None else max(0.9, 2.0 / self.publish_interval)
 
 
 class AgentConfig(Section):

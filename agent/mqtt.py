@@ -16,6 +16,7 @@ from paho.mqtt.properties import Properties
 
 from agent.backoff import Backoff
 from agent.config import MqttSettings
+from agent.pacing import Pacer
 from agent.protocol import (
     NODE_TOPIC_KINDS,
     Birth,
@@ -91,8 +92,10 @@ class Link:
         birth: Callable[[], Birth],
         queue: WindowQueue,
         clock: Callable[[], float],
+        pacer: Pacer | None = None,
     ) -> None:
         self._settings = settings
+        self._pacer = pacer
         self._node = node
         self._session = session
         self._birth = birth
@@ -165,6 +168,8 @@ class Link:
                 await self.queue.wait()
                 continue
             token, payload = head
+            if self._pacer is not None:
+                await self._pacer.take()
             await client.publish(self._topics[TopicKind.TELEMETRY], payload, qos=1)
             self.queue.pop(token)
             self.published += 1

@@ -18,6 +18,7 @@ from agent.config import AgentConfig
 from agent.metrics import Family, MetricsServer, counter, gauge, labelled
 from agent.mqtt import Link
 from agent.notify import Notifier
+from agent.pacing import Pacer
 from agent.protocol import Birth, Telemetry, encode
 from agent.spool import DiskSpool, WindowQueue
 from agent.window import WindowBuilder
@@ -53,8 +54,16 @@ class Agent:
                 int(self.settings.spool_max_mb * 2**20),
             )
         )
+        self.pacer = Pacer(self.settings.pace, self.settings.publish_burst, self.clock)
         self.link = Link(
-            config.mqtt, self.settings.site, self.settings.node, session, self.birth, self.queue, self.clock.wall
+            config.mqtt,
+            self.settings.site,
+            self.settings.node,
+            session,
+            self.birth,
+            self.queue,
+            self.clock.wall,
+            self.pacer,
         )
         self.notifier = notifier or Notifier(environ={})
         self.should_exit = asyncio.Event()

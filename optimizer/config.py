@@ -46,7 +46,9 @@ class OptimizerSettings(Section):
         default=86_400.0, gt=0, description="seconds a window may lie behind or ahead of now (a birth: ahead)"
     )
     node_window_rate: float = Field(
-        default=0.2, gt=0, description="windows a second one node may send, sustained: twice an agent's default rate"
+        default=1.0,
+        gt=0,
+        description="windows a second one node may send, sustained: above an agent's paced replay (0.9)",
     )
     node_window_burst: int = Field(default=360, ge=1, description="windows one node may send at once (spool replay)")
     max_workloads_per_node: int = Field(
