@@ -39,7 +39,7 @@ def _short(text: str, width: int) -> str:
 
 
 def render_table(plan: Plan) -> str:
-    lines = [f"site {plan.site}: {len(plan.workloads)} workload(s), {len(plan.recommendations)} recommended move(s)"]
+    lines = [f"site {plan.site}: {len(plan.workloads)} workload(s), {len(plan.recommendations)} recommended action(s)"]
     rows = [
         [
             _short(w.name, 28),

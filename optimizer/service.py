@@ -303,7 +303,7 @@ class Optimizer:
                 try:  # what was gathered but not yet posted goes out now, within bounds
                     await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)
                 except TimeoutError:
-                    log.warning("alerts still unsent at shutdown: %d move(s)", self.alerter.pending)
+                    log.warning("alerts still unsent at shutdown: %d action(s)", self.alerter.pending)
                 await self.alerter.close()
             if self.store is not None:
                 await self.store.flush(5.0)

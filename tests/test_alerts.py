@@ -586,7 +586,7 @@ async def test_demo_with_an_unreachable_hook_stops_promptly_on_sigterm() -> None
     print(f"demo exited {seconds:.1f} s after SIGTERM with an alert post hanging")
     assert code == 0 and "Traceback" not in stderr
     assert seconds < 15  # the final plan, then at most the demo's 5 s for the last alerts
-    assert re.search(r"alerts still unsent at shutdown: [1-9]\d* move", stderr)  # said, and counted
+    assert re.search(r"alerts still unsent at shutdown: [1-9]\d* action", stderr)  # said, and counted
 
 
 @pytest.mark.slow

@@ -62,7 +62,7 @@ class Notice:
         firing, resolved = self.firing, self.resolved
         parts = []
         if firing:
-            parts.append(f"{len(firing)} move(s) would save ${self.monthly_savings:,.0f}/month")
+            parts.append(f"{len(firing)} action(s) would save ${self.monthly_savings:,.0f}/month")
         if resolved:
             parts.append(f"{len(resolved)} resolved")
         return f"fleetfit · {self.site}: " + ", ".join(parts or ["nothing to report"])

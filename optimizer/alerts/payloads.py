@@ -85,7 +85,7 @@ def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
                 "type": "section",
                 "text": {
                     "type": "mrkdwn",
-                    "text": f"*{len(notice.firing)}* recommended move(s) in *{md(notice.site)}*, "
+                    "text": f"*{len(notice.firing)}* recommended action(s) in *{md(notice.site)}*, "
                     f"*${notice.monthly_savings:,.0f}/month* in all.",
                 },
             }
