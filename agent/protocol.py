@@ -18,8 +18,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import partial
 from operator import itemgetter
+from types import MethodType
 from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
@@ -325,10 +325,11 @@ class Stats(NamedTuple):
 
 def _stats_schema(handler: GetCoreSchemaHandler, value: object) -> CoreSchema:
     """A stats array whose mean, p95 and max are of type ``value``: four floats checked in pydantic-core, then
-    made a Stats by C calls alone (pydantic's own NamedTuple schema calls the class: a Python-level __new__)."""
+    made a Stats by C calls alone. pydantic's own NamedTuple schema calls the class, a Python-level __new__;
+    tuple.__new__ bound to Stats as a method takes the tuple without the argument tuple a partial builds."""
     bounded = handler.generate_schema(value)
     items = core_schema.tuple_schema([bounded, bounded, bounded, handler.generate_schema(Spread)])
-    return core_schema.no_info_after_validator_function(partial(tuple.__new__, Stats), items)
+    return core_schema.no_info_after_validator_function(MethodType(tuple.__new__, Stats), items)
 
 
 class _PercentStats:
