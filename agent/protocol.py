@@ -18,9 +18,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import itemgetter
+from types import MethodType
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
+from pydantic_core import CoreSchema, core_schema
 
 SCHEMA_VERSION = 2
 # Versions a receiver accepts: schema 2 only adds optional fields, so a schema-1 agent keeps working.
@@ -44,11 +47,17 @@ PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active
 HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
 # What a stats array summarises is never negative, and the optimizer keeps some of it as float32.
 Measured = Annotated[float, Field(ge=0, le=FLOAT32_MAX, allow_inf_nan=False)]
+Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+Spread = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+# What the check of every window reads of a GPU and of the host, in one C call on the model's __dict__ (an
+# attribute of a pydantic model costs twice a dict lookup: BaseModel defines __getattr__).
+_gpu_checked = itemgetter("index", *PERCENT_FIELDS, "util_series")
+_host_checked = itemgetter(*HOST_PERCENT_FIELDS)
 
 
 def _check_percent(section: BaseModel, names: tuple[str, ...]) -> None:
     """Percentages stay within 0-100 and every summary is ordered (mean and p95 at most max); the bounds on
-    each value are checked by the validator itself. Plain comparisons: this runs for every window taken in."""
+    each value are checked by the validator itself. Words the rejection once a window's check found one."""
     values = section.__dict__
     for name in names:
         s = values[name]
@@ -285,14 +294,18 @@ def _round(value: float) -> float:
 class Stats(NamedTuple):
     """Summary of one signal over a window. On the wire: ``[mean, p95, max, std]``.
 
-    A named tuple rather than a model: pydantic validates it natively from a JSON array, which matters at
+    A named tuple rather than a model, validated as a plain tuple of four bounded floats in pydantic-core:
     ~100 of these per window and thousands of windows a second at the optimizer.
     """
 
     mean: Measured
     p95: Measured
     max: Measured
-    std: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    std: Spread
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: object, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return _stats_schema(handler, Measured)
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Stats:
@@ -310,6 +323,25 @@ class Stats(NamedTuple):
         return cls(_round(mean), _round(ordered[rank]), _round(ordered[-1]), _round(std))
 
 
+def _stats_schema(handler: GetCoreSchemaHandler, value: object) -> CoreSchema:
+    """A stats array whose mean, p95 and max are of type ``value``: four floats checked in pydantic-core, then
+    made a Stats by C calls alone. pydantic's own NamedTuple schema calls the class, a Python-level __new__;
+    tuple.__new__ bound to Stats as a method takes the tuple without the argument tuple a partial builds."""
+    bounded = handler.generate_schema(value)
+    items = core_schema.tuple_schema([bounded, bounded, bounded, handler.generate_schema(Spread)])
+    return core_schema.no_info_after_validator_function(MethodType(tuple.__new__, Stats), items)
+
+
+class _PercentStats:
+    """Marks a Stats of percentages: its mean, p95 and max at most 100, checked in pydantic-core."""
+
+    def __get_pydantic_core_schema__(self, source: object, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return _stats_schema(handler, Percent)
+
+
+Percentages = Annotated[Stats, _PercentStats()]
+
+
 def series(values: Sequence[float]) -> list[float]:
     """A per-second series as it travels: rounded like Stats."""
     return [_round(v) for v in values]
@@ -319,8 +351,8 @@ class GpuWindow(_Model):
     """One GPU over one window. Utilisation in %, memory in MiB, power in W, byte rates in bytes/s."""
 
     index: int = Field(ge=0)
-    util: Stats | None = None
-    mem_util: Stats | None = None
+    util: Percentages | None = None
+    mem_util: Percentages | None = None
     mem_used_mib: Stats | None = None
     power_w: Stats | None = None
     temp_c: Stats | None = None
@@ -329,10 +361,10 @@ class GpuWindow(_Model):
     pcie_rx_bps: Stats | None = None
     nvlink_tx_bps: Stats | None = None
     nvlink_rx_bps: Stats | None = None
-    sm_active: Stats | None = Field(default=None, description="GPM (Hopper and newer): SM activity, %")
-    tensor_active: Stats | None = Field(default=None, description="GPM: tensor-core activity, %")
-    dram_active: Stats | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
-    util_series: list[Measured] = Field(default_factory=list, max_length=3600)
+    sm_active: Percentages | None = Field(default=None, description="GPM (Hopper and newer): SM activity, %")
+    tensor_active: Percentages | None = Field(default=None, description="GPM: tensor-core activity, %")
+    dram_active: Percentages | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
+    util_series: list[Percent] = Field(default_factory=list, max_length=3600)
     workload: str | None = Field(default=None, max_length=200)
     xid_events: int = Field(default=0, ge=0, description="XID errors reported in the window")
     last_xid: int | None = Field(default=None, ge=0)
@@ -358,8 +390,8 @@ class DiskWindow(_Model):
 
 
 class HostWindow(_Model):
-    cpu_util: Stats | None = None
-    mem_used_pct: Stats | None = None
+    cpu_util: Percentages | None = None
+    mem_used_pct: Percentages | None = None
 
 
 class MountWindow(_Model):
@@ -451,25 +483,40 @@ class Telemetry(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
     @model_validator(mode="after")
-    def _window_order(self) -> Telemetry:
-        if self.end < self.start:
-            raise ValueError("window end precedes its start")
-        return self
-
-    @model_validator(mode="after")
     def _bounded(self) -> Telemetry:
-        _check_timestamp("start", self.start)
-        _check_timestamp("end", self.end)
-        indices = [g.index for g in self.gpus]
-        if indices and (len(set(indices)) != len(indices) or max(indices) > MAX_GPU_INDEX):
-            raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
-        for g in self.gpus:
-            _check_percent(g, PERCENT_FIELDS)
-            series = g.util_series
-            # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
-            if series and (len(series) > self.samples or max(series) > 100):
-                raise ValueError(f"gpus.{g.index}.util_series: more values than samples, or above 100 %")
-        _check_percent(self.host, HOST_PERCENT_FIELDS)
+        # Runs for every window taken in. pydantic-core checks the bounds of each value; what needs more than
+        # one value is checked here in as few bytecodes as it takes, and helpers only word a rejection.
+        start, end = self.start, self.end
+        if not 0 <= start <= end <= LATEST_TIMESTAMP:
+            if end < start:
+                raise ValueError("window end precedes its start")
+            _check_timestamp("start", start)
+            _check_timestamp("end", end)
+        gpus = self.gpus
+        if gpus:
+            samples = self.samples
+            indices = set()
+            for g in gpus:
+                index, util, mem, sm, tensor, dram, util_series = _gpu_checked(g.__dict__)
+                indices.add(index)
+                if (
+                    (util is not None and (util[0] > util[2] or util[1] > util[2]))
+                    or (mem is not None and (mem[0] > mem[2] or mem[1] > mem[2]))
+                    or (sm is not None and (sm[0] > sm[2] or sm[1] > sm[2]))
+                    or (tensor is not None and (tensor[0] > tensor[2] or tensor[1] > tensor[2]))
+                    or (dram is not None and (dram[0] > dram[2] or dram[1] > dram[2]))
+                ):
+                    _check_percent(g, PERCENT_FIELDS)
+                # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
+                if len(util_series) > samples:
+                    raise ValueError(f"gpus.{index}.util_series: more values than samples")
+            if len(indices) != len(gpus) or max(indices) > MAX_GPU_INDEX:
+                raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
+        cpu, mem = _host_checked(self.host.__dict__)
+        if (cpu is not None and (cpu[0] > cpu[2] or cpu[1] > cpu[2])) or (
+            mem is not None and (mem[0] > mem[2] or mem[1] > mem[2])
+        ):
+            _check_percent(self.host, HOST_PERCENT_FIELDS)
         return self
 
 

@@ -11,6 +11,7 @@ import re
 from array import array
 from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 
 from agent.protocol import Birth, NicKind, NicRole, Stats, Telemetry, WorkloadRef
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
@@ -119,6 +120,10 @@ def _intern(refs: list[WorkloadRef], known: dict[RefKey, WorkloadRef] | None) ->
     return tuple(out)
 
 
+_links = itemgetter("nvlink_tx_bps", "nvlink_rx_bps", "pcie_tx_bps", "pcie_rx_bps")
+_nic_fields = itemgetter("name", "rx_bps", "tx_bps")
+
+
 def _mean(stats: Stats | None) -> float | None:
     return stats.mean if stats is not None else None
 
@@ -128,6 +133,7 @@ class _BirthView:
     roles: dict[str, NicRole]
     limits: dict[int, float | None]
     members: frozenset[str]
+    devices: frozenset[int]  # the GPU indices it lists
 
 
 _VIEWS: dict[int, tuple[Birth, _BirthView]] = {}
@@ -136,7 +142,7 @@ _VIEWS: dict[int, tuple[Birth, _BirthView]] = {}
 def _view(birth: Birth | None) -> _BirthView:
     """What windows need of a birth, worked out once per birth: a node sends one birth and thousands of windows."""
     if birth is None:
-        return _BirthView({}, {}, frozenset())
+        return _BirthView({}, {}, frozenset(), frozenset())
     cached = _VIEWS.get(id(birth))
     if cached is not None and cached[0] is birth:
         return cached[1]
@@ -146,9 +152,15 @@ def _view(birth: Birth | None) -> _BirthView:
         roles(birth),
         {g.index: g.power_limit_w for g in birth.gpus},
         frozenset(d.name for d in birth.disks if d.member_of),
+        frozenset(g.index for g in birth.gpus),
     )
     _VIEWS[id(birth)] = (birth, view)
     return view
+
+
+def birth_devices(birth: Birth) -> frozenset[int]:
+    """The GPU indices ``birth`` lists, worked out once per birth."""
+    return _view(birth).devices
 
 
 def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadRef] | None = None) -> WindowDigest:
@@ -157,35 +169,44 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
     nic_roles, limits = view.roles, view.limits
     gpus = []
     for g in window.gpus:
-        if g.util is None:
+        # Read from the model's __dict__: pydantic's __getattr__ hook makes each attribute access dearer, and
+        # this runs for every GPU of every window taken in.
+        fields = g.__dict__
+        util = fields["util"]
+        if util is None:
             continue
-        link = sum(s.mean for s in (g.nvlink_tx_bps, g.nvlink_rx_bps, g.pcie_tx_bps, g.pcie_rx_bps) if s)
-        limit = limits.get(g.index)
+        link = 0.0
+        for s in _links(fields):
+            if s is not None:
+                link += s.mean
+        index, mem, power = fields["index"], fields["mem_used_mib"], fields["power_w"]
+        limit = limits.get(index)
         gpus.append(
-            GpuDigest(
-                index=g.index,
-                util_mean=g.util.mean,
-                util_p95=g.util.p95,
-                util_std=g.util.std,
-                series=array("f", g.util_series),
-                mem_max_mib=g.mem_used_mib.max if g.mem_used_mib else None,
-                link_bps=link,
-                power_frac=g.power_w.mean / limit if (g.power_w is not None and limit) else None,
-                tensor_active=_mean(g.tensor_active),
-                dram_active=_mean(g.dram_active),
+            GpuDigest(  # positional, in GpuDigest's field order: keywords cost a name match each, 80 a window
+                index,
+                util.mean,
+                util.p95,
+                util.std,
+                array("f", fields["util_series"]),
+                mem.max if mem is not None else None,
+                link,
+                power.mean / limit if (power is not None and limit) else None,
+                _mean(fields["tensor_active"]),
+                _mean(fields["dram_active"]),
             )
         )
     east = north = north_rx = north_tx_peak = 0.0
     for nic in window.nics:
-        rx = nic.rx_bps.mean if nic.rx_bps else 0.0
-        rate = (nic.tx_bps.mean if nic.tx_bps else 0.0) + rx
-        role = _role(nic.name, nic_roles)
+        name, rx_bps, tx_bps = _nic_fields(nic.__dict__)
+        rx = rx_bps.mean if rx_bps else 0.0
+        rate = (tx_bps.mean if tx_bps else 0.0) + rx
+        role = _role(name, nic_roles)
         if role is NicRole.EAST_WEST:
             east += rate
         elif role is NicRole.NORTH_SOUTH:
             north += rate
             north_rx += rx
-            north_tx_peak += nic.tx_bps.max if nic.tx_bps else 0.0
+            north_tx_peak += tx_bps.max if tx_bps else 0.0
     own = counted_disks(birth, [d.name for d in window.disks])
     disks = [d for d in window.disks if d.name in own]
     # What a workload pins is read only where it shares a GPU (time-slicing, MPS): kept for those windows alone.

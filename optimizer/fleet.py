@@ -13,6 +13,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from agent.protocol import (
     Birth,
@@ -27,7 +28,7 @@ from agent.protocol import (
     decode,
     parse_topic,
 )
-from optimizer.digest import RefKey, WindowDigest, digest
+from optimizer.digest import RefKey, WindowDigest, birth_devices, digest
 from optimizer.history import History
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,9 @@ TOPICS_CACHED = 100_000  # parsed topics remembered (three per node)
 # Control characters (C0, DEL, C1), zero-width and bidirectional overrides: names end up in terminals, chat
 # messages and spreadsheets, where these hide or rewrite text.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+_index_of = attrgetter("index")
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,9 +223,10 @@ class Fleet:
         while len(seen) > SESSIONS_TRACKED:
             del seen[min(seen)]
         if record.birth is not None:
-            devices = {g.index for g in record.birth.gpus}
-            used = [g.index for g in window.gpus] + [i for r in window.workloads for i in r.gpus]
-            if any(i not in devices for i in used):
+            devices = birth_devices(record.birth)
+            if not devices.issuperset(map(_index_of, window.gpus)) or any(
+                not devices.issuperset(r.gpus) for r in window.workloads
+            ):
                 raise ProtocolError("gpu_index", f"a GPU index not among the {len(devices)} device(s) of the birth")
         refs = self._admit_workloads(record, window)
         seen[window.session] = window.seq

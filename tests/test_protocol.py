@@ -202,3 +202,55 @@ def test_stats_are_ordered_and_survive_the_wire(values: list[float]) -> None:
     assert s.mean <= s.max + tolerance
     assert s.p95 <= s.max + tolerance
     assert TypeAdapter(Stats).validate_json(json.dumps(s)) == s
+
+
+def _with(change: dict[str, object], where: str = "gpu") -> bytes:
+    raw = json.loads(encode(_eight_gpu_window()))
+    (raw["gpus"][3] if where == "gpu" else raw["host"] if where == "host" else raw).update(change)
+    return json.dumps(raw).encode()
+
+
+PERCENTAGES = [("gpu", f) for f in ("util", "mem_util", "sm_active", "tensor_active", "dram_active")] + [
+    ("host", f) for f in ("cpu_util", "mem_used_pct")
+]
+
+
+@pytest.mark.parametrize(("where", "field"), PERCENTAGES)
+@pytest.mark.parametrize(
+    "summary",
+    [[50, 60, 100.5, 1], [101, 101, 101, 0], [80, 60, 70, 1], [50, 95, 90, 1], [-1, 0, 0, 0], [1, 2, 3, -1]],
+)
+def test_every_percentage_summary_is_bounded_and_ordered(where: str, field: str, summary: list[float]) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(TopicKind.TELEMETRY, _with({field: summary}, where))
+    assert info.value.reason == "schema"
+    fine = decode(TopicKind.TELEMETRY, _with({field: [50, 95, 100, 20]}, where))
+    assert isinstance(fine, Telemetry)
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        ({"util_series": [50.0] * 11}, "gpu"),  # the window has 10 samples
+        ({"util_series": [50.0, 100.1]}, "gpu"),
+        ({"power_w": [1, 2, 3.5e38, 0]}, "gpu"),
+        ({"power_w": {"mean": 1, "p95": 2, "max": 3, "std": 0}}, "gpu"),  # a stats array is an array
+        ({"power_w": [1, 2, 3]}, "gpu"),
+        ({"index": 5}, "gpu"),  # GPU 5 listed twice
+        ({"start": -1.0}, "window"),
+        ({"end": 9.1e9}, "window"),
+    ],
+)
+def test_window_bounds_are_rejected(change: dict[str, object], where: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode(TopicKind.TELEMETRY, _with(change, where))
+    assert info.value.reason == "schema"
+
+
+def test_decoded_summaries_are_stats() -> None:
+    window = decode(TopicKind.TELEMETRY, encode(_eight_gpu_window()))
+    assert isinstance(window, Telemetry)
+    gpu = window.gpus[0]
+    assert type(gpu.util) is Stats and type(gpu.power_w) is Stats and type(window.host.cpu_util) is Stats
+    assert gpu.util.max == 92.4 and gpu.power_w._asdict()["mean"] == 612.3
+    assert GpuWindow(index=0, util=[1, 2, 3, 0]).util == Stats(1.0, 2.0, 3.0, 0.0)  # type: ignore[arg-type]
