@@ -239,8 +239,8 @@ def buying(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, repeat:
     assert plan is not None
     short = sum(1 for b in plan.blocked if " capacity in site " in b.reason)
     bought = ", ".join(
-        f"{p.nodes} x {p.gpus_per_node} {p.hardware} (${p.monthly_savings_usd:,.0f} for ${p.monthly_cost_usd:,.0f}"
-        f"/mo, {len(p.workloads)} workloads, payback {p.payback_months} mo)"
+        f"{p.nodes} x {p.gpus_per_node} {p.hardware} (unlocks ${p.monthly_savings_usd:,.0f}/mo, costs "
+        f"${p.monthly_cost_usd:,.0f}/mo, {len(p.workloads)} workloads, payback {p.payback_months} mo)"
         for p in plan.purchases or []
     )
     print(
