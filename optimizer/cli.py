@@ -216,7 +216,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     over = snapshot.overcommitted()
     if over:
         return _fail(f"{args.fleet}: more GPUs in use than installed on {', '.join(over)}")
-    settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves)
+    settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves, buy=not args.no_buy)
     if args.add or args.buy:
         from optimizer.buy import plan_and_buy
 
@@ -669,7 +669,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar='"TYPE xGPUS = NODES"',
         help='plan as if these empty nodes were added, e.g. "l40s x8 = 4"; repeatable',
     )
-    p.add_argument("--buy", action="store_true", help="also say what buying capacity the plan lacks would return")
+    buying = p.add_mutually_exclusive_group()
+    buying.add_argument(
+        "--buy", action="store_true", help="what buying the capacity the plan lacks returns, with its own time limit"
+    )
+    buying.add_argument("--no-buy", action="store_true", help="leave the purchase section out (a faster plan)")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("simulate", help="run simulated agents against a broker")

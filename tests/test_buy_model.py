@@ -120,6 +120,8 @@ def test_fleetfit_plan_prints_and_serialises_the_purchases(tmp_path: Path) -> No
     )
     assert [(p["hardware"], p["nodes"]) for p in body["purchases"]] == [("L40S 48GB", 3)]
     assert Plan.model_validate(body).purchases is not None
+    quick = subprocess.run([FLEETFIT, "plan", str(fleet), "--no-buy"], capture_output=True, timeout=60, check=True)
+    assert "what to buy" not in quick.stdout.decode() and "no free L40S 48GB capacity" in quick.stdout.decode()
 
 
 def test_the_purchase_question_stays_inside_the_plans_time_limit() -> None:
