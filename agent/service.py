@@ -207,6 +207,11 @@ class Agent:
                 "reason",
                 queue.write_errors,
             ),
+            counter(
+                "fleetfit_agent_windows_paced_total",
+                "Windows held back to stay under the optimizer's per-node rate (a spool replay).",
+                self.pacer.waits,
+            ),
             counter("fleetfit_agent_collector_errors_total", "Collector failures.", self.collector_errors),
             counter("fleetfit_agent_counter_resets_total", "Counter resets seen.", self.builder.counter_resets),
             gauge("fleetfit_agent_broker_connected", "1 while connected to the broker.", link.connected.is_set()),

@@ -90,6 +90,7 @@ async def test_agent_metrics_follow_a_broker_outage(tmp_path: Path, prefix: str)
         back = await _until(metrics_port, "fleetfit_agent_windows_spooled", lambda v: v == 0)
         assert back["fleetfit_agent_windows_published_total"] >= first["fleetfit_agent_windows_published_total"] + 2
         assert back["fleetfit_agent_windows_dropped_total"] == 0
+        assert back["fleetfit_agent_windows_paced_total"] == 0  # a short outage replays within the burst
         # a garbage request is refused without harm; other paths are not found
         reader, writer = await asyncio.open_connection("127.0.0.1", metrics_port)
         writer.write(b"\x00\xff garbage without an end")
