@@ -229,9 +229,6 @@ class Fleet:
             ):
                 raise ProtocolError("gpu_index", f"a GPU index not among the {len(devices)} device(s) of the birth")
         refs = self._admit_workloads(record, window)
-        seen[window.session] = window.seq
-        while len(seen) > SESSIONS_TRACKED:
-            del seen[min(seen)]
         record.session = max(record.session, window.session)
         if refs is not window.workloads:
             window = window.model_copy(update={"workloads": refs})

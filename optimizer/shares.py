@@ -177,6 +177,12 @@ def pinned(gpus: Sequence[int], figures: Sequence[float | None] | None) -> dict[
     return dict(zip(gpus, figures, strict=True))
 
 
+def parts_of(share: float) -> int | None:
+    """The fewest equal parts, two to eight, of which ``share`` is a whole number (a MIG slice, an AMD partition,
+    an equal split); None for any other share."""
+    return next((n for n in range(2, 9) if abs(share * n - round(share * n)) < 1e-6), None)
+
+
 def share_units(shares: Iterable[float], base: int = 100) -> int:
     """Capacity units per GPU that count every share exactly: ``base`` (hundredths), and the halves to eighths of
     MIG slices, AMD partitions and equal splits where the snapshot has them (at most 42 times ``base``).
@@ -187,8 +193,7 @@ def share_units(shares: Iterable[float], base: int = 100) -> int:
     per_gpu = base
     for share in shares:
         if 0 < share < 1:
-            parts = next((n for n in range(2, 9) if abs(share * n - round(share * n)) < 1e-6), base)
-            per_gpu = math.lcm(per_gpu, parts)
+            per_gpu = math.lcm(per_gpu, parts_of(share) or base)
     return per_gpu
 
 

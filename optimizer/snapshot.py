@@ -20,7 +20,7 @@ from optimizer.classify import classify
 from optimizer.costs import Demand
 from optimizer.features import workload_features
 from optimizer.fleet import Fleet
-from optimizer.shares import SHARE_FLOOR, layout
+from optimizer.shares import MIG_SLICES, SHARE_FLOOR, layout, parts_of
 
 
 class _Strict(BaseModel):
@@ -67,7 +67,7 @@ class SnapshotWorkload(_Strict):
     def share(self) -> float:
         """The share of its GPU(s) it holds: a MIG profile's compute slices out of seven, or ``gpu_share``."""
         if self.mig_profile is not None:
-            return int(self.mig_profile[0]) / 7
+            return int(self.mig_profile[0]) / MIG_SLICES
         return 1.0 if self.gpu_share is None else self.gpu_share
 
     @property
@@ -185,9 +185,9 @@ def measured(birth: Birth) -> tuple[bool | None, Literal["infiniband", "roce", "
 def _quantised(share: float) -> float:
     """A share as the planner can count it exactly: a fraction of up to eight parts as it is (a partition, an
     equal split), anything else rounded down to hundredths, so tenants' shares never sum past their GPU."""
-    for parts in range(2, 9):
-        if abs(share * parts - round(share * parts)) < 1e-6:
-            return round(share * parts) / parts
+    parts = parts_of(share)
+    if parts is not None:
+        return round(share * parts) / parts
     return max(SHARE_FLOOR, math.floor(share * 100 + 1e-9) / 100)
 
 

@@ -27,6 +27,11 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("config-binary", ["agent", "--once", "--config", "{tmp}/binary.dat"], {}, "binary.dat: not a text file"),
     ("catalog-binary", ["plan", str(EXAMPLE_FLEET), "--catalog", "{tmp}/binary.dat"], {}, "catalog"),
     ("optimizer-catalog-binary", ["optimizer", "--config", "{tmp}/optimizer.toml"], {}, "binary.dat: not a text file"),
+    ("command-typo", ["plann", str(EXAMPLE_FLEET)], {}, "invalid choice: 'plann'"),
+    ("option-typo", ["plan", str(EXAMPLE_FLEET), "--time-limt", "5"], {}, "--time-limt"),
+    ("plan-file-typo", ["plan", "{tmp}/flet.json"], {}, "flet.json"),
+    ("plan-time-limit-not-a-number", ["plan", str(EXAMPLE_FLEET), "--time-limit", "5s"], {}, "--time-limit"),
+    ("demo-nodes-not-an-integer", ["demo", "--nodes", "1.5"], {}, "--nodes"),
     ("plan-time-limit-0", ["plan", str(EXAMPLE_FLEET), "--time-limit", "0"], {}, "--time-limit"),
     ("plan-time-limit-neg", ["plan", str(EXAMPLE_FLEET), "--time-limit", "-1"], {}, "--time-limit"),
     ("plan-max-moves-neg", ["plan", str(EXAMPLE_FLEET), "--max-moves", "-1"], {}, "--max-moves"),
@@ -79,6 +84,8 @@ def test_bad_input_is_one_clear_line_and_a_failure(
     assert "Traceback" not in done.stderr, done.stderr
     ours = [line for line in done.stderr.splitlines() if line.startswith("fleetfit")]
     assert len(ours) == 1 and names in ours[0], done.stderr
+    # argparse's own error prints a usage block of several lines before its message
+    assert not any(line.startswith("usage:") for line in done.stderr.splitlines()), done.stderr
 
 
 def _recording(path: Path) -> None:

@@ -16,20 +16,17 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
+from optimizer.render import printable
+
 ZWSP = "\u200b"
 _MARKDOWN = re.compile(r"([\\`*_\[\]()#<>~&])")
 _LIST_MARKER = re.compile(r"^(\s*)([-+]|\d+[.)])")
 _AUTOLINK = re.compile(r"(://|(?i:www)\.)")
 _MENTION = re.compile(r"([@<])")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _printable(text: str) -> str:
-    return _CONTROL.sub("\N{REPLACEMENT CHARACTER}", text)
 
 
 def slack(text: str) -> str:
-    return _printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def slack_clip(escaped: str, limit: int) -> str:
@@ -49,7 +46,7 @@ def slack_link(url: str, label: str) -> str:
 
 
 def markdown(text: str) -> str:
-    escaped = _MARKDOWN.sub(r"\\\1", _printable(text))
+    escaped = _MARKDOWN.sub(r"\\\1", printable(text))
     escaped = _LIST_MARKER.sub(lambda m: m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], escaped)
     escaped = _AUTOLINK.sub(lambda m: m.group(1)[:-1] + ZWSP + m.group(1)[-1], escaped)
     return escaped.replace("@", "@" + ZWSP)
@@ -57,7 +54,7 @@ def markdown(text: str) -> str:
 
 def plain(text: str) -> str:
     """Plain text some platforms still scan for ``@channel`` and ``<!channel>``."""
-    return _MENTION.sub(lambda m: m.group(1) + ZWSP, _printable(text))
+    return _MENTION.sub(lambda m: m.group(1) + ZWSP, printable(text))
 
 
 def markdown_url(url: str) -> str:
