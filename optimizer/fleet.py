@@ -255,8 +255,8 @@ class Fleet:
         if bucket.tokens < 1.0:
             raise ProtocolError(
                 "rate_limited",
-                f"more than {rate:g} windows a second (burst {burst:g}); agents publishing more often than every "
-                f"{2 / rate:g} s need a higher optimizer.node_window_rate",
+                f"more than {rate:g} windows a second (burst {burst:g}); optimizer.node_window_rate must stay above "
+                "the agents' publish_rate",
             )
         bucket.tokens -= 1.0
 
