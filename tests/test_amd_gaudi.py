@@ -134,6 +134,14 @@ def test_gaudi_inventory_samples_and_a_device_that_cannot_be_opened(tmp_path: Pa
     assert "power_w" not in second.gauges and second.gauges["util"] == 93
 
 
+@pytest.mark.parametrize("utilization", ["aip", "int"])
+def test_older_pyhlml_utilisation_shapes_still_give_samples(tmp_path: Path, utilization: str) -> None:
+    collector = open_gaudi_collector(make_fake_hlml([FakeGaudi()], utilization=utilization), Attributor(tmp_path))
+    assert collector is not None
+    (s,) = collector.sample()
+    assert s.gauges["util"] == 93 and s.gauges["power_w"] == 480 and "mem_util" not in s.gauges
+
+
 def test_gaudi_processes_are_the_holders_of_its_device_node(tmp_path: Path) -> None:
     _proc(tmp_path, 500, "/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-000000000001/abc", "/dev/accel/accel1")
     _proc(tmp_path, 501, "/system.slice/other.service")  # holds nothing
