@@ -83,6 +83,15 @@ def test_amd_processes_are_checked_and_attributed(tmp_path: Path) -> None:
     assert "fleetfit_agent_gpu_invalid_pids_total" in str(collector.metrics())
 
 
+def test_amd_processes_from_an_amdsmi_that_lists_process_handles(tmp_path: Path) -> None:
+    _proc(tmp_path, 300, "/system.slice/slurmstepd.scope/job_9/step_0")
+    smi = make_fake_amdsmi([FakeAmdGpu(pids=[300])], process_api="handles")
+    collector = open_amd_collector(smi, Attributor(tmp_path))
+    assert collector is not None
+    (w,) = collector.workloads()
+    assert (w.id, w.gpus) == ("slurm/9", [0])
+
+
 def test_amd_init_failure_disables_the_collector_with_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
