@@ -127,7 +127,8 @@ class WorkloadFacts:
         """``refs`` with the facts of their processes; a workload whose processes are gone keeps its reference."""
         out = []
         for ref in refs:
-            alive = [p for p in pids.get(ref.id, []) if (self._proc / str(p)).is_dir()]
+            # a process on several GPUs was resolved once per GPU: each is looked at once
+            alive = [p for p in dict.fromkeys(pids.get(ref.id, [])) if (self._proc / str(p)).is_dir()]
             out.append(ref.model_copy(update=self.facts(ref.id, alive)) if alive else ref)
         live = set(pids)
         for gone in [w for w in self._net if w not in live]:
