@@ -14,17 +14,32 @@ from collections.abc import Callable, Sequence
 
 from agent import __version__
 from agent.clock import Clock
-from agent.config import AgentConfig
+from agent.config import AgentConfig, AgentSettings
 from agent.metrics import Family, MetricsServer, counter, gauge, labelled
 from agent.mqtt import Link
 from agent.notify import Notifier
 from agent.pacing import Pacer
 from agent.protocol import Birth, Telemetry, encode
-from agent.spool import DiskSpool, WindowQueue
+from agent.spool import DiskSpool, MemoryQueue, WindowQueue
 from agent.window import WindowBuilder
 from collectors.base import Collector, Inventory, Sample
 
 log = logging.getLogger(__name__)
+
+
+def open_spool(settings: AgentSettings) -> WindowQueue:
+    """The disk spool under ``state_dir``; a queue in memory where the directory cannot be used (read-only, not
+    a directory, no permission), so that the agent still samples and publishes."""
+    directory = settings.state_dir / "spool"
+    try:
+        return DiskSpool(directory, settings.spool_max_windows, int(settings.spool_max_mb * 2**20))
+    except OSError as exc:
+        log.error(
+            "cannot use the spool in %s (%s); windows are held in memory and lost on a restart",
+            directory,
+            exc.strerror or exc,
+        )
+        return MemoryQueue(settings.spool_max_windows)
 
 
 class Agent:
@@ -45,15 +60,7 @@ class Agent:
         self.clock = clock or Clock()
         self.hostname = hostname or socket.gethostname()
         self.builder = WindowBuilder(self.settings.node, self.settings.site, session)
-        self.queue = (
-            queue
-            if queue is not None
-            else DiskSpool(
-                self.settings.state_dir / "spool",
-                self.settings.spool_max_windows,
-                int(self.settings.spool_max_mb * 2**20),
-            )
-        )
+        self.queue = queue if queue is not None else open_spool(self.settings)
         self.pacer = Pacer(self.settings.pace, self.settings.publish_burst, self.clock)
         self.link = Link(
             config.mqtt,

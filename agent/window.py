@@ -3,13 +3,15 @@ utilisation series the classifier uses for burstiness and cross-GPU synchronisat
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable
 
 from pydantic import BaseModel
 
 from agent.protocol import (
+    FLOAT32_MAX,
+    HOST_PERCENT_FIELDS,
+    PERCENT_FIELDS,
     DiskWindow,
     GpuWindow,
     HostWindow,
@@ -25,6 +27,9 @@ from collectors.base import Entity, Sample
 
 # Counters reported as a count over the window rather than as a per-second rate.
 _COUNT_FIELDS = frozenset({"errors", "drops", "xid_events"})
+# What the receiver accepts of a gauge: a percentage within 0-100, anything else not negative. A value past these
+# (amdsmi's 65535 for "not available" on older releases, a negative power reading) is a glitch, dropped like NaN.
+_LIMITS = dict.fromkeys(PERCENT_FIELDS + HOST_PERCENT_FIELDS, 100.0)
 _SECTIONS: dict[Entity, type[GpuWindow | NicWindow | DiskWindow | MountWindow]] = {
     Entity.GPU: GpuWindow,
     Entity.NIC: NicWindow,
@@ -60,7 +65,7 @@ class WindowBuilder:
             if s.latest:
                 self._latest[entity].update(s.latest)
             for name, value in s.gauges.items():
-                if math.isfinite(value):  # a driver glitch must not poison the window
+                if 0.0 <= value <= _LIMITS.get(name, FLOAT32_MAX):  # a driver glitch (NaN too) must not poison it
                     values[name].append(float(value))
             for name, total in s.counters.items():
                 key = (s.entity, s.key, name)
@@ -82,6 +87,19 @@ class WindowBuilder:
         end: float,
         workloads: list[WorkloadRef],
         gpu_unavailable: str | None = None,
+    ) -> Telemetry:
+        try:
+            return self._build(seq, start, end, workloads, gpu_unavailable)
+        finally:  # a window that cannot be built costs that window only, never the ones after it
+            self._rates.forget(self._seen)  # counters of entities gone during the whole window
+            self._seen = set()
+            self._values.clear()
+            self._counts.clear()
+            self._latest.clear()
+            self.samples = 0
+
+    def _build(
+        self, seq: int, start: float, end: float, workloads: list[WorkloadRef], gpu_unavailable: str | None
     ) -> Telemetry:
         owner = {g: w.id for w in workloads for g in w.gpus}
         gpus: list[GpuWindow] = []
@@ -116,7 +134,7 @@ class WindowBuilder:
                 disks.append(section)
             else:
                 mounts.append(section)
-        window = Telemetry(
+        return Telemetry(
             node=self.node,
             site=self.site,
             session=self.session,
@@ -132,13 +150,6 @@ class WindowBuilder:
             mounts=mounts,
             workloads=workloads,
         )
-        self._rates.forget(self._seen)  # counters of entities gone during the whole window
-        self._seen = set()
-        self._values.clear()
-        self._counts.clear()
-        self._latest.clear()
-        self.samples = 0
-        return window
 
 
 def _known(model: type[BaseModel], fields: dict[str, object]) -> dict[str, object]:

@@ -55,6 +55,12 @@ def _model(torch: object) -> object:
     return nn.TransformerEncoder(layer, num_layers=8).cuda()
 
 
+def _trainer(torch: Any) -> tuple[Any, Any, Any]:
+    """The check's model, its optimiser and one training batch."""
+    model: Any = _model(torch)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4), torch.randn(32, 256, 1024, device="cuda")
+
+
 def _step(torch: Any, model: Any, opt: Any, x: Any) -> None:
     """One optimiser step of the check's model in bfloat16."""
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -67,9 +73,7 @@ def _step(torch: Any, model: Any, opt: Any, x: Any) -> None:
 def train(seconds: float, ckpt_dir: str) -> None:
     import torch  # type: ignore[import-not-found]
 
-    model = _model(torch)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # type: ignore[attr-defined]
-    x = torch.randn(32, 256, 1024, device="cuda")
+    model, opt, x = _trainer(torch)
     end = time.monotonic() + seconds
     next_ckpt = time.monotonic() + 15
     while time.monotonic() < end:
@@ -104,9 +108,7 @@ def train_loader_bound(seconds: float, ckpt_dir: str) -> None:
     period; an adapter-sized save every 20 s."""
     import torch  # type: ignore[import-not-found]
 
-    model = _model(torch)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)  # type: ignore[attr-defined]
-    x = torch.randn(32, 256, 1024, device="cuda")
+    model, opt, x = _trainer(torch)
     end = time.monotonic() + seconds
     next_save = time.monotonic() + 20
     while time.monotonic() < end:

@@ -150,7 +150,13 @@ class AmdGpuCollector:
 
     def workloads(self) -> list[WorkloadRef]:
         def pids(h: Any) -> list[object]:
-            return [p.get("pid") for p in self._try("amdsmi_get_gpu_process_list", h) or [] if isinstance(p, dict)]
+            out = []
+            for entry in self._try("amdsmi_get_gpu_process_list", h) or []:
+                # amdsmi before ROCm 6.2 lists process handles, each read with amdsmi_get_gpu_process_info
+                info = entry if isinstance(entry, dict) else self._try("amdsmi_get_gpu_process_info", h, entry)
+                if isinstance(info, dict):
+                    out.append(info.get("pid"))
+            return out
 
         return self._pids.workloads((i, pids(h)) for i, h in self._handles if i not in self._failures)
 

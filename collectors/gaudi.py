@@ -97,8 +97,12 @@ class GaudiCollector:
         for i, h in self._devices:
             gauges: dict[str, float] = {}
             if (util := self._try("hlmlDeviceGetUtilizationRates", h)) is not None:
-                gauges["util"] = float(util.aip)
-                gauges["mem_util"] = float(util.memory)
+                # pyhlml releases return the aip int, a struct of aip only, or aip and memory
+                aip = util if isinstance(util, int) else getattr(util, "aip", None)
+                if isinstance(aip, int):
+                    gauges["util"] = float(aip)
+                if isinstance(memory := getattr(util, "memory", None), int):
+                    gauges["mem_util"] = float(memory)
             if (mem := self._try("hlmlDeviceGetMemoryInfo", h)) is not None:
                 gauges["mem_used_mib"] = mem.used / 2**20
             if (power := self._try("hlmlDeviceGetPowerUsage", h)) is not None:

@@ -48,12 +48,16 @@ class StorageCollector:
         return dict(psutil.disk_io_counters(perdisk=True, nowrap=False) or {})
 
     def _holder(self, name: str) -> str | None:
-        """The md RAID or device-mapper device built on this disk: its I/O is counted again on that device."""
-        try:
-            holders = sorted(p.name for p in (self._sysfs / "block" / name / "holders").iterdir())
-        except OSError:
-            return None
-        return holders[0][:64] if holders else None
+        """The md RAID or device-mapper device built on this disk or on one of its partitions (the usual layout:
+        md0 on sda1 and sdb1): its I/O is counted again on that device."""
+        disk = self._sysfs / "block" / name
+        holders: set[str] = set()
+        for directory in (disk / "holders", *disk.glob(f"{name}*/holders")):
+            try:
+                holders.update(p.name for p in directory.iterdir())
+            except OSError:
+                continue
+        return min(holders)[:64] if holders else None
 
     def inventory(self) -> Inventory:
         disks = [

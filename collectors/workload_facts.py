@@ -98,7 +98,9 @@ class WorkloadFacts:
         self._tables: dict[str, tuple[float, list[_Socket]]] = {}  # network namespace → (read at, its sockets)
         self._held: dict[int, tuple[float, set[str]]] = {}  # pid → (read at, the socket inodes it holds)
         self._identities: dict[int, dict[str, object]] = {}
-        self._own_netns = self._link("self/ns/net")
+        # The host's network namespace is PID 1's where the agent sees host PIDs: an agent pod with hostPID but
+        # without hostNetwork has a namespace of its own, which would make every host process look like a pod.
+        self._host_netns = self._link("1/ns/net") or self._link("self/ns/net")
         self._ephemeral = self._ephemeral_low()
         self._net: dict[str, tuple[float, int, int]] = {}  # workload → (time, rx bytes, tx bytes)
 
@@ -125,7 +127,8 @@ class WorkloadFacts:
         """``refs`` with the facts of their processes; a workload whose processes are gone keeps its reference."""
         out = []
         for ref in refs:
-            alive = [p for p in pids.get(ref.id, []) if (self._proc / str(p)).is_dir()]
+            # a process on several GPUs was resolved once per GPU: each is looked at once
+            alive = [p for p in dict.fromkeys(pids.get(ref.id, [])) if (self._proc / str(p)).is_dir()]
             out.append(ref.model_copy(update=self.facts(ref.id, alive)) if alive else ref)
         live = set(pids)
         for gone in [w for w in self._net if w not in live]:
@@ -143,7 +146,7 @@ class WorkloadFacts:
         main = min(pids)
         facts = dict(self._identity(main))
         netns = self._link(f"{main}/ns/net")
-        own = netns is not None and self._own_netns is not None and netns != self._own_netns
+        own = netns is not None and self._host_netns is not None and netns != self._host_netns
         facts.update(self._server(pids, netns, own))
         if own:
             facts.update(self._rates(workload, main))

@@ -3,7 +3,9 @@
 Like the real one: errors are ``AmdSmiLibraryException(err_code)`` (``AMDSMI_STATUS_NOT_SUPPORTED`` = 2,
 ``NO_PERM`` = 10, ``DRIVER_NOT_LOADED`` = 34...) or ``AmdSmiParameterException`` for a handle of the wrong type,
 all ``AmdSmiException``; values a GPU does not report are the string "N/A"; VRAM is in MB, power in W, xGMI
-data accumulators in kB, one entry per link (8), "N/A" for links the GPU lacks.
+data accumulators in kB, one entry per link (8), "N/A" for links the GPU lacks. ``amdsmi_get_gpu_process_list``
+returns a dict per process from ROCm 6.2; before, it returned process handles that
+``amdsmi_get_gpu_process_info`` turns into that dict (``process_api="handles"``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ class AmdSmiParameterException(AmdSmiException):
     pass
 
 
+class amdsmi_process_handle_t:
+    def __init__(self, pid: int) -> None:
+        self.pid_ = pid
+
+
 class amdsmi_processor_handle:
     def __init__(self, gpu: FakeAmdGpu) -> None:
         self.gpu = gpu
@@ -55,7 +62,9 @@ class FakeAmdGpu:
     unsupported: set[str] = field(default_factory=set)
 
 
-def make_fake_amdsmi(gpus: list[FakeAmdGpu], init_error: int | None = None) -> types.ModuleType:
+def make_fake_amdsmi(
+    gpus: list[FakeAmdGpu], init_error: int | None = None, process_api: str = "dicts"
+) -> types.ModuleType:
     m = types.ModuleType("fake_amdsmi")
     m.AmdSmiException = AmdSmiException  # type: ignore[attr-defined]
     m.AmdSmiLibraryException = AmdSmiLibraryException  # type: ignore[attr-defined]
@@ -120,8 +129,21 @@ def make_fake_amdsmi(gpus: list[FakeAmdGpu], init_error: int | None = None) -> t
         "driver_version": "6.10.5",
         "driver_date": "2015/01/01 00:00",
     }
-    m.amdsmi_get_gpu_process_list = lambda h: [  # type: ignore[attr-defined]
-        {"name": "python3", "pid": pid, "mem": 1, "engine_usage": {"gfx": 0, "enc": 0}}
-        for pid in gpu_of("procs", h).pids
-    ]
+
+    def process(pid: int) -> dict[str, Any]:
+        return {"name": "python3", "pid": pid, "mem": 1, "engine_usage": {"gfx": 0, "enc": 0}}
+
+    def process_list(h: Any) -> list[Any]:
+        pids = gpu_of("procs", h).pids
+        return [amdsmi_process_handle_t(p) for p in pids] if process_api == "handles" else [process(p) for p in pids]
+
+    def process_info(h: Any, p: Any) -> dict[str, Any]:
+        gpu_of("procs", h)
+        if not isinstance(p, amdsmi_process_handle_t):
+            raise AmdSmiParameterException(p)
+        return process(p.pid_)
+
+    m.amdsmi_get_gpu_process_list = process_list  # type: ignore[attr-defined]
+    if process_api == "handles":
+        m.amdsmi_get_gpu_process_info = process_info  # type: ignore[attr-defined]
     return m

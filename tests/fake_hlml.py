@@ -3,6 +3,8 @@
 Like the real one: errors are ``HLMLError(code)`` (NOT_SUPPORTED = 3, DRIVER_NOT_LOADED = 9, AIP_IS_LOST = 15);
 ``hlmlInit`` without libhlml prints "Failed to load libhlml" to stdout and raises ``HLMLError(1)``; names, UUIDs
 and versions are bytes; memory in bytes, power in mW; ``pci_device_id`` is the device id in the high 16 bits.
+``hlmlDeviceGetUtilizationRates`` differs between releases: a struct with ``aip`` and ``memory`` (1.24), a struct
+with ``aip`` only (``hlml_utilization_t`` before the memory field), or the plain ``aip`` int (early releases).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class FakeGaudi:
     unsupported: set[str] = field(default_factory=set)
 
 
-def make_fake_hlml(devices: list[FakeGaudi], library: bool = True) -> types.ModuleType:
+def make_fake_hlml(devices: list[FakeGaudi], library: bool = True, utilization: str = "aip+memory") -> types.ModuleType:
+    """``utilization``: what the binding's utilisation call returns: "aip+memory", "aip" (a struct) or "int"."""
     m = types.ModuleType("fake_pyhlml_main")
     m.HLMLError = HLMLError  # type: ignore[attr-defined]
     state = {"init": False}
@@ -57,10 +60,19 @@ def make_fake_hlml(devices: list[FakeGaudi], library: bool = True) -> types.Modu
             raise HLMLError(devices[i].handle_error)  # type: ignore[arg-type]
         return devices[i]
 
+    def util(h: FakeGaudi) -> object:
+        g = dev("util", h)
+        if utilization == "int":
+            return g.aip
+        if utilization == "aip":
+            return types.SimpleNamespace(aip=g.aip)
+        return types.SimpleNamespace(aip=g.aip, memory=g.memory_util)
+
     m.hlmlInit = init  # type: ignore[attr-defined]
     m.hlmlShutdown = lambda: state.update(init=False)  # type: ignore[attr-defined]
     m.hlmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
     m.hlmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
+    m.hlmlDeviceGetUtilizationRates = util  # type: ignore[attr-defined]
     m.hlmlDeviceGetName = lambda h: dev("name", h).name  # type: ignore[attr-defined]
     m.hlmlDeviceGetUUID = lambda h: f"01P0-HL2080A0-15-TNPS34-{dev('uuid', h).minor:02d}".encode()  # type: ignore[attr-defined]
     m.hlmlDeviceGetMinorNumber = lambda h: dev("minor", h).minor  # type: ignore[attr-defined]
@@ -69,9 +81,6 @@ def make_fake_hlml(devices: list[FakeGaudi], library: bool = True) -> types.Modu
     )
     m.hlmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(  # type: ignore[attr-defined]
         total=dev("memory", h).memory_total, used=h.memory_used, free=h.memory_total - h.memory_used
-    )
-    m.hlmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(  # type: ignore[attr-defined]
-        aip=dev("util", h).aip, memory=h.memory_util
     )
     m.hlmlDeviceGetPowerUsage = lambda h: dev("power", h).power_mw  # type: ignore[attr-defined]
     m.hlmlDeviceGetTemperature = lambda h, sensor: 45 if dev("temp", h) else 0  # type: ignore[attr-defined]

@@ -12,6 +12,7 @@ a 32-bit value returns garbage in the high bits) and utilisation samples are ``c
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -234,10 +235,14 @@ def make_fake_nvml(
             _raise(FUNCTION_NOT_FOUND)
         return _procs(h, garbled=False)
 
-    def simple(name: str, attr: str) -> Any:
+    def physical(name: str, value: Callable[[FakeGpu], Any]) -> Any:
+        """A reading of the board: NVML has none for a MIG instance, nor for a lost GPU."""
+
         def fn(h: FakeGpu, *_: Any) -> Any:
             guard(name, h)
-            return getattr(h, attr)
+            if h.is_mig_slice:
+                _raise(NOT_SUPPORTED)
+            return value(h)
 
         return fn
 
@@ -314,15 +319,15 @@ def make_fake_nvml(
     m.nvmlDeviceGetUtilizationRates = util  # type: ignore[attr-defined]
     if samples_api:
         m.nvmlDeviceGetSamples = samples  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPowerUsage = simple("power", "power_mw")  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPowerManagementLimit = lambda h: 700_000  # type: ignore[attr-defined]
-    m.nvmlDeviceGetTemperature = lambda h, sensor: 61  # type: ignore[attr-defined]
-    m.nvmlDeviceGetClockInfo = lambda h, clock: 1980  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPowerUsage = physical("power", lambda h: h.power_mw)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPowerManagementLimit = physical("power_limit", lambda h: 700_000)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetTemperature = physical("temp", lambda h: 61)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetClockInfo = physical("clock", lambda h: 1980)  # type: ignore[attr-defined]
     m.nvmlDeviceGetNvLinkState = nvlink_state  # type: ignore[attr-defined]
     m.nvmlDeviceGetNvLinkRemoteDeviceType = remote_type  # type: ignore[attr-defined]
     m.nvmlDeviceGetPciInfo = pci_info  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: 5  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMaxPcieLinkGeneration = physical("pcie_gen", lambda h: 5)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMaxPcieLinkWidth = physical("pcie_width", lambda h: 16)  # type: ignore[attr-defined]
     m.nvmlDeviceGetMigMode = mig_mode  # type: ignore[attr-defined]
     m.nvmlDeviceGetMaxMigDeviceCount = lambda h: len(h.mig)  # type: ignore[attr-defined]
     m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
@@ -331,8 +336,8 @@ def make_fake_nvml(
     m.nvmlEventSetFree = lambda s: None  # type: ignore[attr-defined]
     m.nvmlDeviceRegisterEvents = lambda h, types_, s: None  # type: ignore[attr-defined]
     m.nvmlEventSetWait_v2 = event_wait  # type: ignore[attr-defined]
-    m.nvmlDeviceGetTotalEccErrors = simple("ecc", "ecc_uncorrected")  # type: ignore[attr-defined]
-    m.nvmlDeviceGetRemappedRows = lambda h: (0, h.remapped_rows, 0, 0)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetTotalEccErrors = physical("ecc", lambda h: h.ecc_uncorrected)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetRemappedRows = physical("remapped", lambda h: (0, h.remapped_rows, 0, 0))  # type: ignore[attr-defined]
     m.nvmlGpmQueryDeviceSupport = gpm_support  # type: ignore[attr-defined]
     m.nvmlGpmSampleAlloc = lambda: types.SimpleNamespace(gpu=None)  # type: ignore[attr-defined]
     m.nvmlGpmSampleFree = lambda s: None  # type: ignore[attr-defined]

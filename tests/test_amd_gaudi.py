@@ -83,6 +83,15 @@ def test_amd_processes_are_checked_and_attributed(tmp_path: Path) -> None:
     assert "fleetfit_agent_gpu_invalid_pids_total" in str(collector.metrics())
 
 
+def test_amd_processes_from_an_amdsmi_that_lists_process_handles(tmp_path: Path) -> None:
+    _proc(tmp_path, 300, "/system.slice/slurmstepd.scope/job_9/step_0")
+    smi = make_fake_amdsmi([FakeAmdGpu(pids=[300])], process_api="handles")
+    collector = open_amd_collector(smi, Attributor(tmp_path))
+    assert collector is not None
+    (w,) = collector.workloads()
+    assert (w.id, w.gpus) == ("slurm/9", [0])
+
+
 def test_amd_init_failure_disables_the_collector_with_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -132,6 +141,14 @@ def test_gaudi_inventory_samples_and_a_device_that_cannot_be_opened(tmp_path: Pa
     first, second = collector.sample()
     assert first.gauges["util"] == 93 and first.gauges["power_w"] == 480 and first.gauges["mem_used_mib"] == 70 * 1024
     assert "power_w" not in second.gauges and second.gauges["util"] == 93
+
+
+@pytest.mark.parametrize("utilization", ["aip", "int"])
+def test_older_pyhlml_utilisation_shapes_still_give_samples(tmp_path: Path, utilization: str) -> None:
+    collector = open_gaudi_collector(make_fake_hlml([FakeGaudi()], utilization=utilization), Attributor(tmp_path))
+    assert collector is not None
+    (s,) = collector.sample()
+    assert s.gauges["util"] == 93 and s.gauges["power_w"] == 480 and "mem_util" not in s.gauges
 
 
 def test_gaudi_processes_are_the_holders_of_its_device_node(tmp_path: Path) -> None:

@@ -186,3 +186,16 @@ def test_mig_instances_are_devices_of_their_own(tmp_path: Path) -> None:
     assert [s.key for s in collector.sample()] == ["0", "1", "2", "3"]
     (w,) = collector.workloads()
     assert (w.id, w.gpus) == ("systemd/triton.service", [2])
+
+
+def test_a_disk_whose_partitions_make_a_raid_is_marked_a_member(tmp_path: Path) -> None:
+    # the common layout: md0 built on partitions (sda1, sdb1), so the whole disks' own holders are empty
+    for disk in ("sda", "sdb", "md0", "nvme0n1"):
+        (tmp_path / "block" / disk / "holders").mkdir(parents=True)
+    for disk in ("sda", "sdb"):
+        (tmp_path / "block" / disk / f"{disk}1" / "holders" / "md0").mkdir(parents=True)
+    (tmp_path / "block" / "nvme0n1" / "nvme0n1p1" / "holders").mkdir(parents=True)  # a partition, no RAID
+    storage = StorageCollector(sysfs_root=tmp_path)
+    storage._counters = lambda: dict.fromkeys(("sda", "sdb", "md0", "nvme0n1"))  # type: ignore[method-assign]
+    members = {d.name: d.member_of for d in storage.inventory().disks}
+    assert members == {"md0": None, "nvme0n1": None, "sda": "md0", "sdb": "md0"}

@@ -62,3 +62,28 @@ def test_window_summarises_gauges_and_counter_rates() -> None:
     b.add([Sample(Entity.GPU, "0", counters={"pcie_tx_bps": 13000})], 11.0)
     nxt = b.close(seq=8, start=10.0, end=11.0, workloads=[])
     assert nxt.gpus[0].pcie_tx_bps is not None and nxt.gpus[0].pcie_tx_bps.mean == 3000.0
+
+
+def test_a_gauge_past_its_bounds_is_dropped_not_the_window() -> None:
+    b = WindowBuilder("n1", "s1", session=4)
+    b.add([Sample(Entity.GPU, "0", gauges={"util": 40.0, "power_w": 300.0})], 0.0)
+    # older amdsmi's 65535 for "not available", a negative power reading, an infinite host figure
+    b.add([Sample(Entity.GPU, "0", gauges={"util": 65535.0, "power_w": -1.0}), _host(float("inf"))], 1.0)
+    b.add([_host(101.0)], 2.0)
+    gpu = b.close(seq=1, start=0.0, end=3.0, workloads=[]).gpus[0]
+    assert gpu.util is not None and gpu.util.max == 40.0 and gpu.util_series == [40.0]
+    assert gpu.power_w is not None and gpu.power_w.max == 300.0
+
+
+def test_a_window_that_cannot_be_built_costs_that_window_only() -> None:
+    b = WindowBuilder("n1", "s1", session=4)
+    b.add([Sample(Entity.GPU, "0", gauges={"util": 50.0})], 0.0)
+    with pytest.raises(ValueError, match="end precedes its start"):
+        b.close(seq=1, start=5.0, end=1.0, workloads=[])  # end before start: no window
+    b.add([Sample(Entity.GPU, "0", gauges={"util": 60.0})], 1.0)
+    w = b.close(seq=2, start=1.0, end=2.0, workloads=[])
+    assert w.samples == 1 and w.gpus[0].util_series == [60.0]
+
+
+def _host(cpu: float) -> Sample:
+    return Sample(Entity.HOST, "host", gauges={"cpu_util": cpu})

@@ -186,3 +186,16 @@ def test_a_restored_state_directory_never_reuses_a_session(tmp_path: Path) -> No
     assert first < second < third
     # several starts within one second still count up
     assert next_session(tmp_path / "state", lambda: clock[0]) == third + 1
+
+
+def test_a_state_directory_that_cannot_hold_the_spool_leaves_the_agent_a_queue_in_memory(tmp_path: Path) -> None:
+    from agent.config import AgentConfig, AgentSettings
+    from agent.service import Agent
+    from agent.spool import MemoryQueue
+
+    (tmp_path / "not-a-directory").write_text("")
+    settings = AgentSettings(node="n1", site="s1", state_dir=tmp_path / "not-a-directory" / "state")
+    agent = Agent(AgentConfig(agent=settings), [], session=1)
+    assert isinstance(agent.queue, MemoryQueue)
+    agent.queue.put(b"{}")
+    assert len(agent.queue) == 1

@@ -97,6 +97,30 @@ def test_a_host_process_counts_only_its_own_sockets_and_its_slurm_step(tmp_path:
     assert ref.net_rx_bps is None  # the host's counters are the node's, not the job's
 
 
+def test_an_agent_in_a_pod_of_its_own_still_tells_host_processes_from_pods(tmp_path: Path) -> None:
+    # hostPID without hostNetwork: the agent's namespace is its pod's; PID 1 (the host's init) is in the host's.
+    cgroup = "0::/system.slice/slurmstepd.scope/job_77/step_batch/user/task_0\n"
+    root = _proc(tmp_path, 50, HOST_NS, ["torchrun", "train.py"], cgroup, rx=1_000)
+    (root / "self" / "ns" / "net").unlink()
+    os.symlink("net:[4026539999]", root / "self" / "ns" / "net")
+    (root / "1" / "ns").mkdir(parents=True)
+    os.symlink(HOST_NS, root / "1" / "ns" / "net")
+    os.symlink("socket:[104]", root / "50" / "fd" / "3")
+    ref = WorkloadFacts(root).enrich([_ref("slurm/77")], {"slurm/77": [50]})[0]
+    assert ref.listen_ports == [] and ref.inbound_connections == 0  # not the host's :8000 and its clients
+
+
+def test_a_process_on_many_gpus_does_not_crowd_out_its_workloads_server(tmp_path: Path) -> None:
+    cgroup = "0::/system.slice/slurmstepd.scope/job_77/step_0\n"
+    root = _proc(tmp_path, 50, HOST_NS, ["python3", "worker.py"], cgroup)
+    _proc(tmp_path, 51, HOST_NS, ["python3", "worker.py"], cgroup)
+    _proc(tmp_path, 60, HOST_NS, ["python3", "-m", "vllm.entrypoints.openai.api_server"], cgroup)
+    os.symlink("socket:[100]", root / "60" / "fd" / "3")  # the front end listens on :8000
+    # the attributor lists a PID once for each GPU it holds: two workers on eight GPUs each, then the front end
+    ref = WorkloadFacts(root).enrich([_ref("slurm/77")], {"slurm/77": [50] * 8 + [51] * 8 + [60]})[0]
+    assert ref.listen_ports == [8000]
+
+
 def test_a_workload_whose_processes_are_gone_keeps_its_reference(tmp_path: Path) -> None:
     root = _proc(tmp_path, 60, POD_NS, ["vllm", "serve"], "")
     ref = _ref("k8s/b")
