@@ -62,11 +62,13 @@ def with_additions(snapshot: Snapshot, additions: list[Addition]) -> Snapshot:
     """The snapshot with the added nodes, empty, named ``new-<type>-<n>``."""
     taken = {n.name for n in snapshot.nodes}
     nodes = list(snapshot.nodes)
+    last: dict[str, int] = {}  # per type, the number last given: each search resumes there, not at 1
     for a in additions:
         for _ in range(a.nodes):
-            i = 1
+            i = last.get(a.hardware.key, 0) + 1
             while f"{NEW_PREFIX}{a.hardware.key}-{i:03d}" in taken:
                 i += 1
+            last[a.hardware.key] = i
             name = f"{NEW_PREFIX}{a.hardware.key}-{i:03d}"
             taken.add(name)
             nodes.append(SnapshotNode(name=name, hardware=a.hardware.key, gpus=a.gpus))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,15 @@ def test_add_plans_onto_the_new_nodes_and_bad_additions_fail_clearly(tmp_path: P
         [FLEETFIT, "plan", str(fleet), "--add", "tpu x8 = 1"], capture_output=True, timeout=60, check=False
     )
     assert result.returncode == 2 and result.stderr.count(b"\n") == 1 and b"no GPU 'tpu'" in result.stderr
+
+
+def test_the_largest_addition_is_named_in_linear_time() -> None:
+    """``--add "l40s x8 = 10000"``, the most one addition allows, twice: the plan answers in seconds, not a
+    search from new-l40s-001 for every node (half a minute for one such addition)."""
+    catalog = load_catalog()
+    most = parse_addition("l40s x8 = 10000", catalog)
+    started = time.perf_counter()
+    bigger = with_additions(Snapshot.model_validate(SHORT), [most, most])
+    assert time.perf_counter() - started < 5
+    names = [n.name for n in bigger.nodes[len(SHORT["nodes"]) :]]
+    assert len(set(names)) == 20_000 and names[0] == "new-l40s-001" and names[-1] == "new-l40s-20000"
