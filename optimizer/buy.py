@@ -12,22 +12,12 @@ import json
 import re
 from dataclasses import dataclass
 
-from agent.protocol import Purchase
 from optimizer.catalog import Catalog, GpuType
-from optimizer.purchases import AMORTISATION_MONTHS, NEW_PREFIX
+from optimizer.purchases import NEW_PREFIX
 from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.render import render_purchases, render_table
 from optimizer.snapshot import Snapshot, SnapshotNode
 
-__all__ = [
-    "AMORTISATION_MONTHS",
-    "Addition",
-    "BuyError",
-    "Purchase",
-    "parse_addition",
-    "plan_and_buy",
-    "with_additions",
-]
 _ADDITION = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*[x×]\s*(\d+)\s*=\s*(\d+)\s*$")
 
 

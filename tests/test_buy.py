@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import FLEETFIT
 
-from optimizer.buy import AMORTISATION_MONTHS, BuyError, parse_addition, with_additions
+from optimizer.buy import BuyError, parse_addition, with_additions
 from optimizer.catalog import load_catalog
+from optimizer.purchases import AMORTISATION_MONTHS
 from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.snapshot import Snapshot
 

@@ -12,10 +12,11 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Plan, WorkloadClass
-from optimizer.buy import AMORTISATION_MONTHS, Addition, with_additions
+from optimizer.buy import Addition, with_additions
 from optimizer.catalog import load_catalog
 from optimizer.costs import Demand
 from optimizer.planner import Movable, NodeSlot, Offer, Problem, solve
+from optimizer.purchases import AMORTISATION_MONTHS
 from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.snapshot import Snapshot
 
