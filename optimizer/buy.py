@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from optimizer.catalog import Catalog, GpuType
 from optimizer.purchases import NEW_PREFIX
 from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.render import render_purchases, render_table
+from optimizer.render import render_table
 from optimizer.snapshot import Snapshot, SnapshotNode
 
 _ADDITION = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*[x×]\s*(\d+)\s*=\s*(\d+)\s*$")
@@ -77,5 +77,4 @@ def plan_and_buy(
         body = plan.model_dump(mode="json", by_alias=True)
         # --buy has always printed {"plan": ..., "purchases": [...]}; the plan carries the same list
         return json.dumps({"plan": body, "purchases": body["purchases"] or []} if buy else body, indent=2)
-    text = render_table(plan)
-    return f"{text}\n\n{render_purchases(plan.purchases)}" if buy and not plan.purchases else text
+    return render_table(plan, every_answer=buy)

@@ -82,6 +82,16 @@ def test_nothing_blocked_buys_nothing() -> None:
     assert plan.purchases == []
 
 
+def test_fleetfit_plan_buy_says_when_nothing_is_worth_buying(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps(_fleet(3, l40s_free=3)))
+    run = [FLEETFIT, "plan", str(fleet)]
+    assert "what to buy" not in subprocess.run(run, capture_output=True, timeout=60, check=True).stdout.decode()
+    text = subprocess.run([*run, "--buy"], capture_output=True, timeout=60, check=True).stdout.decode()
+    section = "what to buy: nothing; no purchase pays for itself"
+    assert section in text and text.index(section) < text.index("solver:")  # in its place, before the solver's
+
+
 def test_a_purchase_that_never_pays_is_not_suggested() -> None:
     # one GPU's saving a month cannot pay for eight new L40S
     plan = _plan(_fleet(1, gpus=1))
