@@ -87,3 +87,18 @@ def test_the_largest_addition_is_named_in_linear_time() -> None:
     assert time.perf_counter() - started < 5
     names = [n.name for n in bigger.nodes[len(SHORT["nodes"]) :]]
     assert len(set(names)) == 20_000 and names[0] == "new-l40s-001" and names[-1] == "new-l40s-20000"
+
+
+def test_a_snapshot_of_twenty_thousand_nodes_is_checked_in_linear_time() -> None:
+    """Each workload's nodes are looked up in one set of the snapshot's nodes, not a set built per workload
+    (ten seconds for this one), and a duplicate name or a workload on no listed node is still refused."""
+    nodes = [{"name": f"n{i}", "hardware": "l4", "gpus": 8} for i in range(20_000)]
+    workloads = [{"id": f"w{i}", "class": "inference", "nodes": [f"n{i}"], "gpus": 8} for i in range(0, 20_000, 2)]
+    started = time.perf_counter()
+    Snapshot.model_validate({"site": "s", "nodes": nodes, "workloads": workloads})
+    assert time.perf_counter() - started < 3
+    with pytest.raises(ValueError, match="node names must be unique"):
+        Snapshot.model_validate({"site": "s", "nodes": [*nodes, nodes[0]], "workloads": workloads})
+    stray = {"id": "stray", "class": "inference", "nodes": ["n1", "nowhere"], "gpus": 8}
+    with pytest.raises(ValueError, match="runs on unknown node nowhere"):
+        Snapshot.model_validate({"site": "s", "nodes": nodes, "workloads": [*workloads, stray]})
