@@ -18,6 +18,7 @@ from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.render import render_table
 from optimizer.snapshot import Snapshot, SnapshotNode
 
+MAX_ADDED = 10_000  # nodes, in one --add and in all of them: more is a typo, and a plan that takes minutes
 _ADDITION = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*[x×]\s*(\d+)\s*=\s*(\d+)\s*$")
 
 
@@ -43,8 +44,8 @@ def parse_addition(text: str, catalog: Catalog) -> Addition:
     except KeyError:
         known = ", ".join(g.key for g in catalog.gpu)
         raise BuyError(f"--add {text!r}: no GPU {key!r} in the catalog ({known})") from None
-    if not 1 <= gpus <= 64 or not 1 <= nodes <= 10_000:
-        raise BuyError(f"--add {text!r}: 1-64 GPUs a node and 1-10000 nodes")
+    if not 1 <= gpus <= 64 or not 1 <= nodes <= MAX_ADDED:
+        raise BuyError(f"--add {text!r}: 1-64 GPUs a node and 1-{MAX_ADDED} nodes")
     return Addition(hardware, gpus, nodes)
 
 
@@ -69,7 +70,10 @@ def plan_and_buy(
     snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, additions: list[str], buy: bool, fmt: str
 ) -> str:
     """``fleetfit plan --add ... [--buy]``: the plan with the added nodes, and what to buy, as text or JSON."""
-    bigger = with_additions(snapshot, [parse_addition(a, catalog) for a in additions])
+    parsed = [parse_addition(a, catalog) for a in additions]
+    if sum(a.nodes for a in parsed) > MAX_ADDED:
+        raise BuyError(f"--add: at most {MAX_ADDED} nodes in all")
+    bigger = with_additions(snapshot, parsed)
     if buy:
         settings = settings.model_copy(update={"buy": True, "buy_time_limit": settings.time_limit})
     plan = plan_snapshot(bigger, catalog, settings)

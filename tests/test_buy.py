@@ -75,6 +75,9 @@ def test_add_plans_onto_the_new_nodes_and_bad_additions_fail_clearly(tmp_path: P
         [FLEETFIT, "plan", str(fleet), "--add", "tpu x8 = 1"], capture_output=True, timeout=60, check=False
     )
     assert result.returncode == 2 and result.stderr.count(b"\n") == 1 and b"no GPU 'tpu'" in result.stderr
+    many = ["--add", "l40s x8 = 6000", "--add", "h100 x8 = 6000"]  # each allowed, not both
+    result = subprocess.run([FLEETFIT, "plan", str(fleet), *many], capture_output=True, timeout=60, check=False)
+    assert result.returncode == 2 and result.stderr == b"fleetfit: --add: at most 10000 nodes in all\n"
 
 
 def test_the_largest_addition_is_named_in_linear_time() -> None:
