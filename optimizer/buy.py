@@ -12,22 +12,13 @@ import json
 import re
 from dataclasses import dataclass
 
-from agent.protocol import Purchase
 from optimizer.catalog import Catalog, GpuType
-from optimizer.purchases import AMORTISATION_MONTHS, NEW_PREFIX
+from optimizer.purchases import NEW_PREFIX
 from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.render import render_purchases, render_table
+from optimizer.render import render_table
 from optimizer.snapshot import Snapshot, SnapshotNode
 
-__all__ = [
-    "AMORTISATION_MONTHS",
-    "Addition",
-    "BuyError",
-    "Purchase",
-    "parse_addition",
-    "plan_and_buy",
-    "with_additions",
-]
+MAX_ADDED = 10_000  # nodes, in one --add and in all of them: more is a typo, and a plan that takes minutes
 _ADDITION = re.compile(r"^\s*([A-Za-z0-9_-]+)\s*[x×]\s*(\d+)\s*=\s*(\d+)\s*$")
 
 
@@ -53,8 +44,8 @@ def parse_addition(text: str, catalog: Catalog) -> Addition:
     except KeyError:
         known = ", ".join(g.key for g in catalog.gpu)
         raise BuyError(f"--add {text!r}: no GPU {key!r} in the catalog ({known})") from None
-    if not 1 <= gpus <= 64 or not 1 <= nodes <= 10_000:
-        raise BuyError(f"--add {text!r}: 1-64 GPUs a node and 1-10000 nodes")
+    if not 1 <= gpus <= 64 or not 1 <= nodes <= MAX_ADDED:
+        raise BuyError(f"--add {text!r}: 1-64 GPUs a node and 1-{MAX_ADDED} nodes")
     return Addition(hardware, gpus, nodes)
 
 
@@ -62,11 +53,13 @@ def with_additions(snapshot: Snapshot, additions: list[Addition]) -> Snapshot:
     """The snapshot with the added nodes, empty, named ``new-<type>-<n>``."""
     taken = {n.name for n in snapshot.nodes}
     nodes = list(snapshot.nodes)
+    last: dict[str, int] = {}  # per type, the number last given: each search resumes there, not at 1
     for a in additions:
         for _ in range(a.nodes):
-            i = 1
+            i = last.get(a.hardware.key, 0) + 1
             while f"{NEW_PREFIX}{a.hardware.key}-{i:03d}" in taken:
                 i += 1
+            last[a.hardware.key] = i
             name = f"{NEW_PREFIX}{a.hardware.key}-{i:03d}"
             taken.add(name)
             nodes.append(SnapshotNode(name=name, hardware=a.hardware.key, gpus=a.gpus))
@@ -77,7 +70,10 @@ def plan_and_buy(
     snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, additions: list[str], buy: bool, fmt: str
 ) -> str:
     """``fleetfit plan --add ... [--buy]``: the plan with the added nodes, and what to buy, as text or JSON."""
-    bigger = with_additions(snapshot, [parse_addition(a, catalog) for a in additions])
+    parsed = [parse_addition(a, catalog) for a in additions]
+    if sum(a.nodes for a in parsed) > MAX_ADDED:
+        raise BuyError(f"--add: at most {MAX_ADDED} nodes in all")
+    bigger = with_additions(snapshot, parsed)
     if buy:
         settings = settings.model_copy(update={"buy": True, "buy_time_limit": settings.time_limit})
     plan = plan_snapshot(bigger, catalog, settings)
@@ -85,5 +81,4 @@ def plan_and_buy(
         body = plan.model_dump(mode="json", by_alias=True)
         # --buy has always printed {"plan": ..., "purchases": [...]}; the plan carries the same list
         return json.dumps({"plan": body, "purchases": body["purchases"] or []} if buy else body, indent=2)
-    text = render_table(plan)
-    return f"{text}\n\n{render_purchases(plan.purchases)}" if buy and not plan.purchases else text
+    return render_table(plan, every_answer=buy)

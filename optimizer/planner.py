@@ -17,6 +17,7 @@ throughput-bound job that finishes sooner on faster hardware): the node's whole 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import time
 from dataclasses import dataclass, field, replace
@@ -134,9 +135,13 @@ class _Targets:
         """Up to ``per_type`` nodes of ``hardware`` with room for ``gpus`` now, and the next fullest few: those
         may free up when their own workloads move away."""
         listed = self.by_hardware.get(hardware, [])
-        roomy = [name for free, name in listed if free >= gpus][: self.per_type]
-        tight = [name for free, name in listed if free < gpus][: max(2, self.per_type // 4)]
-        return roomy + tight if self.per_type < len(listed) else [name for _, name in listed]
+        if self.per_type >= len(listed):
+            return [name for _, name in listed]
+        # roomiest first, so those with room are the ones before ``cut``: found without scanning every node of
+        # the type for each workload (a fleet-scale model asks once per workload and type)
+        cut = bisect.bisect_right(listed, -gpus, key=lambda rn: -rn[0])
+        roomy = [name for _, name in listed[: min(cut, self.per_type)]]
+        return roomy + [name for _, name in listed[cut : cut + max(2, self.per_type // 4)]]
 
 
 @dataclass(slots=True)

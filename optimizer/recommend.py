@@ -155,6 +155,8 @@ def _why_stays(
         return solution.blocked[r.w.id], saving
     if target.key not in present:
         return f"no {target.name} in site {snapshot.site}", saving
+    if settings.max_moves == 0:
+        return "the plan allows no moves (max moves 0)", saving
     if moves >= settings.max_moves:
         return f"the plan's {settings.max_moves} moves went to bigger savings", saving
     fits = fit_problem(catalog, d, r.hardware, target) is None

@@ -38,7 +38,9 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def render_table(plan: Plan) -> str:
+def render_table(plan: Plan, every_answer: bool = False) -> str:
+    """The plan in words; with ``every_answer`` (``fleetfit plan --buy``) the purchase section is there even when
+    it says nothing is worth buying or that there was no time to answer."""
     lines = [f"site {plan.site}: {len(plan.workloads)} workload(s), {len(plan.recommendations)} recommended action(s)"]
     rows = [
         [
@@ -81,7 +83,7 @@ def render_table(plan: Plan) -> str:
                 f"  {b.workload_name} on {b.node} [{b.hardware}]: {b.reason} "
                 f"(would save ${b.monthly_savings_usd:,.0f}/month)"
             )
-    if plan.purchases:
+    if plan.purchases or every_answer:
         lines.append("")
         lines.append(render_purchases(plan.purchases))
     s = plan.solver

@@ -84,15 +84,15 @@ class Snapshot(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Snapshot:
-        names = [n.name for n in self.nodes]
-        if len(names) != len(set(names)):
+        names = {n.name for n in self.nodes}
+        if len(names) != len(self.nodes):
             raise ValueError("node names must be unique")
         ids = set()
         for w in self.workloads:
             if w.id in ids:
                 raise ValueError(f"workload {w.id} listed twice")
             ids.add(w.id)
-            missing = set(w.nodes) - set(names)
+            missing = set(w.nodes) - names
             if missing:
                 raise ValueError(f"workload {w.id} runs on unknown node {', '.join(sorted(missing))}")
         return self

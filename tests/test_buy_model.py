@@ -12,10 +12,11 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Plan, WorkloadClass
-from optimizer.buy import AMORTISATION_MONTHS, Addition, with_additions
+from optimizer.buy import Addition, with_additions
 from optimizer.catalog import load_catalog
 from optimizer.costs import Demand
 from optimizer.planner import Movable, NodeSlot, Offer, Problem, solve
+from optimizer.purchases import AMORTISATION_MONTHS
 from optimizer.recommend import PlanSettings, plan_snapshot
 from optimizer.snapshot import Snapshot
 
@@ -79,6 +80,16 @@ def test_nothing_blocked_buys_nothing() -> None:
     plan = _plan(_fleet(3, l40s_free=3))
     assert len(plan.recommendations) == 3 and plan.blocked == []
     assert plan.purchases == []
+
+
+def test_fleetfit_plan_buy_says_when_nothing_is_worth_buying(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps(_fleet(3, l40s_free=3)))
+    run = [FLEETFIT, "plan", str(fleet)]
+    assert "what to buy" not in subprocess.run(run, capture_output=True, timeout=60, check=True).stdout.decode()
+    text = subprocess.run([*run, "--buy"], capture_output=True, timeout=60, check=True).stdout.decode()
+    section = "what to buy: nothing; no purchase pays for itself"
+    assert section in text and text.index(section) < text.index("solver:")  # in its place, before the solver's
 
 
 def test_a_purchase_that_never_pays_is_not_suggested() -> None:

@@ -72,6 +72,10 @@ def test_pinned_workloads_and_move_budget_are_honoured_and_explained() -> None:
     assert plan.recommendations[0].workload_name == "chat-serving"  # the biggest saving wins the one move
     reasons = {b.workload_name: b.reason for b in plan.blocked}
     assert reasons["vision-finetune-ddp"] == "the plan's 1 moves went to bigger savings"
+    plan = build_plan(fleet, "s1", load_catalog(), PlanSettings(max_moves=0))
+    assert {b.workload_name: b.reason for b in plan.blocked}["vision-finetune-ddp"] == (
+        "the plan allows no moves (max moves 0)"
+    )
     assert all(b.monthly_savings_usd > 0 for b in plan.blocked)
     # releasing an idle allocation moves nothing, so the move budget does not hold it back
     plan = build_plan(fleet, "s1", load_catalog(), PlanSettings(max_moves=1, history_min_hours=0))
