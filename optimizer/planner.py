@@ -28,6 +28,7 @@ from agent.protocol import SolverReport
 from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, shared, units
+from optimizer.interrupt import SolveStop
 from optimizer.pools import POOL_PREFIX, Pool, assign, build_pools
 from optimizer.rounding import Candidate, pack
 
@@ -97,6 +98,7 @@ class Problem:
     exact_model_limit: int = 20_000  # model variables up to which CP-SAT always solves (fleet scale above)
     focus_model_limit: int = 100_000  # model variables above which only the LP's hardware types are offered
     post_solve_share: float = 0.1  # of the time limit kept for what follows the solve (packing, the plan's text)
+    stop: SolveStop | None = None  # cuts the solve short from another thread (shutdown)
     offers: list[Offer] = field(default_factory=list)  # nodes the plan may buy (see the module's docstring)
     start: dict[str, str] | None = None  # a feasible placement to start from instead of the greedy and the LP
 
@@ -442,7 +444,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     # CP-SAT would otherwise install its own SIGINT handler and leave SIG_DFL behind, so a later Ctrl-C
     # kills the daemon instead of shutting it down.
     solver.parameters.catch_sigint_signal = False
-    status = solver.solve(model)
+    status = problem.stop.solve(solver, model) if problem.stop else solver.solve(model)
     home = {w.id: w.node for w in problem.movable}
     for _ in range(MAX_PACKING_ROUNDS):  # a pool's share that will not pack: forbid it there and solve again
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -457,7 +459,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         for wid in misfits:
             model.add(choice[wid, chosen[wid]] == 0)
         solver.parameters.max_time_in_seconds = max(budget - (time.perf_counter() - started), 1.0)
-        status = solver.solve(model)
+        status = problem.stop.solve(solver, model) if problem.stop else solver.solve(model)
     name = solver.status_name(status)
     if status == cp_model.UNKNOWN:
         # Out of time before CP-SAT had a solution (presolve alone can take that long at fleet scale): the

@@ -15,6 +15,7 @@ from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import MEMORY_HEADROOM, THROUGHPUT_BOUND, fit_problem, monthly_cost, scaled, throughput
 from optimizer.findings import cheapest_fit, detect, uncatalogued
 from optimizer.fleet import Fleet
+from optimizer.interrupt import SolveStop
 from optimizer.ordering import Action, order
 from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
 from optimizer.purchases import purchases
@@ -301,8 +302,14 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
     return sorted(placed, key=lambda x: (x.wave or 0, -x.monthly_savings_usd, x.id))
 
 
-def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
-    """Plan moves for a snapshot (live or offline)."""
+def plan_snapshot(
+    snapshot: Snapshot,
+    catalog: Catalog,
+    settings: PlanSettings,
+    now: float | None = None,
+    stop: SolveStop | None = None,
+) -> Plan:
+    """Plan moves for a snapshot (live or offline); ``stop`` cuts its solves short from another thread."""
     started = time.perf_counter()
     resolved = resolve(catalog, snapshot)
     # capacity in hundredths of a GPU when some workloads hold a share of one (finer where MIG sevenths or
@@ -353,6 +360,7 @@ def plan_snapshot(snapshot: Snapshot, catalog: Catalog, settings: PlanSettings, 
         right_size=settings.right_size,
         units=per_gpu,
         sharing=settings.sharing,
+        stop=stop,
     )
     solution = solve(catalog, problem)
     bought = None

@@ -32,6 +32,7 @@ from optimizer.alerts.alerter import Alerter
 from optimizer.catalog import Catalog
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet, IngestLimits
+from optimizer.interrupt import SolveStop
 from optimizer.inventory import inventory_check
 from optimizer.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.recommend import plan_snapshot
@@ -78,6 +79,7 @@ class Optimizer:
         self.plans: dict[str, Plan] = {}
         self.on_plan = on_plan
         self.should_exit = asyncio.Event()
+        self.solve_stop = SolveStop()  # set once, at shutdown
         self.connected = asyncio.Event()
         self._client: aiomqtt.Client | None = None
         self._backoff = Backoff(cap=config.mqtt.reconnect_max_delay)
@@ -238,7 +240,11 @@ class Optimizer:
                     reason,
                 )
         self.share_estimates[site] = estimated
-        return fleet_snapshot, plan_snapshot(fleet_snapshot, self.catalog, self.config.plan), excluded
+        return (
+            fleet_snapshot,
+            plan_snapshot(fleet_snapshot, self.catalog, self.config.plan, stop=self.solve_stop),
+            excluded,
+        )
 
     def _export(self, fleet_snapshot: Snapshot) -> None:
         """Leave the live snapshot in the state directory for `fleetfit plan` what-if runs (daemon only)."""
@@ -288,6 +294,7 @@ class Optimizer:
         try:
             await self.should_exit.wait()
         finally:
+            self.solve_stop.stop()  # a plan still solving in its thread would hold the process's exit
             for t in tasks:
                 t.cancel()
             for t in tasks:
