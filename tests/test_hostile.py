@@ -336,10 +336,10 @@ async def test_a_site_that_fails_to_plan_does_not_stop_the_others(
 
     original = service_module.plan_snapshot
 
-    def fails_for_aaa(snapshot: Any, *args: Any) -> Plan:
+    def fails_for_aaa(snapshot: Any, *args: Any, **kwargs: Any) -> Plan:
         if snapshot.site == "aaa":
             raise ValueError("solver crashed")
-        return original(snapshot, *args)
+        return original(snapshot, *args, **kwargs)
 
     monkeypatch.setattr(service_module, "plan_snapshot", fails_for_aaa)
     plans = await optimizer.plan_once()
