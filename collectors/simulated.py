@@ -37,6 +37,8 @@ class Pattern(StrEnum):
     LLM_SERVING = "llm_serving"  # continuous batching (vLLM, SGLang, TGI, TensorRT-LLM), tensor-parallel or not
     LOADER_BOUND_TRAINING = "loader_bound_training"  # training starved by its input pipeline
     LORA_FINE_TUNING = "lora_fine_tuning"  # adapter fine-tuning on one GPU, small saves
+    EMBEDDING_BATCH = "embedding_batch"  # data-parallel batch encoding or scoring, one replica per GPU
+    OFFLINE_LLM_BATCH = "offline_llm_batch"  # offline LLM generation (vLLM's LLM class, run-batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,10 @@ class WorkloadSpec:
     client_scale: float = 1.0  # online inference: client traffic relative to the textbook 1.5 GB/s per GPU at peak
     rps_peak: float = 20.0  # LLM serving: requests per second at the daily peak
     request_s: float = 8.0  # LLM serving: seconds a request stays in flight (prefill + decode)
+    output_bps: float = 0.0  # batch encoding: results written per node at full load
+    input_from_disk: bool = False  # batch: input staged on local disks rather than read over the front end
+    tp: int = 1  # offline LLM generation: tensor-parallel degree of each replica
+    chunk_s: float = 0.0  # offline LLM generation: seconds per chunk of prompts (0: one never-ending chunk)
 
 
 @dataclass(slots=True)
@@ -105,10 +111,12 @@ class SimulatedNode:
         gpu_only: bool = False,
         quirks: frozenset[str] = frozenset(),
         schema: int = 2,
+        background: realistic.Background | None = None,
     ) -> None:
         """``quirks``: ``md_raid`` (checkpoint volume on md RAID 0), ``roce_frontend`` (the front-end NICs are
         ConnectX ports with an RDMA device). ``schema`` 1 behaves like an agent from before schema 2: no process
-        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric."""
+        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric. ``background``: what the
+        node itself sends and writes whatever its GPUs do (scrapes, log shipping, kubelet); none by default."""
         used = [g for w in workloads for g in w.gpus]
         if len(used) != len(set(used)) or any(g >= profile.gpus for g in used):
             raise ValueError(f"{node}: workloads overlap or exceed the node's {profile.gpus} GPUs")
@@ -126,6 +134,9 @@ class SimulatedNode:
         self.schema = schema
         self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
         self._netns: dict[str, tuple[float, float, float]] = {}  # per workload: tx bytes, rx bytes, seconds
+        self.background = background
+        # Its own generator, so that adding a node's background leaves its workloads' draws as they were.
+        self._background_rng = random.Random(f"{seed}:{node}:background")
 
     @property
     def started(self) -> float:
@@ -229,6 +240,12 @@ class SimulatedNode:
             write_bps += wr
             tx, rx, seconds = self._netns.get(w.id, (0.0, 0.0, 0.0))
             self._netns[w.id] = (tx + n * dt, rx + nrx * dt, seconds + dt)
+        if self.background is not None:  # the node's own: not in any workload's network namespace
+            tx, rx, read, write = self.background.traffic(self._background_rng, t)
+            north_bps += tx
+            north_rx_bps += rx
+            read_bps += read
+            write_bps += write
 
         out: list[Sample] = []
         for i, g in enumerate(gpus):
@@ -349,11 +366,15 @@ class SimulatedNode:
             gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
         return 0.0, 0.0, 0.0, 0.0, 0.0
 
-    def episode(self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float]) -> bool:
-        """True while a random episode (a stall, a burst) of ``w`` lasts; episodes start at ``rate`` per second."""
-        until = self._episode_until.get(w.id, -1.0)
+    def episode(
+        self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float], key: str | None = None
+    ) -> bool:
+        """True while a random episode (a stall, a burst) of ``w`` lasts; episodes start at ``rate`` per second.
+        ``key`` keeps episodes apart within a workload (one per GPU of independent replicas)."""
+        key = key or w.id
+        until = self._episode_until.get(key, -1.0)
         if t >= until and self.rng.random() < rate:
-            until = self._episode_until[w.id] = t + self.rng.uniform(*seconds)
+            until = self._episode_until[key] = t + self.rng.uniform(*seconds)
         return t < until
 
     def _training(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
@@ -418,6 +439,8 @@ _REALISTIC = {
     Pattern.LLM_SERVING: realistic.llm_serving,
     Pattern.LOADER_BOUND_TRAINING: realistic.loader_bound_training,
     Pattern.LORA_FINE_TUNING: realistic.lora_fine_tuning,
+    Pattern.EMBEDDING_BATCH: realistic.embedding_batch,
+    Pattern.OFFLINE_LLM_BATCH: realistic.offline_llm_batch,
 }
 
 
