@@ -315,7 +315,9 @@ def classify(f: WorkloadFeatures) -> Classification:
         )
     sufficiency = 0.5 + 0.5 * min(1.0, f.windows / FULL_CONFIDENCE_WINDOWS)
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
-    if f.mean_util < 2 and f.p95_util < 10 and not _answering(f):
+    # Requests to a model run kernels: GPUs at work in a fifth of the seconds or more, however little, are called by
+    # someone; an abandoned allocation reads 0 % second after second.
+    if f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
         if _matches(name, NOTEBOOK_NAMES):
@@ -357,9 +359,12 @@ def weigh(f: WorkloadFeatures) -> dict[WorkloadClass, float]:
 def _ledger(f: WorkloadFeatures) -> _Ledger:
     led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})
     if f.mean_util < 2 and f.p95_util < 10:
-        # Near-idle GPUs that still answer clients: a service at its quietest hour, not an allocation to reclaim.
         util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
-        led.add(f"{util}, yet answering clients: a service at its quietest", I=1.5)
+        if _answering(f):
+            # Near-idle GPUs that still answer clients: a service at its quietest hour, not an allocation to reclaim.
+            led.add(f"{util}, yet answering clients: a service at its quietest", I=1.5)
+        else:
+            led.add(f"{util}, at work in {1 - f.zero_seconds:.0%} of seconds: requests trickling in", I=0.8)
     for rule in RULES:
         rule(f, led)
     return led

@@ -36,7 +36,7 @@ from optimizer.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
 
 CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
 NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
-QUIET_UTIL = 3.0  # a window in which no GPU of the node reached this p95 did no GPU work
+QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
 QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
 
 
@@ -418,7 +418,7 @@ def _channels(window: WindowDigest) -> tuple[float, float, float, float]:
 
 def _quiet(window: WindowDigest) -> bool:
     """A window in which no GPU of the node did any work."""
-    return bool(window.gpus) and all(g.util_p95 < QUIET_UTIL for g in window.gpus)
+    return bool(window.gpus) and all((max(g.series) if len(g.series) else g.util_p95) < QUIET_UTIL for g in window.gpus)
 
 
 def _medians(windows: Sequence[WindowDigest], source: str) -> Baseline:
@@ -460,7 +460,7 @@ def node_baseline(windows: Sequence[WindowDigest], reference: Baseline | None) -
     return reference if reference is not None else Baseline()
 
 
-def _lockstep(per_gpu: dict[int, list[float]]) -> float | None:
+def gpu_lockstep(per_gpu: dict[int, list[float]]) -> float | None:
     """How closely its GPUs' per-second loads move together: the mean correlation of each GPU with the mean of the
     others. Only where the load varies by a few points or more: at a flat 99 % every GPU looks alike, and noise
     alone says nothing."""
@@ -630,7 +630,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 else ("site" if "site" in acc.baseline_from else "node"),
                 node_share=_mean(acc.shares) if acc.shares else 1.0,
                 write_bps=_median(acc.writes) * per_gpu,
-                lockstep=_lockstep(acc.per_gpu),
+                lockstep=gpu_lockstep(acc.per_gpu),
             )
         )
     return out
