@@ -218,6 +218,8 @@ class SimulatedNode:
                 inbound_peers=peers,
                 inbound_connections=peers * (4 if w.peers > 2 else 1),
             )
+        else:  # as the agent reports a process that listens on nothing (collectors/workload_facts.py)
+            facts.update(listen_ports=[], inbound_peers=0, inbound_connections=0)
         return facts
 
     def close(self) -> None:

@@ -543,8 +543,11 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 north = shared["tx"][ref.id][i] + ingress
                 facts = facts_of.get(ref.id)
                 if facts is not None:
-                    acc.connections = max(acc.connections or 0, facts.inbound_connections or 0)
-                    acc.peers = max(acc.peers or 0, facts.inbound_peers or 0)
+                    # None: the agent did not read its sockets, which says nothing (0 says no client was connected).
+                    if facts.inbound_connections is not None:
+                        acc.connections = max(acc.connections or 0, facts.inbound_connections)
+                    if facts.inbound_peers is not None:
+                        acc.peers = max(acc.peers or 0, facts.inbound_peers)
                     if facts.net_rx_bps is not None and facts.net_tx_bps is not None:
                         # A pod's own network namespace: its traffic, no regression needed.
                         acc.own_net = True

@@ -133,3 +133,21 @@ def test_scenarios_without_names_are_classified_by_behaviour(scenario: str, seed
             confident_wrong.append((f.name, result))
     assert not confident_wrong
     assert score(pairs).macro_f1 >= 0.9, score(pairs)
+
+
+def test_sockets_not_read_are_not_taken_for_no_clients() -> None:
+    """An agent that reports its pod's traffic but did not read its sockets says nothing about clients; zero
+    connections read from the table say a busy workload is no server."""
+    encoder = spec("k8s/enc", Pattern.EMBEDDING_BATCH, (0, 1), input_bps=40e6, output_bps=20e6)
+    scenario = node("h100-1", "h100", encoder)
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, telemetry = offline_windows(scenario, 12, site="s", seed=3)
+    fleet.ingest(node_topic(FLEET_PREFIX, "s", "h100-1", TopicKind.BIRTH), encode(birth))
+    unread = {"inbound_connections": None, "inbound_peers": None}
+    for w in telemetry:
+        stripped = w.model_copy(update={"workloads": [r.model_copy(update=unread) for r in w.workloads]})
+        fleet.ingest(node_topic(FLEET_PREFIX, "s", "h100-1", TopicKind.TELEMETRY), encode(stripped))
+    (f,) = workload_features(fleet, "s")
+    assert f.own_network and f.inbound_connections is None
+    (read,) = fleet_of([scenario], windows=12)
+    assert read.inbound_connections == 0
