@@ -417,7 +417,10 @@ class SimulatedNode:
             load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
         mem = w.mem_fraction * p.memory_mib
         for g in w.gpus:
-            gpu_load = min(1.0, load * self.jitter(0.15)) if online else load
+            if online:
+                gpu_load = min(1.0, load * self.jitter(0.15))
+            else:  # replicas share nothing: each GPU's load wanders on its own around the job's level
+                gpu_load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
             gpus[g].util = gpu_load * 100
             gpus[g].mem_mib = mem + (0.15 * p.memory_mib * load if online else 0.0)  # KV cache follows load
             gpus[g].pcie_bps = 0.5 * GB * gpu_load

@@ -317,7 +317,10 @@ def classify(f: WorkloadFeatures) -> Classification:
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
     # Requests to a model run kernels: GPUs at work in a fifth of the seconds or more, however little, are called by
     # someone; an abandoned allocation reads 0 % second after second.
-    if f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8:
+    # Busy earlier in the day (the 10-minute digests' peak): a service at its trough or work between runs, not an
+    # allocation nobody uses; the planner reclaims only what stayed idle.
+    busy_today = f.history_hours >= 1 and f.daily_peak_p95 >= 30
+    if f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8 and not busy_today:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
         if _matches(name, NOTEBOOK_NAMES):
@@ -363,8 +366,10 @@ def _ledger(f: WorkloadFeatures) -> _Ledger:
         if _answering(f):
             # Near-idle GPUs that still answer clients: a service at its quietest hour, not an allocation to reclaim.
             led.add(f"{util}, yet answering clients: a service at its quietest", I=1.5)
-        else:
+        elif f.zero_seconds < 0.8:
             led.add(f"{util}, at work in {1 - f.zero_seconds:.0%} of seconds: requests trickling in", I=0.8)
+        if f.daily_peak_p95 >= 30 and f.history_hours >= 1:
+            led.add(f"{util} now, {f.daily_peak_p95:.0f} % at its busiest within the day: quiet, not abandoned", I=1.0)
     for rule in RULES:
         rule(f, led)
     return led

@@ -297,6 +297,13 @@ def _trains_hard(window: WindowDigest, gpu_ids: Sequence[int]) -> bool:
     return mean >= 60 and variation < 0.15
 
 
+def _servers(window: WindowDigest) -> set[str]:
+    """Workloads listening with three clients or more (schema 2): a server writes logs, not checkpoints, so a
+    continuous-batching server computing as steadily as training is no claimant to a save burst beside it."""
+    listening = {r.id for r in window.workloads if r.listen_ports}
+    return {v.workload for v in window.volatile if v.workload in listening and (v.inbound_peers or 0) >= 3}
+
+
 def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> list[float]:
     """Non-negative least squares by coordinate descent: a ≥ 0 minimising |target - Σ a_j columns_j|²."""
     coef = [0.0] * len(columns)
@@ -499,7 +506,9 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
         # checkpoints; with several such jobs it is nobody's evidence.
         hard = [
-            [r.id for r in w.workloads if _trains_hard(w, devices.effective(r.gpus))] if b else []
+            [r.id for r in w.workloads if _trains_hard(w, devices.effective(r.gpus)) and r.id not in _servers(w)]
+            if b
+            else []
             for w, b in zip(windows, bursts, strict=True)
         ]
         base = node_baseline(windows, reference)

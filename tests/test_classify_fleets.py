@@ -151,3 +151,19 @@ def test_sockets_not_read_are_not_taken_for_no_clients() -> None:
     assert f.own_network and f.inbound_connections is None
     (read,) = fleet_of([scenario], windows=12)
     assert read.inbound_connections == 0
+
+
+def test_a_save_burst_beside_a_busy_server_is_the_fine_tuning_jobs() -> None:
+    """A continuous-batching server computes as steadily as training, but a server writes logs, not checkpoints."""
+    adapter = spec(
+        "k8s/lora", Pattern.LORA_FINE_TUNING, (0,), level=0.8, power_intensity=0.9, save_bytes=120e6,
+        checkpoint_period_s=120.0, stall_rate=0.0,
+    )  # fmt: skip
+    server = spec(
+        "k8s/chat", Pattern.LLM_SERVING, (1, 2, 3, 4), mem_fraction=0.9, rps_peak=30.0, request_s=10.0,
+        diurnal_phase=math.pi / 2, listen_ports=(8000,), peers=20,
+    )  # fmt: skip
+    features = {f.id: f for f in fleet_of([node("l40s-1", "l40s", adapter, server)], windows=36)}
+    assert features["k8s/lora"].write_bursts >= 2 and features["k8s/chat"].write_bursts == 0
+    assert classify(features["k8s/lora"]).workload_class is WorkloadClass.TRAINING
+    assert classify(features["k8s/chat"]).workload_class is WorkloadClass.INFERENCE

@@ -373,3 +373,19 @@ def test_gpus_at_work_a_fifth_of_the_seconds_are_not_idle(zero_seconds: float, i
     """A trickle of requests runs kernels now and then; an abandoned allocation reads 0 % every second."""
     f = near_idle(mean_util=1.0, p95_util=4.0, zero_seconds=zero_seconds, busy_seconds=3)
     assert (classify(f).workload_class is IDLE) is idle, classify(f)
+
+
+@pytest.mark.parametrize(
+    ("history", "idle"),
+    [
+        ({"daily_peak_p95": 31.0, "history_hours": 20.0}, False),
+        ({"daily_peak_p95": 29.0, "history_hours": 20.0}, True),
+        ({"daily_peak_p95": 80.0, "history_hours": 0.9}, True),
+    ],
+)
+def test_an_allocation_busy_earlier_in_the_day_is_quiet_not_idle(history: dict[str, float], idle: bool) -> None:
+    """At its nightly trough a service may run nothing for a while; the day's digests remember its peak."""
+    result = classify(near_idle(**history))
+    assert (result.workload_class is IDLE) is idle, result
+    if not idle:
+        assert result.confidence < 0.6  # nothing to act on either way
