@@ -159,8 +159,8 @@ def _server(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(f"listening on {ports} with {connections} connection(s) from {peers} client(s)", I=0.8, N=0.8)
     elif f.mean_util >= 50:
         # Busy half the time or more, a server has requests in flight at nearly every moment, each holding a
-        # connection; the agent reads the table while they do.
-        # It says what the work is not, not which of training or batch it is.
+        # connection, whenever the agent reads the table. This says what the work is not, not which of training or
+        # batch it is.
         led.add(f"{f.mean_util:.0f} % busy with no client connected to it (no requests in flight)", I=-2.0)
     else:
         led.add("no client connections to any port", I=-1.0)
@@ -384,7 +384,7 @@ def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
     daily cycle, load following arrivals; for batch, replicas that exchange nothing, results written or uploaded
     with no client connected, or busy with none connected; for notebooks, bursts between idle minutes. A program
     on the command line (schema 2) counts; a process name does not (comm is generic or cut, and engines run
-    offline batches under the same name)."""
+    offline batches under the same name), except a notebook kernel's, which nothing else is called."""
     program = f.program if f.program and f.program.lower() not in GENERIC_NAMES else None
     alone = f.node_share >= 0.75
     if c is TR:
