@@ -279,6 +279,10 @@ def _writes_and_memory(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.write_bursts >= 1 and (f.checkpoint_windows <= 0.5 or f.windows < FULL_CONFIDENCE_WINDOWS):
         weight = 2.2 if f.write_bursts >= 2 else 1.2
         led.add(f"checkpoint-like write bursts in {f.write_bursts} window(s)", T=weight, I=-0.5, B=-0.3)
+    elif f.shared_bursts >= 1:
+        # Someone computing as steadily as it saves like training does on its node; each such job is as likely.
+        line = f"save bursts on its node shared with other steady jobs ({f.shared_bursts:.1f} its share)"
+        led.add(line, T=0.8, B=-0.2)
     if f.write_bps >= 2e6 and f.mean_util >= 30 and f.node_share >= 0.75:
         # Training writes logs and metrics (KB/s) between checkpoint bursts, a server its logs; MB/s in most windows
         # are results written as they are computed (embeddings are about as large as the text they encode).

@@ -98,6 +98,9 @@ class WorkloadFeatures:
     baseline_from: str | None = None  # "node": its own quiet windows; "site": nodes without workloads; None
     node_share: float = 1.0  # its share of the GPU work done on its nodes: node-level I/O is its own near 1
     write_bps: float = 0.0  # disk writes per GPU, beyond the node's own: results written steadily
+    # Save bursts on its node while it and others computed hard and steadily, each counted 1/N among the N such jobs:
+    # one of them saved, and which one node-level disks cannot tell.
+    shared_bursts: float = 0.0
     lockstep: float | None = None  # correlation of its GPUs' second-to-second load; None with one GPU or idle
 
     @property
@@ -195,6 +198,7 @@ class _Acc:
     step: str | None = None
     held_mem: list[float] = field(default_factory=list)
     writes: list[float] = field(default_factory=list)
+    shared_bursts: float = 0.0
     baseline: list[float] = field(default_factory=list)  # its nodes' own front-end traffic per GPU, where known
     baseline_from: set[str | None] = field(default_factory=set)
     shares: list[float] = field(default_factory=list)  # its part of its node's GPU work, per window
@@ -548,6 +552,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
                 # does between checkpoints; a serving workload is bursty.
                 ckpt = bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
+                if bursts[i] and len(hard[i]) > 1 and ref.id in hard[i]:
+                    accs[ref.id].shared_bursts += 1 / len(hard[i])
                 ingress = shared["rx"][ref.id][i]
                 north = shared["tx"][ref.id][i] + ingress
                 facts = facts_of.get(ref.id)
@@ -642,6 +648,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 else ("site" if "site" in acc.baseline_from else "node"),
                 node_share=_mean(acc.shares) if acc.shares else 1.0,
                 write_bps=_median(acc.writes) * per_gpu,
+                shared_bursts=acc.shared_bursts,
                 lockstep=gpu_lockstep(acc.per_gpu),
             )
         )

@@ -167,3 +167,18 @@ def test_a_save_burst_beside_a_busy_server_is_the_fine_tuning_jobs() -> None:
     assert features["k8s/lora"].write_bursts >= 2 and features["k8s/chat"].write_bursts == 0
     assert classify(features["k8s/lora"]).workload_class is WorkloadClass.TRAINING
     assert classify(features["k8s/chat"]).workload_class is WorkloadClass.INFERENCE
+
+
+def test_two_adapter_fine_tunings_on_one_node_share_its_save_bursts() -> None:
+    """Node-level disks cannot tell which of two steady jobs saved; each is as likely, and both are training."""
+
+    def adapter(wid: str, gpu: int, period: float) -> WorkloadSpec:
+        return spec(
+            wid, Pattern.LORA_FINE_TUNING, (gpu,), level=0.8, power_intensity=0.9, save_bytes=120e6,
+            checkpoint_period_s=period, stall_rate=0.0,
+        )  # fmt: skip
+
+    features = fleet_of([node("l40s-1", "l40s", adapter("k8s/a", 0, 120.0), adapter("k8s/b", 1, 150.0))], windows=36)
+    for f in features:
+        assert f.write_bursts == 0 and f.shared_bursts >= 1, f
+        assert classify(f).workload_class is WorkloadClass.TRAINING, classify(f)

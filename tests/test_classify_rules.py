@@ -120,6 +120,7 @@ ROWS: list[Row] = [
     ("a checkpoint burst", {}, "write_bursts", 1, 0, TR, +1),
     ("several checkpoint bursts", {"checkpoint_windows": 0.2}, "write_bursts", 2, 1, TR, +1),
     ("bursts in at most half the windows", {"write_bursts": 3}, "checkpoint_windows", 0.5, 0.6, TR, +1),
+    ("its share of bursts beside other steady jobs", {}, "shared_bursts", 1.0, 0.9, TR, +1),
     ("results written steadily", {"node_share": 1.0}, "write_bps", 2.1e6, 1.9e6, BAT, +1),
     ("results written steadily: on its own node", {"write_bps": 5e6}, "node_share", 0.76, 0.74, BAT, +1),
     ("results written steadily: from 30 % busy", {"write_bps": 5e6}, "mean_util", 31.0, 29.0, BAT, +1),
