@@ -306,6 +306,8 @@ def build_scenario(scenario: str, nodes: int, seed: int = 0, names: bool = True)
         if scenario == "realistic":
             quirks = frozenset(q for q, share in (("md_raid", 0.3), ("roce_frontend", 0.25)) if rng.random() < share)
             schema = 1 if rng.random() < 0.4 else 2
+            if quiet.random() < 0.3:  # Slurm jobs, host-network pods: no network namespace of their own
+                quirks |= {"host_network"}
         name = f"{profile}-{counts[profile]:03d}"
         out.append(ScenarioNode(name, profile, tuple(specs), misplaced, quirks, schema, draw_background(quiet)))
     return out

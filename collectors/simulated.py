@@ -114,7 +114,9 @@ class SimulatedNode:
         background: realistic.Background | None = None,
     ) -> None:
         """``quirks``: ``md_raid`` (checkpoint volume on md RAID 0), ``roce_frontend`` (the front-end NICs are
-        ConnectX ports with an RDMA device). ``schema`` 1 behaves like an agent from before schema 2: no process
+        ConnectX ports with an RDMA device), ``host_network`` (workloads run in the host's network namespace, as
+        Slurm jobs and host-network pods do: the agent reads their sockets but has no counters of their own, the
+        node's being every workload's). ``schema`` 1 behaves like an agent from before schema 2: no process
         facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric. ``background``: what the
         node itself sends and writes whatever its GPUs do (scrapes, log shipping, kubelet); none by default."""
         used = [g for w in workloads for g in w.gpus]
@@ -208,7 +210,7 @@ class SimulatedNode:
         """What a schema-2 agent reads of the workload's processes over the window since the last call."""
         tx, rx, seconds = self._netns.pop(w.id, (0.0, 0.0, 0.0))
         facts: dict[str, object] = {"program": w.program}
-        if seconds > 0:
+        if seconds > 0 and "host_network" not in self.quirks:
             facts.update(net_tx_bps=round(tx / seconds, 1), net_rx_bps=round(rx / seconds, 1))
         if w.listen_ports:
             load = self.diurnal(w, self._last - self._start) if w.pattern is Pattern.LLM_SERVING else 1.0
