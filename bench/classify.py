@@ -3,8 +3,9 @@
 For every scenario, simulate a fleet through the agent's window code (no broker), feed it through the
 optimizer's ingest, and classify each workload; score against the simulator's ground truth. Also measure how
 many windows each workload needs before its class is right and stays right. A trivial baseline measured in the
-same run, the majority class of each scenario, puts the macro-F1 in perspective. ``conf. wrong`` is the share of
-workloads given a wrong class with confidence >= 0.6, the planner's default for acting.
+same run, the majority class of each scenario, puts the macro-F1 in perspective. ``right`` is the share of
+workloads given their true class, ``conf. wrong`` the share given a wrong class with confidence >= 0.6, the
+planner's default for acting.
 
 The scenarios the targets are set on (mixed, hard, realistic) run a second time with every process named
 ``python3`` and no program on its command line, so that only behaviour tells workloads apart.
@@ -157,7 +158,7 @@ def main() -> int:
     late: Counter[str] = Counter()
     started = time.perf_counter()
     print(
-        f"{'scenario':16}{'names':>6}{'workloads':>10}{'macro-F1':>10}{'conf. wrong':>12}{'majority':>10}"
+        f"{'scenario':16}{'names':>6}{'workloads':>10}{'macro-F1':>10}{'right':>8}{'conf. wrong':>12}{'majority':>10}"
         f"{'right at 3':>12}{'median':>8}"
     )
     met = []
@@ -179,9 +180,10 @@ def main() -> int:
         finite = [s for s in steps if s < 10**6]
         median = statistics.median(finite) if finite else float("nan")
         f1 = score(pairs).macro_f1
+        right = sum(1 for t, p in pairs if t == p) / len(pairs)
         wrong = confidently_wrong(pairs, confidences)
         print(
-            f"{scenario:16}{'yes' if names else 'no':>6}{len(pairs):>10}{f1:>10.3f}{wrong:>12.1%}"
+            f"{scenario:16}{'yes' if names else 'no':>6}{len(pairs):>10}{f1:>10.3f}{right:>8.0%}{wrong:>12.1%}"
             f"{base.macro_f1:>10.3f}{right3:>12.0%}{median:>8.0f}"
         )
         if names and scenario in TARGETS:
