@@ -70,6 +70,8 @@ class WorkloadFeatures:
     intensity: float | None = None  # board power per unit of utilisation, 0-1: dense matmuls near 1
     tensor_share: float | None = None  # GPM tensor-pipe activity / utilisation
     dram_share: float | None = None  # GPM DRAM bandwidth / utilisation
+    shape_tensor: float | None = None  # the same two over every window with work (>= 10 %), for the shape
+    shape_dram: float | None = None
     ingress_bps: float = 0.0  # front-end bytes in per GPU (requests, or input from NFS / object storage)
     egress_bps: float = 0.0  # front-end bytes out per GPU
     disk_read_bps: float = 0.0  # node disk reads per GPU of the workload
@@ -165,6 +167,7 @@ class _Acc:
     node_front: list[float] = field(default_factory=list)
     tensor: list[float] = field(default_factory=list)
     dram: list[float] = field(default_factory=list)
+    gpm: list[tuple[float, float]] = field(default_factory=list)  # (tensor, dram) per unit of utilisation
     ingress: list[float] = field(default_factory=list)
     egress: list[float] = field(default_factory=list)
     reads: list[float] = field(default_factory=list)
@@ -227,6 +230,12 @@ def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float
         centre = statistics.fmean(levels) if levels else 0.0
         acc.centred.extend(v - centre for v in levels)
     util = _mean(g.util_mean for g in gpus)
+    if util >= 10:
+        # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
+        pairs = [(g.tensor_active, g.dram_active) for g in gpus]
+        known = [(t, d) for t, d in pairs if t is not None and d is not None]
+        if known:
+            acc.gpm.append((_mean(t for t, _ in known) / util, _mean(d for _, d in known) / util))
     if util >= 50:
         # Power rises from ~10 % of the limit at idle (more on small cards: an L4 idles at ~20 %) by the work's
         # intensity per unit of utilisation; only busy windows are read, where the idle share matters least.
@@ -474,6 +483,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
                 tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
                 dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
+                shape_tensor=statistics.median(t for t, _ in acc.gpm) if len(acc.gpm) >= 3 else None,
+                shape_dram=statistics.median(d for _, d in acc.gpm) if len(acc.gpm) >= 3 else None,
                 # Medians: what the workload does most of the time, not a model load at its start.
                 ingress_bps=_median(acc.ingress) * per_gpu,
                 egress_bps=_median(acc.egress) * per_gpu,

@@ -79,7 +79,7 @@ def detect(catalog: Catalog, workloads: Iterable[Resolved]) -> list[Finding]:
                 )
             )
         elif cls is WorkloadClass.TRAINING and r.multi_node and not hw.rdma:
-            waste = now * (1 - catalog.defaults.pcie_training_scaling)
+            waste = now * (1 - catalog.defaults.pcie_training_scaling.value)
             out.append(
                 _finding(
                     r,

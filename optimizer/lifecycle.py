@@ -8,6 +8,7 @@ before that. Ids are stable across solves, so states survive re-planning and res
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import sqlite3
 import time
@@ -20,7 +21,9 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from agent.protocol import Plan, Recommendation
+from optimizer import outcomes
 from optimizer.ordering import waiting_on
+from optimizer.outcomes import Outcome
 
 DB_NAME = "fleetfit.db"
 
@@ -74,6 +77,7 @@ class Lifecycle:
         self._db = sqlite3.connect(path, timeout=10, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
         self._db.executescript(_SCHEMA)
+        self._db.executescript(outcomes.SCHEMA)
 
     @classmethod
     def in_state_dir(cls, state_dir: Path) -> Lifecycle:
@@ -122,6 +126,8 @@ class Lifecycle:
                 self._db.execute(
                     "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?", (new_state, now, rec_id)
                 )
+                if done:
+                    outcomes.begin(self._db, plan.site, rec, now)  # follow its load on the new hardware
                 resolved.append((rec, new_state))
             self._mark_waiting(plan.site)
         return resolved
@@ -197,6 +203,16 @@ class Lifecycle:
     def of_workload(self, workload: str) -> tuple[Tracked, ...]:
         """Every move ever proposed for ``workload``, in any state, newest first."""
         return tuple(sorted(self._select("WHERE workload = ?", (workload,)), key=lambda t: -t.first_seen))
+
+    def outcomes(self, site: str | None = None, now: float | None = None) -> builtins.list[Outcome]:
+        """Applied actions and what was observed after them (those of the last day, if ``now`` is given)."""
+        return outcomes.following(self._db, site, now)
+
+    def outcomes_of(self, rec_ids: Iterable[str]) -> dict[str, Outcome]:
+        return outcomes.of_ids(self._db, list(rec_ids))
+
+    def save_outcomes(self, observed: builtins.list[Outcome], now: float | None = None) -> None:
+        outcomes.save(self._db, observed, time.time() if now is None else now)
 
     def _select(self, where: str, args: tuple[object, ...]) -> Iterable[Tracked]:
         query = f"SELECT site, state, first_seen, last_seen, changed, body FROM recommendations {where}"

@@ -27,7 +27,7 @@ from ortools.sat.python import cp_model
 from agent.protocol import SolverReport
 from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, shared, units
+from optimizer.costs import Demand, fit_problem, grown, monthly_cost, right_sized, shared, units
 from optimizer.interrupt import SolveStop
 from optimizer.pools import POOL_PREFIX, Pool, assign, build_pools
 from optimizer.rounding import Candidate, pack
@@ -119,6 +119,7 @@ class _Targets:
 
     by_hardware: dict[str, list[tuple[int, str]]]
     per_type: int
+    largest: dict[str, int] = field(default_factory=dict)  # hardware → the most capacity units one node has
 
     @classmethod
     def of(cls, problem: Problem) -> _Targets:
@@ -131,7 +132,10 @@ class _Targets:
         for nodes in by_hardware.values():
             nodes.sort(key=lambda rn: (-rn[0], rn[1]))
         small = len(problem.movable) * len(problem.nodes) <= problem.full_model_limit
-        return cls(by_hardware, len(problem.nodes) if small else problem.candidates_per_type)
+        largest: dict[str, int] = {}
+        for n in problem.nodes:
+            largest[n.hardware] = max(largest.get(n.hardware, 0), n.gpus)
+        return cls(by_hardware, len(problem.nodes) if small else problem.candidates_per_type, largest)
 
     def nodes(self, hardware: str, gpus: int) -> list[str]:
         """Up to ``per_type`` nodes of ``hardware`` with room for ``gpus`` now, and the next fullest few: those
@@ -202,6 +206,14 @@ def _candidates(
         target = catalog.by_key(key)
         problem_text = fit_problem(catalog, w.demand, current, target)
         demand = sized(catalog, problem, w, current, target) or w.demand
+        if problem_text is not None:
+            # a service whose load or memory the same count of these GPUs cannot carry: the count it needs
+            largest = targets.largest.get(key, 0)
+            if offered and key in offered:
+                largest = max(largest, offered[key].gpus)
+            bigger = grown(catalog, w.demand, current, target, largest // problem.units)
+            if bigger is not None:
+                problem_text, demand = None, bigger
         cost = monthly_cost(catalog, demand, current, target)
         saving = cost_now - cost
         worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now

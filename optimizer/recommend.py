@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.protocol import Blocked, Plan, Recommendation, WorkloadClass, WorkloadView
+from agent.protocol import Blocked, Plan, Projection, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import MEMORY_HEADROOM, THROUGHPUT_BOUND, fit_problem, monthly_cost, scaled, throughput
+from optimizer.costs import MEMORY_HEADROOM, THROUGHPUT_BOUND, fit_problem, monthly_cost, projected, speedup, spread
 from optimizer.findings import cheapest_fit, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.interrupt import SolveStop
@@ -102,19 +103,46 @@ def _reason(r: Resolved, target: GpuType) -> str:
 def _impact(catalog: Catalog, r: Resolved, target: GpuType, gpus: int | None = None) -> tuple[str, Risk]:
     """(expected performance impact, risk) of moving ``r`` to ``target`` (on ``gpus`` GPUs if resized)."""
     assert r.hardware is not None
-    d = r.w.demand if gpus is None or gpus == r.w.gpus else scaled(r.w.demand, gpus)
-    ratio = throughput(catalog, target, d) / throughput(catalog, r.hardware, d)
+    d = r.w.demand if gpus is None or gpus == r.w.gpus else spread(catalog, r.w.demand, target, gpus)
+    ratio = speedup(catalog, d, r.hardware, target)
     risk: Risk = "high" if r.w.confidence < 0.75 else "low"
     if d.workload_class is WorkloadClass.IDLE:
         return "none: the allocation is idle", risk
     if d.workload_class in THROUGHPUT_BOUND:
         impact = f"about {ratio:.1f}× the throughput" if ratio >= 1 else f"{1 - ratio:.0%} less throughput, for less"
         return impact, "high" if risk == "high" else "medium"  # a restart from the last checkpoint
-    mean, p95 = d.mean_util / ratio, d.p95_util / ratio
-    if p95 > 85 and risk == "low":
-        risk = "medium"
+    mean, p95 = projected(catalog, d, r.hardware, target)
+    if (p95 > 85 or d.shape is None) and risk == "low":
+        risk = "medium"  # near its limit, or projected without a measured shape
     where = target.name if gpus is None or gpus == r.w.gpus else f"{gpus} × {target.name}"
     return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {where}", risk
+
+
+def _projection(catalog: Catalog, r: Resolved, target: GpuType, gpus: int, share: float | None = None) -> Projection:
+    """The load the action expects of ``r`` on ``gpus`` GPUs (or a ``share`` of one) of ``target``; a
+    throughput-bound job keeps its GPUs as busy as before and changes speed instead."""
+    assert r.hardware is not None
+    d = r.w.demand
+    after = spread(catalog, d, target, gpus) if gpus != d.gpus else d
+    if share is not None:
+        after = replace(after, share=share)
+    speed = speedup(catalog, d, r.hardware, target)
+    plain = speedup(catalog.with_corrections(()), d, r.hardware, target)
+    if d.workload_class in THROUGHPUT_BOUND:
+        mean, p95 = d.mean_util, d.p95_util
+    else:
+        mean, p95 = projected(catalog, after, r.hardware, target)
+    return Projection(
+        shape=d.shape,
+        speed=round(speed, 4),
+        catalog_speed=round(plain, 4),
+        gpus_before=d.gpus * d.share,
+        gpus_after=after.gpus * after.share,
+        before_mean_util=round(d.mean_util, 2),
+        before_p95_util=round(d.p95_util, 2),
+        mean_util=round(min(mean, 10_000), 2),
+        p95_util=round(min(p95, 10_000), 2),
+    )
 
 
 def _move_cost(settings: PlanSettings, r: Resolved) -> float:
@@ -219,6 +247,7 @@ def _right_size(catalog: Catalog, r: Resolved, gpus: int, saving: float) -> Reco
         risk=risk,
         kind="right_size",
         gpus_after=gpus,
+        projection=_projection(catalog, r, r.hardware, gpus),
     )
 
 
@@ -228,6 +257,8 @@ def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: in
     reason = _reason(r, target) if target.key != r.hardware.key else "makes room on its node for a move that saves more"
     if gpus < r.w.gpus:
         reason += f"; its daily peak fits {gpus} of them instead of {r.w.gpus}"
+    elif gpus > r.w.gpus:
+        reason += f"; its load and memory need {gpus} of them instead of {r.w.gpus}"
     same = "room" if target.key == r.hardware.key else ""  # a right-size in place has the plain id
     return _action(
         r,
@@ -239,7 +270,8 @@ def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: in
         performance_impact=impact,
         risk=risk,
         kind="move",
-        gpus_after=gpus if gpus < r.w.gpus else None,
+        gpus_after=gpus if gpus != r.w.gpus else None,
+        projection=_projection(catalog, r, target, gpus),
     )
 
 
@@ -248,7 +280,7 @@ def _consolidate(
 ) -> Recommendation:
     assert r.hardware is not None
     d = r.w.demand
-    ratio = throughput(catalog, r.hardware, d) / throughput(catalog, target, d) / share
+    ratio = 1 / speedup(catalog, d, r.hardware, target) / share
     risk: Risk = "high" if r.w.confidence < 0.75 else "medium"  # neighbours on the same GPU
     return _action(
         r,
@@ -268,6 +300,7 @@ def _consolidate(
         kind="consolidate",
         gpus_after=1 if r.w.gpus > 1 else None,
         gpu_share=share,
+        projection=_projection(catalog, r, target, 1, share),
     )
 
 
