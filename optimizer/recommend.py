@@ -13,8 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent.protocol import Blocked, Plan, Projection, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import MEMORY_HEADROOM, THROUGHPUT_BOUND, fit_problem, monthly_cost, projected, speedup, spread
-from optimizer.findings import cheapest_fit, detect, uncatalogued
+from optimizer.costs import (
+    MEMORY_HEADROOM,
+    THROUGHPUT_BOUND,
+    Demand,
+    fit_problem,
+    monthly_cost,
+    projected,
+    speedup,
+    spread,
+)
+from optimizer.findings import NODE_GPUS, cost_on, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.interrupt import SolveStop
 from optimizer.ordering import Action, order
@@ -151,45 +160,74 @@ def _move_cost(settings: PlanSettings, r: Resolved) -> float:
     return settings.move_cost_usd + r.w.gpus * r.w.share * r.hardware.price_per_gpu_hour * hours
 
 
+def _tightest(
+    catalog: Catalog, d: Demand, current: GpuType, present: set[str], largest: dict[str, int], worth: float
+) -> tuple[GpuType, float, str | None] | None:
+    """Among the site's hardware that would save at least ``worth`` a month: the cheapest the workload fits
+    (reason None), else the one that would save most if it fitted, with what stops it (its load, memory or
+    NVLink there). None when no hardware in the site would save that much even then."""
+    now = monthly_cost(catalog, d, current, current)
+    fitting: list[tuple[float, str, GpuType]] = []
+    blocked: list[tuple[float, str, GpuType, str]] = []
+    for key in sorted(present - {current.key}):
+        target = catalog.by_key(key)
+        cost = cost_on(catalog, d, current, target, largest.get(key, NODE_GPUS))
+        if cost is not None:
+            if now - cost >= worth:
+                fitting.append((cost, key, target))
+            continue
+        ideal = monthly_cost(catalog, d, current, target)  # as if it fitted at its own GPU count
+        why = fit_problem(catalog, d, current, target)
+        if now - ideal >= worth and why is not None:
+            most = largest.get(key, NODE_GPUS)
+            if d.workload_class is WorkloadClass.INFERENCE and d.share == 1 and most > d.gpus:
+                why += f"; not even {most} of them, a whole node, carry it"
+            blocked.append((ideal, key, target, why))
+    if fitting:
+        cost, _, target = min(fitting)
+        return target, now - cost, None
+    if blocked:
+        ideal, _, target, why = min(blocked, key=lambda b: (b[0], b[1]))
+        return target, now - ideal, why
+    return None
+
+
 def _why_stays(
     catalog: Catalog,
     snapshot: Snapshot,
     present: set[str],
+    largest: dict[str, int],
     settings: PlanSettings,
     r: Resolved,
     solution: Solution,
     moves: int,
 ) -> tuple[str, float] | None:
-    """Why a workload that would be cheaper elsewhere is not moved, and what moving it would save a month."""
+    """Why a workload that would be cheaper on other hardware of its site is not moved, and what moving it would
+    save a month. Only the site's hardware is weighed: what to buy is the purchase section's question."""
     if r.hardware is None or r.w.workload_class is WorkloadClass.UNKNOWN:
         return None
     d = r.w.demand
     now = monthly_cost(catalog, d, r.hardware, r.hardware)
     worth = max(settings.min_monthly_savings, settings.min_savings_fraction * now)
-    # Hardware the site has comes first: a catalog lists far more models than any site holds.
-    target, best = cheapest_fit(catalog, d, r.hardware, among=present)
-    saving = now - best
-    if target.key == r.hardware.key or saving < worth:
-        target, best = cheapest_fit(catalog, d, r.hardware)
-        saving = now - best
-        if target.key == r.hardware.key or saving < worth or r.w.pinned:
-            return None
+    found = _tightest(catalog, d, r.hardware, present, largest, worth)
+    if found is None:
+        return None
+    target, saving, misfit = found
     if r.w.pinned:
         return "pinned", saving
     if r.multi_node:
         return "multi-node workloads are not moved automatically", saving
     if r.w.confidence < settings.min_confidence:
         return f"class uncertain (confidence {r.w.confidence:.2f} < {settings.min_confidence:.2f})", saving
+    if misfit is not None:
+        return misfit, saving
     if r.w.id in solution.blocked:
         return solution.blocked[r.w.id], saving
-    if target.key not in present:
-        return f"no {target.name} in site {snapshot.site}", saving
     if settings.max_moves == 0:
         return "the plan allows no moves (max moves 0)", saving
     if moves >= settings.max_moves:
         return f"the plan's {settings.max_moves} moves went to bigger savings", saving
-    fits = fit_problem(catalog, d, r.hardware, target) is None
-    return (f"no free {target.name} capacity in site {snapshot.site}" if fits else "no better fit"), saving
+    return f"no free {target.name} capacity in site {snapshot.site}", saving
 
 
 def _action(r: Resolved, rec_id: str, **what: object) -> Recommendation:
@@ -335,6 +373,19 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
     return sorted(placed, key=lambda x: (x.wave or 0, -x.monthly_savings_usd, x.id))
 
 
+def _targets(
+    catalog: Catalog, recommendations: list[Recommendation], solution: Solution
+) -> dict[str, tuple[GpuType, float]]:
+    """Workload → (hardware, monthly cost there) of each move to other hardware the plan makes."""
+    out = {}
+    for rec in recommendations:
+        if rec.kind in ("move", "consolidate") and rec.to_hardware != rec.from_hardware:
+            target = hardware_of(catalog, rec.to_hardware)
+            if target is not None and rec.workload in solution.monthly_cost:
+                out[rec.workload] = (target, solution.monthly_cost[rec.workload][1])
+    return out
+
+
 def plan_snapshot(
     snapshot: Snapshot,
     catalog: Catalog,
@@ -430,11 +481,14 @@ def plan_snapshot(
     moved = {x.workload for x in recommendations}
     moves = sum(1 for x in recommendations if x.kind in ("move", "consolidate") and x.to_node != x.from_node)
     present = {n.hardware for n in nodes}  # catalog keys of the hardware this site has
+    largest: dict[str, int] = {}
+    for slot in nodes:
+        largest[slot.hardware] = max(largest.get(slot.hardware, 0), slot.gpus // per_gpu)
     blocked = []
     for r in resolved:
         if r.w.id in moved:
             continue
-        why = _why_stays(catalog, snapshot, present, settings, r, solution, moves)
+        why = _why_stays(catalog, snapshot, present, largest, settings, r, solution, moves)
         if why is not None and r.hardware is not None:
             blocked.append(
                 Blocked(
@@ -476,7 +530,8 @@ def plan_snapshot(
         generated_at=time.time() if now is None else now,
         solver=report,
         workloads=views,
-        findings=detect(catalog, resolved) + uncatalogued(catalog, snapshot.nodes),
+        findings=detect(catalog, resolved, _targets(catalog, recommendations, solution), present)
+        + uncatalogued(catalog, snapshot.nodes),
         recommendations=recommendations,
         blocked=blocked,
         monthly_savings_usd=round(sum(x.monthly_savings_usd for x in recommendations), 2),
