@@ -367,9 +367,30 @@ def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None
     return None, 0.0
 
 
+def moved_away(fleet: Fleet, site: str) -> set[tuple[str, str]]:
+    """(workload, node) pairs of workloads that left the node: seen elsewhere only since after their last window
+    there. A multi-node job reports from all its nodes in the same minutes; a moved one stops on its old node
+    before it starts on the new, and what it did on the old hardware says nothing of the new."""
+    spans: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+    for (rec_site, node), record in fleet.nodes.items():
+        if rec_site != site:
+            continue
+        for window in record.windows:
+            for ref in window.workloads:
+                first, last = spans[ref.id].get(node, (window.end, window.end))
+                spans[ref.id][node] = (min(first, window.end), max(last, window.end))
+    gone = set()
+    for wid, by_node in spans.items():
+        if len(by_node) > 1:
+            newest = max(first for first, _ in by_node.values())
+            gone |= {(wid, node) for node, (_, last) in by_node.items() if last < newest}
+    return gone
+
+
 def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
     """Features of every workload seen in ``site`` over the last ``horizon`` windows of each node."""
     accs: dict[str, _Acc] = defaultdict(_Acc)
+    gone = moved_away(fleet, site)
     for (rec_site, _), record in sorted(fleet.nodes.items()):
         if rec_site != site or record.birth is None:
             continue
@@ -395,6 +416,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             pinned_mib = _pinned(window)
             tenants = tenancy(window.workloads, devices, pinned_mib)
             for ref in window.workloads:
+                if (ref.id, record.node) in gone:
+                    continue
                 acc = accs[ref.id]
                 acc.name, acc.hint = ref.name, ref.hint
                 acc.program = ref.program or acc.program
@@ -434,10 +457,12 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                     acc.ingress.append(ingress)
                     acc.egress.append(max(north - ingress, 0.0))
                     acc.reads.append(shared["read_bps"][ref.id][i])
+    # its history where it runs now: digests it left on a node it moved away from describe other hardware
     digests: dict[str, list[Digest]] = defaultdict(list)
-    for (rec_site, _), record in fleet.nodes.items():
-        if rec_site == site:
-            for wid in accs:
+    for wid, acc in accs.items():
+        for node in acc.placements:
+            record = fleet.record(site, node)
+            if record is not None:
                 digests[wid] += record.history.of(wid)
     out = []
     for wid, acc in sorted(accs.items()):
