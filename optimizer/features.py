@@ -461,9 +461,9 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
     digests: dict[str, list[Digest]] = defaultdict(list)
     for wid, acc in accs.items():
         for node in acc.placements:
-            record = fleet.record(site, node)
-            if record is not None:
-                digests[wid] += record.history.of(wid)
+            held = fleet.record(site, node)
+            if held is not None:
+                digests[wid] += held.history.of(wid)
     out = []
     for wid, acc in sorted(accs.items()):
         if acc.windows == 0:
