@@ -490,7 +490,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
         if args.duration:
             loop.call_later(args.duration, stop.set)
-        await fleet.run(stop)
+        if args.apply_acknowledged:
+            from agent.scheduler import apply_acknowledged
+
+            scheduler = asyncio.create_task(apply_acknowledged(fleet.sims, args.api, stop))
+            await fleet.run(stop)
+            await scheduler
+        else:
+            await fleet.run(stop)
         return fleet
 
     try:
@@ -749,6 +756,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--record", type=cliargs.output_file, help="append every window with its ground-truth labels as JSONL"
+    )
+    p.add_argument(
+        "--apply-acknowledged",
+        action="store_true",
+        help="act as the fleet's scheduler: carry out the actions acknowledged in the optimizer (read from --api); "
+        "moved workloads run at the simulated hardware's own speed",
+    )
+    p.add_argument(
+        "--api",
+        type=cliargs.http_url,
+        default="http://127.0.0.1:8470",
+        help="the optimizer's HTTP API, for --apply-acknowledged (default http://127.0.0.1:8470)",
     )
     p.set_defaults(func=_cmd_simulate)
     return parser
