@@ -8,7 +8,9 @@ import contextlib
 import json
 import logging
 import urllib.request
+import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 from agent.protocol import Recommendation
 from collectors.simspeed import moved
@@ -36,7 +38,10 @@ def carry_out(sims: Sequence[SimulatedNode], rec: Recommendation) -> str | None:
     if len(free) < wanted:
         return f"{rec.to_node} has {len(free)} free GPU(s), {wanted} needed"
     here.release(rec.workload)
-    there.admit(moved(spec, here.profile.key, there.profile.key, tuple(free[:wanted])))
+    placed = moved(spec, here.profile.key, there.profile.key, tuple(free[:wanted]))
+    if there is not here:  # a rescheduled pod is a new pod: a new uid, the same service name
+        placed = replace(placed, id=f"k8s/{uuid.uuid5(uuid.NAMESPACE_URL, f'{spec.id}@{there.node}')}")
+    there.admit(placed)
     return None
 
 

@@ -2,9 +2,9 @@
 
 This table is the simulator's own, kept apart from the optimizer's catalog on purpose: the catalog is a claim
 about the world, and a closed-loop run (``fleetfit simulate --apply-acknowledged``) can give the optimizer a
-wrong catalog and watch whether what it observes after each move corrects it. The figures are the per-accelerator
-medians of public MLPerf Inference results (H100 SXM = 1) for compute-bound benchmarks (ResNet-50, RetinaNet,
-BERT, SDXL) and LLM decode (Llama 2 70B, GPT-J, Mixtral), rounded; docs/decisions.md cites the rounds.
+wrong catalog and watch whether what it observes after each move corrects it. The figures are those the shipped
+catalog derives from public MLPerf results (H100 SXM = 1; optimizer/data/catalog.toml names every result), as
+the best available picture of the real hardware.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from collectors.simulated import Pattern, WorkloadSpec
 # profile key → (compute-bound, memory-bound) throughput of one GPU, H100 SXM = 1
 WORLD: dict[str, tuple[float, float]] = {
     "h100": (1.0, 1.0),
-    "h200": (1.1, 1.3),
-    "a100": (0.4, 0.5),
-    "l40s": (0.42, 0.2),
-    "l4": (0.12, 0.06),
-    "mi300x": (0.8, 1.0),
-    "gaudi2": (0.45, 0.5),
+    "h200": (1.05, 1.22),
+    "a100": (0.32, 0.61),  # no MLPerf result in the rounds read: datasheet ratios
+    "l40s": (0.38, 0.28),
+    "l4": (0.11, 0.09),
+    "mi300x": (0.83, 0.95),
+    "gaudi2": (0.48, 0.36),
 }
 COMPUTE_ANCHOR, MEMORY_ANCHOR = 0.35, 0.80  # DRAM's share of DRAM + tensor activity at either end
 DEMAND_BOUND = frozenset({Pattern.INFERENCE, Pattern.LLM_SERVING, Pattern.INTERACTIVE})

@@ -47,6 +47,8 @@ class Figure(_Part):
     method: Method
     source: Source
     range: tuple[float, float] | None = Field(default=None, description="lowest and highest published result")
+    roofline: float | None = Field(default=None, gt=0, le=20, description="datasheet arithmetic, for comparison")
+    roofline_basis: str | None = Field(default=None, max_length=200)
 
     @model_validator(mode="after")
     def _inside(self) -> Figure:

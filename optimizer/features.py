@@ -367,19 +367,26 @@ def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None
     return None, 0.0
 
 
-def moved_away(fleet: Fleet, site: str) -> set[tuple[str, str]]:
-    """(workload, node) pairs of workloads that left the node: seen elsewhere only since after their last window
-    there. A multi-node job reports from all its nodes in the same minutes; a moved one stops on its old node
-    before it starts on the new, and what it did on the old hardware says nothing of the new."""
+GONE_WINDOWS = 3  # a workload its node has not reported for this many of the node's windows has left it
+
+
+def departed(fleet: Fleet, site: str) -> set[tuple[str, str]]:
+    """(workload, node) pairs of workloads that left the node: the node has gone on reporting without them for
+    ``GONE_WINDOWS`` windows (it ended, or a scheduler moved it and it came back as a new pod), or they were seen
+    elsewhere only since after their last window there (moved under the same id). A multi-node job reports from
+    all its nodes in the same minutes. What a workload did on hardware it left says nothing of where it runs."""
     spans: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+    gone = set()
     for (rec_site, node), record in fleet.nodes.items():
-        if rec_site != site:
+        if rec_site != site or not record.windows:
             continue
+        recent = {ref.id for window in list(record.windows)[-GONE_WINDOWS:] for ref in window.workloads}
         for window in record.windows:
             for ref in window.workloads:
                 first, last = spans[ref.id].get(node, (window.end, window.end))
                 spans[ref.id][node] = (min(first, window.end), max(last, window.end))
-    gone = set()
+                if ref.id not in recent:
+                    gone.add((ref.id, node))
     for wid, by_node in spans.items():
         if len(by_node) > 1:
             newest = max(first for first, _ in by_node.values())
@@ -390,7 +397,7 @@ def moved_away(fleet: Fleet, site: str) -> set[tuple[str, str]]:
 def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
     """Features of every workload seen in ``site`` over the last ``horizon`` windows of each node."""
     accs: dict[str, _Acc] = defaultdict(_Acc)
-    gone = moved_away(fleet, site)
+    gone = departed(fleet, site)
     for (rec_site, _), record in sorted(fleet.nodes.items()):
         if rec_site != site or record.birth is None:
             continue

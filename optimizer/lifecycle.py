@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
@@ -57,6 +58,30 @@ CREATE INDEX IF NOT EXISTS recommendations_site_state ON recommendations (site, 
 
 class LifecycleError(ValueError):
     pass
+
+
+# A pod a scheduler moves is a new pod: a new uid, and for a Deployment's pods a new name suffix
+# (``<deployment>-<replica set hash>-<5 characters>``); a StatefulSet's pod keeps its name. The name without
+# those suffixes is the service a moved pod continues.
+_POD_SUFFIX = re.compile(r"-(?:[bcdfghjklmnpqrstvwxz2456789]{6,10}-)?[bcdfghjklmnpqrstvwxz2456789]{5}$")
+
+
+def service_of(name: str) -> str:
+    """The service a workload's name belongs to: a Kubernetes pod name without its generated suffixes."""
+    return _POD_SUFFIX.sub("", name)
+
+
+def _successors(plan: Plan, placements: dict[str, str], rec: Recommendation) -> list[str]:
+    """Workloads that may continue ``rec``'s on its target hardware after a scheduler moved it: other ids of the
+    same service, on the recommended hardware."""
+    if not rec.workload_name:
+        return []
+    wanted = service_of(rec.workload_name)
+    return [
+        w.id
+        for w in plan.workloads
+        if w.id != rec.workload and placements.get(w.id) == rec.to_hardware and service_of(w.name) == wanted
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,20 +139,23 @@ class Lifecycle:
             for rec_id, workload, body, last_seen in rows:
                 if rec_id in proposed:
                     continue
-                if workload not in placements and now - last_seen < UNSEEN_EXPIRY_S:
+                rec = Recommendation.model_validate_json(body)
+                here = workload in placements
+                successors = [] if here or rec.kind == "reclaim" else _successors(plan, placements, rec)
+                if not here and not successors and now - last_seen < UNSEEN_EXPIRY_S:
                     # Not withdrawn, only not seen (a restart, a silent node, a class not yet known): kept open.
                     continue
-                rec = Recommendation.model_validate_json(body)
                 if rec.kind == "reclaim":  # released: the workload is gone
-                    done = workload not in placements
+                    done = not here
                 else:
-                    done = placements.get(workload) == rec.to_hardware
+                    done = bool(successors) or placements.get(workload) == rec.to_hardware
                 new_state = RecState.APPLIED if done else RecState.EXPIRED
                 self._db.execute(
                     "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?", (new_state, now, rec_id)
                 )
-                if done:
-                    outcomes.begin(self._db, plan.site, rec, now)  # follow its load on the new hardware
+                if done and len(successors) <= 1:  # several replicas there: which one continues it is unknown
+                    follow = successors[0] if successors else None
+                    outcomes.begin(self._db, plan.site, rec, now, follow)  # its load on the new hardware
                 resolved.append((rec, new_state))
             self._mark_waiting(plan.site)
         return resolved

@@ -82,6 +82,11 @@ class Outcome:
     site: str
     applied_at: float
     observation: Observation | None
+    workload: str = ""  # the id it runs under now: a rescheduled pod is a new pod (its successor), else its own
+
+    @property
+    def observed_id(self) -> str:
+        return self.workload or self.recommendation.workload
 
     @property
     def missed(self) -> bool:
@@ -119,19 +124,21 @@ class Outcome:
         }
 
 
-def begin(db: sqlite3.Connection, site: str, rec: Recommendation, now: float) -> None:
-    """Start following an applied action that carries a projection (inside the lifecycle's transaction)."""
+def begin(db: sqlite3.Connection, site: str, rec: Recommendation, now: float, workload: str | None = None) -> None:
+    """Start following an applied action that carries a projection (inside the lifecycle's transaction);
+    ``workload``: the id it runs under now, where that is a successor's."""
     if rec.projection is None or rec.kind == "reclaim":
         return
     db.execute(
         "INSERT OR REPLACE INTO outcomes (id, site, workload, applied_at, body, updated) VALUES (?, ?, ?, ?, ?, ?)",
-        (rec.id, site, rec.workload, now, rec.model_dump_json(), now),
+        (rec.id, site, workload or rec.workload, now, rec.model_dump_json(), now),
     )
 
 
 def following(db: sqlite3.Connection, site: str | None = None, now: float | None = None) -> list[Outcome]:
     """Outcomes (of ``site``, or all), those still followed first if ``now`` is given: applied in the last day."""
-    query = "SELECT id, site, applied_at, body, hours, observed_mean, observed_p95, projected_mean, projected_p95 "
+    query = "SELECT id, site, workload, applied_at, body, hours, observed_mean, observed_p95, projected_mean, "
+    query += "projected_p95 "
     query += "FROM outcomes"
     clauses: list[str] = []
     args: list[object] = []
@@ -144,9 +151,9 @@ def following(db: sqlite3.Connection, site: str | None = None, now: float | None
     if clauses:
         query += " WHERE " + " AND ".join(clauses)
     out = []
-    for _, row_site, applied, body, hours, mean, p95, pmean, pp95 in db.execute(query, args):
+    for _, row_site, workload, applied, body, hours, mean, p95, pmean, pp95 in db.execute(query, args):
         seen = Observation(hours, mean, p95, pmean, pp95) if mean is not None else None
-        out.append(Outcome(Recommendation.model_validate(json.loads(body)), row_site, applied, seen))
+        out.append(Outcome(Recommendation.model_validate(json.loads(body)), row_site, applied, seen, workload))
     return out
 
 
@@ -240,7 +247,7 @@ def observe(fleet: Fleet, catalog: Catalog, outcome: Outcome, now: float) -> Out
     until = min(now, outcome.applied_at + OBSERVE_HOURS * 3600 + DIGEST_SECONDS)
     periods: list[_Period] = []
     for record in _on_hardware(fleet, outcome.site, rec.to_hardware, catalog):
-        periods += _periods(record, rec.workload, outcome.applied_at, until)
+        periods += _periods(record, outcome.observed_id, outcome.applied_at, until)
     if not periods:
         return outcome
     # the load the plan expected per GPU there, for each period: its load a day earlier where that is known
@@ -263,7 +270,7 @@ def observe(fleet: Fleet, catalog: Catalog, outcome: Outcome, now: float) -> Out
     )
     if outcome.observation is not None and outcome.observation.hours > seen.hours:
         return outcome  # what was seen before a restart covered more
-    return Outcome(rec, outcome.site, outcome.applied_at, seen)
+    return Outcome(rec, outcome.site, outcome.applied_at, seen, outcome.workload)
 
 
 # ------------------------------------------------------------------------------------------ learning

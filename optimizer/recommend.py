@@ -121,8 +121,11 @@ def _impact(catalog: Catalog, r: Resolved, target: GpuType, gpus: int | None = N
         impact = f"about {ratio:.1f}× the throughput" if ratio >= 1 else f"{1 - ratio:.0%} less throughput, for less"
         return impact, "high" if risk == "high" else "medium"  # a restart from the last checkpoint
     mean, p95 = projected(catalog, d, r.hardware, target)
-    if (p95 > 85 or d.shape is None) and risk == "low":
-        risk = "medium"  # near its limit, or projected without a measured shape
+    measured = all(
+        f.method in ("mlperf", "reference") for g in (r.hardware, target) for f in (g.perf.compute, g.perf.memory)
+    )
+    if (p95 > 85 or d.shape is None or not measured) and risk == "low":
+        risk = "medium"  # near its limit, projected without a measured shape, or from datasheet arithmetic
     where = target.name if gpus is None or gpus == r.w.gpus else f"{gpus} × {target.name}"
     return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {where}", risk
 

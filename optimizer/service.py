@@ -66,8 +66,11 @@ class Optimizer:
         store: Store | None = None,
         lifecycle: Lifecycle | None = None,
         alerter: Alerter | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: wall time in seconds, for what ingest checks and planning observes (a simulation's own)."""
         self.config = config
+        self.clock = clock
         self.catalog = catalog.with_prices(config.prices)
         settings = config.optimizer
         limits = IngestLimits(
@@ -77,7 +80,7 @@ class Optimizer:
             workloads_per_node=settings.max_workloads_per_node,
             inventory=inventory_check(self.catalog, settings.max_gpus_per_node),
         )
-        self.fleet = Fleet(config.mqtt.prefix, settings.horizon_windows, limits)
+        self.fleet = Fleet(config.mqtt.prefix, settings.horizon_windows, limits, clock)
         self.plans: dict[str, Plan] = {}
         self.on_plan = on_plan
         self.should_exit = asyncio.Event()
@@ -218,7 +221,7 @@ class Optimizer:
 
     def _learned(self, fleet: Fleet, site: str, done: list[Outcome]) -> tuple[Catalog, list[Outcome]]:
         """The catalog with what applied moves taught, and this site's moves of the last day as now observed."""
-        now = time.time()
+        now = self.clock()
         followed = [
             observe(fleet, self.catalog, o, now)
             for o in done
