@@ -243,8 +243,10 @@ def _where(exc: ValidationError, text: str) -> str:
             key = tomllib.loads(text)["gpu"][int(loc[1])].get("key", loc[1])
         except (KeyError, IndexError, TypeError, AttributeError, tomllib.TOMLDecodeError):
             key = loc[1]
-        loc = [f"gpu {key}", *loc[2:]]
+        loc = [f"gpu {key}:", ".".join(loc[2:])] if len(loc) > 2 else [f"gpu {key}"]
+    else:
+        loc = [".".join(loc)]
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "missing":
         msg = "missing (every figure needs its value, method and source)"
-    return f"{'.'.join(loc)}: {msg}" if len(loc) > 0 else msg
+    return f"{' '.join(loc)}: {msg}"
