@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agent.protocol import Blocked, Plan, Projection, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import (
+    MAX_PROJECTED_MEAN_UTIL,
+    MAX_PROJECTED_P95_UTIL,
     MEMORY_HEADROOM,
     THROUGHPUT_BOUND,
     Demand,
@@ -163,35 +165,53 @@ def _move_cost(settings: PlanSettings, r: Resolved) -> float:
     return settings.move_cost_usd + r.w.gpus * r.w.share * r.hardware.price_per_gpu_hour * hours
 
 
+NEAR_MISS = 2.0  # a target the workload would overrun by twice or more is no candidate, not a blocked move
+
+
+def _shortfall(catalog: Catalog, d: Demand, current: GpuType, target: GpuType) -> float:
+    """How far ``d`` is from fitting ``target``: its largest need over what the target allows (> 1: too much)."""
+    memory = d.mem_mib_per_gpu / (MEMORY_HEADROOM * target.memory_gib * 1024 * d.share)
+    if d.workload_class in THROUGHPUT_BOUND or d.workload_class is WorkloadClass.IDLE:
+        return memory
+    mean, p95 = projected(catalog, d, current, target)
+    return max(memory, mean / MAX_PROJECTED_MEAN_UTIL, p95 / MAX_PROJECTED_P95_UTIL)
+
+
 def _tightest(
     catalog: Catalog, d: Demand, current: GpuType, present: set[str], largest: dict[str, int], worth: float
 ) -> tuple[GpuType, float, str | None] | None:
     """Among the site's hardware that would save at least ``worth`` a month: the cheapest the workload fits
-    (reason None), else the one that would save most if it fitted, with what stops it (its load, memory or
-    NVLink there). None when no hardware in the site would save that much even then."""
+    (reason None), else the one it comes closest to fitting, with what stops it there (its load, memory or NVLink,
+    on as many of those GPUs as a node holds for a service that could spread). None when no hardware in the site
+    would save that much even if the workload fitted, or it would overrun every such target ``NEAR_MISS`` times."""
     now = monthly_cost(catalog, d, current, current)
     fitting: list[tuple[float, str, GpuType]] = []
-    blocked: list[tuple[float, str, GpuType, str]] = []
+    blocked: list[tuple[float, str, GpuType, str, float]] = []
     for key in sorted(present - {current.key}):
         target = catalog.by_key(key)
-        cost = cost_on(catalog, d, current, target, largest.get(key, NODE_GPUS))
+        most = largest.get(key, NODE_GPUS)
+        cost = cost_on(catalog, d, current, target, most)
         if cost is not None:
             if now - cost >= worth:
                 fitting.append((cost, key, target))
             continue
         ideal = monthly_cost(catalog, d, current, target)  # as if it fitted at its own GPU count
-        why = fit_problem(catalog, d, current, target)
-        if now - ideal >= worth and why is not None:
-            most = largest.get(key, NODE_GPUS)
-            if d.workload_class is WorkloadClass.INFERENCE and d.share == 1 and most > d.gpus:
-                why += f"; not even {most} of them, a whole node, carry it"
-            blocked.append((ideal, key, target, why))
+        if now - ideal < worth:
+            continue
+        spreads = d.workload_class is WorkloadClass.INFERENCE and d.share == 1 and most > d.gpus
+        widest = spread(catalog, d, target, most) if spreads else d
+        why = fit_problem(catalog, widest, current, target)
+        short = _shortfall(catalog, widest, current, target)
+        if why is not None and short < NEAR_MISS:
+            if spreads:
+                why += f" (all {most} GPUs of a node)"
+            blocked.append((short, key, target, why, now - ideal))
     if fitting:
         cost, _, target = min(fitting)
         return target, now - cost, None
     if blocked:
-        ideal, _, target, why = min(blocked, key=lambda b: (b[0], b[1]))
-        return target, now - ideal, why
+        _, _, target, why, saving = min(blocked, key=lambda b: (b[0], b[1]))
+        return target, saving, why
     return None
 
 
