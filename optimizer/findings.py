@@ -4,6 +4,7 @@ planner can move it now (no free capacity, pinned, multi-node). Capacity teams p
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from agent.protocol import Finding, FindingKind, WorkloadClass
 from optimizer.catalog import Catalog, GpuType
@@ -55,31 +56,43 @@ def _finding(r: Resolved, kind: FindingKind, waste: float, confidence: float, de
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """What the plan does with a workload: the hardware it puts it on, its monthly cost there, its GPUs."""
+
+    target: GpuType
+    monthly_cost: float
+    gpus: float
+
+
 def _compared_with(
-    catalog: Catalog, r: Resolved, planned: Mapping[str, tuple[GpuType, float]], present: Collection[str] | None
-) -> tuple[GpuType, float, str]:
-    """The hardware a finding names and the monthly cost there: the plan's target when the plan moves the
-    workload; else the cheapest that fits among the site's hardware; else the cheapest in the catalog, said so."""
+    catalog: Catalog, r: Resolved, planned: Mapping[str, Planned], present: Collection[str] | None
+) -> tuple[float, str]:
+    """(monthly cost, words for it) of what a finding names: the plan's action when the plan acts on the workload;
+    else the cheapest fit among the site's hardware; else the cheapest in the catalog, said to be elsewhere."""
     assert r.hardware is not None
     if r.w.id in planned:
-        target, cost = planned[r.w.id]
-        return target, cost, ""
+        p = planned[r.w.id]
+        if p.target.key == r.hardware.key:
+            return p.monthly_cost, f"{p.gpus:g} of its {r.w.gpus} GPUs (the plan's right-size)"
+        return p.monthly_cost, f"{p.target.name} (the plan's move)"
     if present is not None:
         target, cost = cheapest_fit(catalog, r.w.demand, r.hardware, among=present)
         if target.key != r.hardware.key:
-            return target, cost, ""
+            return cost, target.name
     target, cost = cheapest_fit(catalog, r.w.demand, r.hardware)
-    return target, cost, " (not in this site)" if present is not None and target.key not in present else ""
+    elsewhere = " (not in this site)" if present is not None and target.key not in present else ""
+    return cost, f"{target.name}{elsewhere}"
 
 
 def detect(
     catalog: Catalog,
     workloads: Iterable[Resolved],
-    planned: Mapping[str, tuple[GpuType, float]] | None = None,
+    planned: Mapping[str, Planned] | None = None,
     present: Collection[str] | None = None,
 ) -> list[Finding]:
-    """Findings for classified workloads, most wasteful first. ``planned``: workload → (target hardware, monthly
-    cost there) of the plan's moves, named instead of any other; ``present``: the site's hardware keys."""
+    """Findings for classified workloads, most wasteful first. ``planned``: what the plan does with each workload
+    it acts on, named instead of any other hardware; ``present``: the site's hardware keys."""
     hours = catalog.defaults.hours_per_month
     out = []
     for r in workloads:
@@ -88,7 +101,7 @@ def detect(
             continue
         conf = w.confidence
         now = monthly_cost(catalog, w.demand, hw, hw) / hours
-        target, cost, elsewhere = _compared_with(catalog, r, planned or {}, present)
+        cost, better = _compared_with(catalog, r, planned or {}, present)
         saving = now - cost / hours
         if cls is WorkloadClass.IDLE:
             out.append(
@@ -108,7 +121,7 @@ def detect(
                     saving,
                     conf,
                     f"{cls.value} at {w.mean_util:.0f} % holds NVLink and {hw.fabric_name} GPUs; "
-                    f"{target.name}{elsewhere} would serve it",
+                    f"{better} would serve it",
                 )
             )
         elif cls is WorkloadClass.TRAINING and r.multi_node and not hw.rdma:
@@ -140,7 +153,7 @@ def detect(
                     saving,
                     conf * 0.8,
                     f"uses {r.mem_fraction:.0%} of each GPU's memory at {w.mean_util:.0f} %; "
-                    f"{target.name}{elsewhere} is enough",
+                    f"{better} is enough",
                 )
             )
     out.sort(key=lambda x: -x.wasted_usd_per_hour)

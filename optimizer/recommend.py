@@ -25,7 +25,7 @@ from optimizer.costs import (
     speedup,
     spread,
 )
-from optimizer.findings import NODE_GPUS, cost_on, detect, uncatalogued
+from optimizer.findings import NODE_GPUS, Planned, cost_on, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.interrupt import SolveStop
 from optimizer.ordering import Action, order
@@ -396,16 +396,15 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
     return sorted(placed, key=lambda x: (x.wave or 0, -x.monthly_savings_usd, x.id))
 
 
-def _targets(
-    catalog: Catalog, recommendations: list[Recommendation], solution: Solution
-) -> dict[str, tuple[GpuType, float]]:
-    """Workload → (hardware, monthly cost there) of each move to other hardware the plan makes."""
+def _planned(catalog: Catalog, recommendations: list[Recommendation], solution: Solution) -> dict[str, Planned]:
+    """What the plan does with each workload it moves or resizes, for the findings to name."""
     out = {}
     for rec in recommendations:
-        if rec.kind in ("move", "consolidate") and rec.to_hardware != rec.from_hardware:
-            target = hardware_of(catalog, rec.to_hardware)
-            if target is not None and rec.workload in solution.monthly_cost:
-                out[rec.workload] = (target, solution.monthly_cost[rec.workload][1])
+        target = hardware_of(catalog, rec.to_hardware)
+        if rec.kind == "reclaim" or target is None or rec.workload not in solution.monthly_cost:
+            continue
+        gpus = rec.gpus_after if rec.gpus_after is not None else rec.gpus
+        out[rec.workload] = Planned(target, solution.monthly_cost[rec.workload][1], gpus * (rec.gpu_share or 1.0))
     return out
 
 
@@ -553,7 +552,7 @@ def plan_snapshot(
         generated_at=time.time() if now is None else now,
         solver=report,
         workloads=views,
-        findings=detect(catalog, resolved, _targets(catalog, recommendations, solution), present)
+        findings=detect(catalog, resolved, _planned(catalog, recommendations, solution), present)
         + uncatalogued(catalog, snapshot.nodes),
         recommendations=recommendations,
         blocked=blocked,
