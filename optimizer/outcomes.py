@@ -330,7 +330,7 @@ def missed(outcomes: list[Outcome]) -> list[Finding]:
         more = "more" if seen.off_by > 0 else "less"
         out.append(
             Finding(
-                workload=rec.workload,
+                workload=o.observed_id,
                 workload_name=rec.workload_name,
                 kind=FindingKind.PROJECTION_MISSED,
                 hardware=rec.to_hardware,
