@@ -152,8 +152,7 @@ def detect(
                     FindingKind.OVERSIZED_GPU_MEMORY,
                     saving,
                     conf * 0.8,
-                    f"uses {r.mem_fraction:.0%} of each GPU's memory at {w.mean_util:.0f} %; "
-                    f"{better} is enough",
+                    f"uses {r.mem_fraction:.0%} of each GPU's memory at {w.mean_util:.0f} %; {better} is enough",
                 )
             )
     out.sort(key=lambda x: -x.wasted_usd_per_hour)

@@ -63,7 +63,8 @@ def test_llm_decode_on_cheaper_cards_is_the_fraction_mlperf_measured_not_the_old
     # MLPerf (llama2-70b, gptj, mixtral) put an L40S at 0.14-0.35 of an H100 for LLM serving; the old catalog's 0.55
     # sat outside that range. The memory-bound figure must sit inside it, and below the compute-bound one.
     l40s = CATALOG.by_key("l40s").perf
-    assert 0.14 <= l40s.memory.value <= 0.35 < 0.55
+    old_guess = 0.55
+    assert 0.14 <= l40s.memory.value <= 0.35 < old_guess
     assert l40s.memory.value < l40s.compute.value
     assert CATALOG.by_key("h100_pcie").perf.memory.value <= 0.67  # issue's range 0.34-0.67 (old catalog: 0.8)
     assert 1.03 <= CATALOG.by_key("h200").perf.memory.value <= 1.31  # not the old 1.4
@@ -81,8 +82,8 @@ def _catalog_text_without(line_start: str, within: str) -> str:
 @pytest.mark.parametrize(
     ("line", "within", "says"),
     [
-        ("source = ", '[gpu.perf.memory]\nvalue = 0.28', "gpu l40s: perf.memory.source: missing"),
-        ("value = ", '[gpu.perf.compute]\nvalue = 0.38', "gpu l40s: perf.compute.value: missing"),
+        ("source = ", "[gpu.perf.memory]\nvalue = 0.28", "gpu l40s: perf.memory.source: missing"),
+        ("value = ", "[gpu.perf.compute]\nvalue = 0.38", "gpu l40s: perf.compute.value: missing"),
         ("bandwidth_tbps = ", 'key = "l4"', "gpu l4: datasheet.bandwidth_tbps: missing"),
         ("price_source = ", 'key = "t4"', "gpu t4: price_source: missing"),
     ],
@@ -94,7 +95,7 @@ def test_a_catalog_with_a_figure_or_source_missing_is_refused_in_one_line(
     path.write_text(_catalog_text_without(line, within))
     with pytest.raises(CatalogError, match=says):
         load_catalog(path)
-    out = subprocess.run([FLEETFIT, "catalog", "--catalog", str(path)], capture_output=True, text=True)
+    out = subprocess.run([FLEETFIT, "catalog", "--catalog", str(path)], capture_output=True, text=True, check=False)
     assert out.returncode != 0 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and says in out.stderr
 
@@ -105,12 +106,14 @@ def test_a_catalog_in_the_old_per_class_format_is_refused_with_what_replaced_it(
     )
     path = tmp_path / "old.toml"
     path.write_text(text)
-    with pytest.raises(CatalogError, match="gpu l4: .*replaced by perf.compute and perf.memory"):
+    with pytest.raises(CatalogError, match=r"gpu l4: .*replaced by perf\.compute and perf\.memory"):
         load_catalog(path)
 
 
 def test_the_table_names_every_figures_source() -> None:
-    out = subprocess.run([FLEETFIT, "catalog", "--state-dir", "/nonexistent"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [FLEETFIT, "catalog", "--state-dir", "/nonexistent"], capture_output=True, text=True, check=True
+    )
     assert "l40s" in out.stdout and "0.28 mlperf" in out.stdout
     assert out.stdout.count("datasheet: ") == len(CATALOG.gpu)
     assert "MLPerf Inference v4.1" in out.stdout and "nothing yet" in out.stdout
