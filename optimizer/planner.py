@@ -458,6 +458,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     solver.parameters.catch_sigint_signal = False
     status = problem.stop.solve(solver, model) if problem.stop else solver.solve(model)
     home = {w.id: w.node for w in problem.movable}
+    earlier: dict[str, str] | None = None  # the last round's placement, should a re-solve find none in time
     for _ in range(MAX_PACKING_ROUNDS):  # a pool's share that will not pack: forbid it there and solve again
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
@@ -465,6 +466,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         misfits = _misfits(problem, chosen, pools, size)
         if not misfits:
             break
+        earlier = chosen
         model.clear_hints()  # type: ignore[no-untyped-call]
         for (wid, node), var in choice.items():
             model.add_hint(var, node == (home[wid] if wid in misfits else chosen[wid]))
@@ -473,6 +475,14 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         solver.parameters.max_time_in_seconds = max(budget - (time.perf_counter() - started), 1.0)
         status = problem.stop.solve(solver, model) if problem.stop else solver.solve(model)
     name = solver.status_name(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) and earlier is not None:
+        # The re-solve ran out of time: the round before stands, its workloads that do not pack staying home.
+        placement = _concrete(problem, earlier, pools, blocked, size)
+        elapsed = time.perf_counter() - started
+        cost = sum(options[w.id].nodes[earlier[w.id]] for w in problem.movable)
+        report = SolverReport(status="FEASIBLE", objective=round(cost, 2), best_bound=0.0, gap=0.0,
+                              solve_seconds=round(elapsed, 4))  # fmt: skip
+        return _solution(problem, options, earlier, placement, size, report, blocked, bound)
     if status == cp_model.UNKNOWN:
         # Out of time before CP-SAT had a solution (presolve alone can take that long at fleet scale): the
         # starting placement is feasible and at least as good as the greedy, so it is the plan.
