@@ -70,7 +70,7 @@ class WorkloadFeatures:
     intensity: float | None = None  # board power per unit of utilisation, 0-1: dense matmuls near 1
     tensor_share: float | None = None  # GPM tensor-pipe activity / utilisation
     dram_share: float | None = None  # GPM DRAM bandwidth / utilisation
-    shape_tensor: float | None = None  # the same two over every window with work (>= 10 %), for the shape
+    shape_tensor: float | None = None  # the same two over every window with work (>= 5 %), for the shape
     shape_dram: float | None = None
     ingress_bps: float = 0.0  # front-end bytes in per GPU (requests, or input from NFS / object storage)
     egress_bps: float = 0.0  # front-end bytes out per GPU
@@ -230,7 +230,7 @@ def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float
         centre = statistics.fmean(levels) if levels else 0.0
         acc.centred.extend(v - centre for v in levels)
     util = _mean(g.util_mean for g in gpus)
-    if util >= 10:
+    if util >= 5:
         # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
         pairs = [(g.tensor_active, g.dram_active) for g in gpus]
         known = [(t, d) for t, d in pairs if t is not None and d is not None]
