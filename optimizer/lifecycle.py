@@ -229,8 +229,10 @@ class Lifecycle:
         )
 
     def of_workload(self, workload: str) -> tuple[Tracked, ...]:
-        """Every move ever proposed for ``workload``, in any state, newest first."""
-        return tuple(sorted(self._select("WHERE workload = ?", (workload,)), key=lambda t: -t.first_seen))
+        """Every move ever proposed for ``workload``, in any state, newest first, with the applied move that made
+        it (a rescheduled pod continues the one a move was proposed for)."""
+        rows = self._select("WHERE workload = ? OR id IN (SELECT id FROM outcomes WHERE workload = ?)", (workload,) * 2)
+        return tuple(sorted(rows, key=lambda t: -t.first_seen))
 
     def outcomes(self, site: str | None = None, now: float | None = None) -> builtins.list[Outcome]:
         """Applied actions and what was observed after them (those of the last day, if ``now`` is given)."""

@@ -4,10 +4,12 @@ own speeds (collectors/simspeed.py) under an optimizer given a catalog that is w
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from agent.protocol import (
@@ -28,10 +30,11 @@ from collectors.simspeed import WORLD, memory_share
 from collectors.simspeed import speed as world_speed
 from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
 from optimizer.catalog import Catalog, load_catalog
-from optimizer.config import OptimizerConfig
+from optimizer.config import ApiSettings, OptimizerConfig
 from optimizer.lifecycle import Lifecycle, RecState
 from optimizer.outcomes import Observation, Outcome, learn
 from optimizer.service import Optimizer
+from optimizer.web.app import WebServer
 
 SITE = "loop"
 
@@ -174,6 +177,7 @@ class _Loop:
         done = lifecycle.outcomes()
         _, plan, _, observed = self.optimizer._plan_site(self.optimizer.fleet, SITE, done)
         lifecycle.save_outcomes(observed, self.clock.now)
+        self.optimizer.plans[SITE] = plan
         seen = {w.id: w.hardware for w in plan.workloads if w.workload_class is not WorkloadClass.UNKNOWN}
         lifecycle.record(plan, seen, now=self.clock.now)
         self.findings = plan.findings
@@ -253,3 +257,26 @@ def test_a_catalog_figure_twice_too_high_is_corrected_by_observed_moves(tmp_path
     # The next plan uses the corrected figure: at its 34 % the busier service would reach about 80 % on an
     # L40S, beyond the 60 % a move may project, so it is no longer sent there.
     assert not [r for r in third if r.workload_name == "vision-3" and r.to_hardware == "L40S 48GB"]
+    asyncio.run(_shown(optimizer, lifecycle))
+
+
+async def _shown(optimizer: Optimizer, lifecycle: Lifecycle) -> None:
+    """The API and the workload's page show projected against observed load for each applied move."""
+    server = WebServer(optimizer, ApiSettings(port=0))
+    await server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/api/v1/recommendations?state=applied") as r:
+                applied = await r.json()
+            assert len(applied) == 3
+            for rec in applied:
+                seen = rec["outcome"]
+                assert seen["missed"] and seen["observed_hours"] >= 23
+                assert seen["observed_mean_util"] == pytest.approx(2 * seen["projected_mean_util"], rel=0.3)
+            successor = lifecycle.outcomes()[0].observed_id
+            async with http.get(f"{base}/workload", params={"id": successor}) as r:
+                page = await r.text()
+            assert r.status == 200 and "projected load" in page and "above the projection" in page
+    finally:
+        await server.stop()
