@@ -15,14 +15,16 @@ import pytest
 from agent.protocol import (
     Birth,
     FindingKind,
+    Plan,
     Projection,
     Recommendation,
+    SolverReport,
     TopicKind,
     WorkloadClass,
     encode,
     node_topic,
 )
-from agent.scheduler import carry_out
+from agent.scheduler import apply_acknowledged, carry_out
 from agent.simulate import ManualClock
 from agent.window import WindowBuilder
 from collectors.profiles import PROFILES
@@ -280,3 +282,38 @@ async def _shown(optimizer: Optimizer, lifecycle: Lifecycle) -> None:
             assert r.status == 200 and "projected load" in page and "above the projection" in page
     finally:
         await server.stop()
+
+
+async def test_the_simulated_scheduler_carries_out_what_a_person_acknowledged(tmp_path: Path) -> None:
+    """``fleetfit simulate --apply-acknowledged``: read from the optimizer's real API, a move is made only once
+    acknowledged, and the workload comes back as a new pod of the same service on the target node."""
+    clock = ManualClock(time.time())
+    h100 = SimulatedNode("h100-001", PROFILES["h100"], [_service("vision-0", (0, 1), 0.16)], clock, seed=3)
+    l40s = SimulatedNode("l40s-001", PROFILES["l40s"], [], clock, seed=4)
+    lifecycle = Lifecycle.in_state_dir(tmp_path)
+    optimizer = Optimizer(OptimizerConfig(), load_catalog(), lifecycle=lifecycle)
+    rec = _rec(0.0, 0.38, 0.38, id="m1", workload="vision-0", workload_name="vision-0", gpus=2)
+    plan = Plan(site=SITE, generated_at=clock.now, solver=SolverReport(status="OPTIMAL", objective=0, best_bound=0,
+                gap=0, solve_seconds=0), recommendations=[rec])  # fmt: skip
+    lifecycle.record(plan, {"vision-0": "H100 80GB SXM"})
+    server = WebServer(optimizer, ApiSettings(port=0))
+    await server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        stop = asyncio.Event()
+        task = asyncio.create_task(apply_acknowledged([h100, l40s], base, stop, every=0.05))
+        await asyncio.sleep(0.3)
+        assert [w.id for w in h100.specs] == ["vision-0"] and not l40s.specs  # new: nobody said yes yet
+        lifecycle.set_state("m1", RecState.ACKNOWLEDGED)
+        for _ in range(100):
+            if l40s.specs:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        assert await task == ["m1"]
+    finally:
+        await server.stop()
+    (moved,) = l40s.specs
+    assert not h100.specs and moved.name == "vision-0" and moved.id != "vision-0" and len(moved.gpus) == 2
+    share = memory_share(moved)
+    assert moved.speed == pytest.approx(world_speed("l40s", share) / world_speed("h100", share))
