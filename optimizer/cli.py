@@ -70,7 +70,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return 0
     agent = Agent(config, collectors, session=next_session(config.agent.state_dir), notifier=Notifier())
     asyncio.run(serve(agent))
-    return 0
+    return agent.exit_code
 
 
 async def _one_window(agent: Agent, seconds: float, jsonl: bool = False) -> str:
