@@ -26,6 +26,10 @@ from collectors.base import Collector, Inventory, Sample
 
 log = logging.getLogger(__name__)
 
+# The exit status when a collector can read its hardware again only from a new process (EX_TEMPFAIL): the unit's
+# Restart=on-failure starts it again, within its start limit.
+EXIT_RESTART = 75
+
 
 def open_spool(settings: AgentSettings) -> WindowQueue:
     """The disk spool under ``state_dir``; a queue in memory where the directory cannot be used (read-only, not
@@ -80,6 +84,7 @@ class Agent:
         self.ticks_missed = 0
         self.collector_errors = 0
         self.samples_taken = 0
+        self.exit_code = 0  # what `fleetfit agent` exits with
         self.metrics = (
             MetricsServer(self.settings.metrics_listen, self.settings.metrics_port, self.self_metrics)
             if self.settings.metrics_port is not None
@@ -139,11 +144,26 @@ class Agent:
                 log.info("collector %s recovered", c.name)
         self.builder.add(samples, self.clock.monotonic())
         self.samples_taken += 1
+        self._restart_if_required()
         generation = sum(getattr(c, "generation", 0) for c in self.collectors)
         if generation != self._generation:  # a collector re-read its hardware (driver loaded, MIG changed)
             self._generation = generation
             self._inventory = None
             self.link.republish_birth()
+
+    def _restart_if_required(self) -> None:
+        """A collector that only a new process can repair (the GPU driver replaced under the loaded library) ends
+        the agent with EXIT_RESTART; the open window is still published on the way out."""
+        if self.exit_code:
+            return
+        for c in self.collectors:
+            reason = getattr(c, "restart_required", None)
+            if isinstance(reason, str) and reason:
+                log.error("collector %s: %s; exiting (status %d) for systemd to restart the agent", c.name, reason,
+                          EXIT_RESTART)  # fmt: skip
+                self.exit_code = EXIT_RESTART
+                self.should_exit.set()
+                return
 
     def close_window(self) -> Telemetry | None:
         """Close the open window; None when it holds no sample."""

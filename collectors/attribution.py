@@ -17,7 +17,9 @@ _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}
 # Static pods (kubelet manifests) carry the manifest's 32-hex hash as their UID, without dashes.
 _STATIC_POD = re.compile(r"pod([0-9a-f]{32})(?:\.slice|/|$)")
 _SLURM = re.compile(r"/job_(\d+)(?:/|$)")
-_UNIT = re.compile(r"/([^/]+\.service)(?:/|$)")
+_UNIT = re.compile(r"/([^/]+\.service)(?=/|$)")
+# A user's systemd instance: its services run below it (user@1000.service/app.slice/jupyter.service).
+_USER_MANAGER = re.compile(r"^user@(\d+)\.service$")
 _CONTAINER = re.compile(r"(?:docker|cri-containerd|crio|libpod|nerdctl)[-/]([0-9a-f]{12,64})")
 # Plain containerd (ctr) and nerdctl on cgroupfs put a container at /<containerd namespace>/<64-hex id>.
 _CONTAINERD = re.compile(r"^/[A-Za-z0-9._-]+/([0-9a-f]{64})$")
@@ -51,8 +53,12 @@ def owner_from_cgroup(cgroup_path: str) -> tuple[str, WorkloadKind, str] | None:
     if m := _CONTAINER.search(cgroup_path) or _CONTAINERD.search(cgroup_path):
         cid = m.group(1)[:12]
         return f"container/{cid}", WorkloadKind.CONTAINER, f"container {cid}"
-    if m := _UNIT.search(cgroup_path):
-        return f"systemd/{m.group(1)}", WorkloadKind.SYSTEMD_UNIT, m.group(1)
+    if units := _UNIT.findall(cgroup_path):
+        unit = units[-1]  # the innermost: a user's service, not the user's whole systemd instance
+        manager = next((m for u in units[:-1] if (m := _USER_MANAGER.match(u))), None)
+        if manager is not None:
+            return f"systemd/{manager.group(0)}/{unit}", WorkloadKind.SYSTEMD_UNIT, f"{unit} (user {manager.group(1)})"
+        return f"systemd/{unit}", WorkloadKind.SYSTEMD_UNIT, unit
     return None
 
 

@@ -70,7 +70,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return 0
     agent = Agent(config, collectors, session=next_session(config.agent.state_dir), notifier=Notifier())
     asyncio.run(serve(agent))
-    return 0
+    return agent.exit_code
 
 
 async def _one_window(agent: Agent, seconds: float, jsonl: bool = False) -> str:
@@ -597,7 +597,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--window", type=cliargs.positive_float, default=2.0, help="seconds the --once window spans (default 2)"
     )
-    p.add_argument("--simulate", metavar="MODELxN[:PATTERN]", help="simulated GPUs (e.g. h100x8) with real NICs/disks")
+    p.add_argument(
+        "--simulate",
+        metavar="MODELxN[:PATTERN][:PARTITION]",
+        help="simulated GPUs (h100x8; mi300x8:cpx: AMD GPUs in a compute partition mode) with real NICs/disks",
+    )
     p.set_defaults(func=_cmd_agent)
 
     p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan, serve the console")

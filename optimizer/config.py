@@ -54,7 +54,12 @@ class OptimizerSettings(Section):
     max_workloads_per_node: int = Field(
         default=32, ge=1, le=10_000, description="distinct workloads within the horizon"
     )
-    max_gpus_per_node: int = Field(default=16, ge=1, le=64, description="physical GPUs a node's birth may claim")
+    max_gpus_per_node: int = Field(
+        default=16,
+        ge=1,
+        le=64,
+        description="physical GPUs a node's birth may claim (AMD compute partitions count as their share of one)",
+    )
 
 
 class OptimizerConfig(Section):

@@ -3,10 +3,12 @@ moves onto them. The catalog knows each model's memory; a node holds a bounded n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from agent.protocol import Birth
 from optimizer.catalog import Catalog
+from optimizer.shares import layout
 
 # NVML reports a little under the marketed size (an H100 80GB: 81,559 MiB); more than this over it is a lie.
 MEMORY_SLACK = 1.05
@@ -19,8 +21,11 @@ def inventory_check(catalog: Catalog, max_gpus_per_node: int) -> Callable[[Birth
 
     def check(birth: Birth) -> str | None:
         physical = [g for g in birth.gpus if g.parent is None]
-        if len(physical) > max_gpus_per_node:
-            return f"{len(physical)} GPUs; a node holds at most {max_gpus_per_node} (optimizer.max_gpus_per_node)"
+        # Physical GPUs: an AMD compute partition is its share of one (eight MI300X in CPX are 64 devices, 8 GPUs)
+        gpus = math.ceil(layout(birth).gpus - 1e-9)
+        if gpus > max_gpus_per_node:
+            devices = f" in {len(physical)} devices" if len(physical) != gpus else ""
+            return f"{gpus} GPUs{devices}; a node holds at most {max_gpus_per_node} (optimizer.max_gpus_per_node)"
         if birth.gpus and not physical:
             return "MIG instances without their GPU"
         memory = {g.index: g.memory_mib for g in physical}
