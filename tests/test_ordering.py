@@ -286,9 +286,7 @@ def test_shares_of_gpus_pack_onto_one_gpu_and_replay_within_capacity() -> None:
     # the OCR slice at 0.9 % (p95 1.44 %) 0.9 / 0.11 × 7 = 57 % of a seventh (p95 1.44 / 0.11 × 7 = 92 %), and its
     # 3,000 MiB fit 90 % of a seventh of 24 GiB (3,160 MiB): room is all it lacks.
     shared = [
-        _w(f"embed-{i}", "inference", "h100-01", 1, 1.5, 4_000, shape="compute").model_copy(
-            update={"gpu_share": 0.25}
-        )
+        _w(f"embed-{i}", "inference", "h100-01", 1, 1.5, 4_000, shape="compute").model_copy(update={"gpu_share": 0.25})
         for i in range(4)
     ]
     sliced = _w("ocr", "inference", "h100-01", 1, 0.9, 3_000, shape="compute").model_copy(
