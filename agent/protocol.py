@@ -553,6 +553,7 @@ class FindingKind(StrEnum):
     OVERSIZED_GPU_MEMORY = "oversized_gpu_memory"
     IDLE_ALLOCATION = "idle_allocation"
     UNCATALOGUED_HARDWARE = "uncatalogued_hardware"
+    PROJECTION_MISSED = "projection_missed"  # an applied move whose observed load is far from its projection
 
 
 class Finding(_Model):
@@ -566,6 +567,21 @@ class Finding(_Model):
     wasted_usd_per_hour: float = Field(ge=0)
     confidence: float = Field(ge=0, le=1)
     detail: str
+
+
+class Projection(_Model):
+    """What an action expects of its workload on the target hardware (schema 2): the load before, the relative
+    speed the plan assumed, and the load it projects per GPU there (docs/decisions.md, "Performance model")."""
+
+    shape: float | None = Field(default=None, ge=0, le=1, description="memory-bound share; None: unknown")
+    speed: float = Field(gt=0, le=100, description="one target GPU against one current GPU, as planned")
+    catalog_speed: float = Field(gt=0, le=100, description="the same from the catalog alone, before learned factors")
+    gpus_before: float = Field(gt=0, le=100_000)
+    gpus_after: float = Field(gt=0, le=100_000)
+    before_mean_util: float = Field(ge=0, le=100)
+    before_p95_util: float = Field(ge=0, le=100)
+    mean_util: float = Field(ge=0, le=10_000, description="per GPU on the target (of its share, for a share)")
+    p95_util: float = Field(ge=0, le=10_000)
 
 
 class Recommendation(_Model):
@@ -596,6 +612,7 @@ class Recommendation(_Model):
     gpus_after: float | None = Field(default=None, ge=0, description="GPUs held afterwards (right_size, reclaim)")
     blocked_by: list[str] = Field(default_factory=list, description="dismissed actions this one waits for")
     gpu_share: float | None = Field(default=None, gt=0, le=1, description="the share of one GPU it holds")
+    projection: Projection | None = Field(default=None, description="the load it expects on the target")
 
 
 class Blocked(_Model):

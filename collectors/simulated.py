@@ -77,6 +77,7 @@ class WorkloadSpec:
     client_scale: float = 1.0  # online inference: client traffic relative to the textbook 1.5 GB/s per GPU at peak
     rps_peak: float = 20.0  # LLM serving: requests per second at the daily peak
     request_s: float = 8.0  # LLM serving: seconds a request stays in flight (prefill + decode)
+    speed: float = 1.0  # how fast its GPUs serve its load against those it was sized on (collectors/simspeed.py)
 
 
 @dataclass(slots=True)
@@ -126,6 +127,23 @@ class SimulatedNode:
         self.schema = schema
         self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
         self._netns: dict[str, tuple[float, float, float]] = {}  # per workload: tx bytes, rx bytes, seconds
+
+    def release(self, workload: str) -> WorkloadSpec | None:
+        """Stop running ``workload`` here (a scheduler moved it away); its spec, or None if it was not here."""
+        spec = next((w for w in self.specs if w.id == workload), None)
+        if spec is not None:
+            self.specs.remove(spec)
+        return spec
+
+    def free_gpus(self) -> list[int]:
+        held = {g for w in self.specs for g in w.gpus}
+        return [g for g in range(self.profile.gpus) if g not in held]
+
+    def admit(self, spec: WorkloadSpec) -> None:
+        """Start running ``spec`` on its GPUs, which must be free."""
+        if not set(spec.gpus) <= set(self.free_gpus()):
+            raise ValueError(f"{self.node}: GPUs {spec.gpus} are not free")
+        self.specs.append(spec)
 
     @property
     def started(self) -> float:
@@ -389,7 +407,7 @@ class SimulatedNode:
         p, rng = self.profile, self.rng
         online = w.pattern is Pattern.INFERENCE
         if online:
-            load = min(1.0, w.level * self.diurnal(w, t) * math.exp(rng.gauss(0, w.burst_sigma)))
+            load = min(1.0, w.level * self.diurnal(w, t) * math.exp(rng.gauss(0, w.burst_sigma)) / w.speed)
         else:
             load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
         mem = w.mem_fraction * p.memory_mib

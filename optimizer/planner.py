@@ -27,7 +27,7 @@ from ortools.sat.python import cp_model
 from agent.protocol import SolverReport
 from optimizer.bound import Bound, BoundOptions, per_type_bound
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import Demand, fit_problem, monthly_cost, right_sized, shared, units
+from optimizer.costs import Demand, fit_problem, grown, monthly_cost, right_sized, shared, units
 from optimizer.interrupt import SolveStop
 from optimizer.pools import POOL_PREFIX, Pool, assign, build_pools
 from optimizer.rounding import Candidate, pack
@@ -119,6 +119,7 @@ class _Targets:
 
     by_hardware: dict[str, list[tuple[int, str]]]
     per_type: int
+    largest: dict[str, int] = field(default_factory=dict)  # hardware → the most capacity units one node has
 
     @classmethod
     def of(cls, problem: Problem) -> _Targets:
@@ -131,7 +132,10 @@ class _Targets:
         for nodes in by_hardware.values():
             nodes.sort(key=lambda rn: (-rn[0], rn[1]))
         small = len(problem.movable) * len(problem.nodes) <= problem.full_model_limit
-        return cls(by_hardware, len(problem.nodes) if small else problem.candidates_per_type)
+        largest: dict[str, int] = {}
+        for n in problem.nodes:
+            largest[n.hardware] = max(largest.get(n.hardware, 0), n.gpus)
+        return cls(by_hardware, len(problem.nodes) if small else problem.candidates_per_type, largest)
 
     def nodes(self, hardware: str, gpus: int) -> list[str]:
         """Up to ``per_type`` nodes of ``hardware`` with room for ``gpus`` now, and the next fullest few: those
@@ -202,6 +206,14 @@ def _candidates(
         target = catalog.by_key(key)
         problem_text = fit_problem(catalog, w.demand, current, target)
         demand = sized(catalog, problem, w, current, target) or w.demand
+        if problem_text is not None:
+            # a service whose load or memory the same count of these GPUs cannot carry: the count it needs
+            largest = targets.largest.get(key, 0)
+            if offered and key in offered:
+                largest = max(largest, offered[key].gpus)
+            bigger = grown(catalog, w.demand, current, target, largest // problem.units)
+            if bigger is not None:
+                problem_text, demand = None, bigger
         cost = monthly_cost(catalog, demand, current, target)
         saving = cost_now - cost
         worth = saving >= problem.min_monthly_savings and saving >= problem.min_savings_fraction * cost_now
@@ -446,6 +458,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
     solver.parameters.catch_sigint_signal = False
     status = problem.stop.solve(solver, model) if problem.stop else solver.solve(model)
     home = {w.id: w.node for w in problem.movable}
+    earlier: dict[str, str] | None = None  # the last round's placement, should a re-solve find none in time
     for _ in range(MAX_PACKING_ROUNDS):  # a pool's share that will not pack: forbid it there and solve again
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
@@ -453,6 +466,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         misfits = _misfits(problem, chosen, pools, size)
         if not misfits:
             break
+        earlier = chosen
         model.clear_hints()  # type: ignore[no-untyped-call]
         for (wid, node), var in choice.items():
             model.add_hint(var, node == (home[wid] if wid in misfits else chosen[wid]))
@@ -461,6 +475,14 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         solver.parameters.max_time_in_seconds = max(budget - (time.perf_counter() - started), 1.0)
         status = problem.stop.solve(solver, model) if problem.stop else solver.solve(model)
     name = solver.status_name(status)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) and earlier is not None:
+        # The re-solve ran out of time: the round before stands, its workloads that do not pack staying home.
+        placement = _concrete(problem, earlier, pools, blocked, size)
+        elapsed = time.perf_counter() - started
+        cost = sum(options[w.id].nodes[earlier[w.id]] for w in problem.movable)
+        report = SolverReport(status="FEASIBLE", objective=round(cost, 2), best_bound=0.0, gap=0.0,
+                              solve_seconds=round(elapsed, 4))  # fmt: skip
+        return _solution(problem, options, earlier, placement, size, report, blocked, bound)
     if status == cp_model.UNKNOWN:
         # Out of time before CP-SAT had a solution (presolve alone can take that long at fleet scale): the
         # starting placement is feasible and at least as good as the greedy, so it is the plan.

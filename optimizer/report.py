@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from agent.protocol import Plan
+from agent.protocol import Finding, Plan
 from optimizer.catalog import Catalog
 from optimizer.fleet import Fleet
 from optimizer.snapshot import hardware_of
@@ -124,7 +124,7 @@ def live_showback(
             row.held_usd += w.gpus * price(w.hardware)
             where[w.id] = row
         for f in plan.findings:
-            if (hit := where.get(f.workload)) is not None:
+            if f.wasted_usd_per_hour > 0 and (hit := where.get(f.workload)) is not None:
                 hit.wasted_usd[f.kind.value] = hit.wasted_usd.get(f.kind.value, 0.0) + f.wasted_usd_per_hour
         for r in plan.recommendations:
             if r.id in open_ids and (hit := where.get(r.workload)) is not None:
@@ -161,7 +161,10 @@ class Ledger:
         seconds = interval if previous is None else min(max(now - previous, 0.0), 3 * interval)
         self._last[plan.site] = now
         hours = seconds / 3600
-        waste = {f.workload: f for f in plan.findings}
+        waste: dict[str, Finding] = {}  # the costliest of each workload's findings (a projection missed costs 0)
+        for f in sorted(plan.findings, key=lambda f: f.wasted_usd_per_hour):
+            if f.wasted_usd_per_hour > 0:
+                waste[f.workload] = f
         price = _prices(catalog)
         sums: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
         for w in plan.workloads:

@@ -29,12 +29,14 @@ from agent.protocol import (
     subscription_filters,
 )
 from optimizer.alerts.alerter import Alerter
-from optimizer.catalog import Catalog
+from optimizer.catalog import Catalog, Correction
 from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet, IngestLimits
+from optimizer.history import DIGEST_SECONDS
 from optimizer.interrupt import SolveStop
 from optimizer.inventory import inventory_check
 from optimizer.lifecycle import Lifecycle, Offloaded, RecState
+from optimizer.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
 from optimizer.recommend import plan_snapshot
 from optimizer.report import Ledger, owners_of
 from optimizer.selfmetrics import Lag, optimizer_metrics
@@ -64,8 +66,11 @@ class Optimizer:
         store: Store | None = None,
         lifecycle: Lifecycle | None = None,
         alerter: Alerter | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: wall time in seconds, for what ingest checks and planning observes (a simulation's own)."""
         self.config = config
+        self.clock = clock
         self.catalog = catalog.with_prices(config.prices)
         settings = config.optimizer
         limits = IngestLimits(
@@ -75,7 +80,7 @@ class Optimizer:
             workloads_per_node=settings.max_workloads_per_node,
             inventory=inventory_check(self.catalog, settings.max_gpus_per_node),
         )
-        self.fleet = Fleet(config.mqtt.prefix, settings.horizon_windows, limits)
+        self.fleet = Fleet(config.mqtt.prefix, settings.horizon_windows, limits, clock)
         self.plans: dict[str, Plan] = {}
         self.on_plan = on_plan
         self.should_exit = asyncio.Event()
@@ -96,6 +101,7 @@ class Optimizer:
         self.excluded_nodes: dict[str, dict[str, str]] = {}  # site -> node -> "reason: detail", last round
         # site -> (node, reason) -> devices whose share of a GPU was estimated in the last round
         self.share_estimates: dict[str, Counter[tuple[str, str]]] = {}
+        self.learned: tuple[Correction, ...] = ()  # correction factors from observed moves, last round
 
     async def _ingest(self) -> None:
         settings = self.config.mqtt
@@ -155,8 +161,12 @@ class Optimizer:
         return plans
 
     async def _plan_and_publish(self, snapshot: Fleet, site: str) -> Plan:
+        # applied moves of every site teach the performance model; those of this site are followed for a day
+        done: list[Outcome] = await self.tracker.read(lambda db: db.outcomes()) if self.tracker is not None else []
         # features, classification and the solve all run off the event loop, so ingest goes on meanwhile
-        fleet_snapshot, plan, excluded = await asyncio.to_thread(self._plan_site, snapshot, site)
+        fleet_snapshot, plan, excluded, observed = await asyncio.to_thread(self._plan_site, snapshot, site, done)
+        if observed and self.tracker is not None:
+            await self.tracker.write(self.tracker.lifecycle.save_outcomes, observed)
         if excluded != self.excluded_nodes.get(site, {}):
             for node, why in sorted(excluded.items()):
                 log.warning("site %s: planning without node %s (%s)", site, node, why)
@@ -209,7 +219,35 @@ class Optimizer:
         if self.alerter is not None:
             self.alerter.observe(plan, states, resolved)
 
-    def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan, dict[str, str]]:
+    def _learned(self, fleet: Fleet, site: str, done: list[Outcome]) -> tuple[Catalog, list[Outcome]]:
+        """The catalog with what applied moves taught, and this site's moves of the last day as now observed."""
+        now = self.clock()
+        followed = [
+            observe(fleet, self.catalog, o, now)
+            for o in done
+            if o.site == site and o.applied_at >= now - OBSERVE_HOURS * 3600 - DIGEST_SECONDS
+        ]
+        fresh = {o.recommendation.id: o for o in followed}
+        everything = [fresh.get(o.recommendation.id, o) for o in done]
+        learned = learn(self.catalog, everything)
+        if learned != self.learned:
+            for c in learned:
+                log.info(
+                    "learned: %s work on %s runs %.2fx the catalog's speed against %s (%d move(s), %.0f h)",
+                    c.shape,
+                    c.to_key,
+                    c.factor,
+                    c.from_key,
+                    c.moves,
+                    c.hours,
+                )
+            self.learned = learned
+        return self.catalog.with_corrections(learned), followed
+
+    def _plan_site(
+        self, fleet: Fleet, site: str, done: list[Outcome] | None = None
+    ) -> tuple[Snapshot, Plan, dict[str, str], list[Outcome]]:
+        catalog, followed = self._learned(fleet, site, done or [])
         pinned = self.config.plan.pinned
         excluded: dict[str, str] = {}
         estimated: Counter[tuple[str, str]] = Counter()
@@ -240,11 +278,11 @@ class Optimizer:
                     reason,
                 )
         self.share_estimates[site] = estimated
-        return (
-            fleet_snapshot,
-            plan_snapshot(fleet_snapshot, self.catalog, self.config.plan, stop=self.solve_stop),
-            excluded,
-        )
+        plan = plan_snapshot(fleet_snapshot, catalog, self.config.plan, stop=self.solve_stop)
+        misses = missed(followed)
+        if misses:
+            plan = plan.model_copy(update={"findings": [*plan.findings, *misses]})
+        return fleet_snapshot, plan, excluded, followed
 
     def _export(self, fleet_snapshot: Snapshot) -> None:
         """Leave the live snapshot in the state directory for `fleetfit plan` what-if runs (daemon only)."""

@@ -24,6 +24,7 @@ from agent.simulate import offline_windows, shift_to_now
 from collectors.scenarios import build_scenario
 from collectors.simulated import Pattern
 from optimizer.fleet import Fleet
+from optimizer.snapshot import Snapshot
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")  # the console command, as users run it
 FLEET_PREFIX = "fleetfit/v1"
@@ -293,3 +294,36 @@ def simulated_fleet(
 def recent(windows: list[Telemetry]) -> list[Telemetry]:
     """``windows`` moved in time to end now (see agent.simulate.shift_to_now)."""
     return shift_to_now(windows)
+
+
+def three_actions(site: str) -> Snapshot:
+    """A site whose plan is three actions of three kinds, their savings of different widths (catalog prices a
+    GPU-hour: H100 $2.50, L40S $0.85, L4 $0.35, A100 $1.50; 730 hours a month):
+
+    * image-gen, image generation (compute-bound) on 8 H100 at 20 % (p95 34 %), moves to the empty L40S node: an
+      L40S does 0.38 of an H100's compute-bound work, so 20 / 0.38 = 53 % (p95 89 %) there, and 8 × (2.50 -
+      0.85) × 730 = $9,636 a month. Its 40,000 MiB per GPU keep it off 4 H100s (80,000 > 90 % of 80 GiB).
+    * vision-finetune-ddp, 4-GPU training on L4 (no NVLink), moves to the empty H100 node: an H100 does 1 / 0.11
+      of an L4's compute-bound work, and 1 / 0.6 more off PCIe: 4 × 0.35 × 730 - 4 × 2.50 × 730 × 0.11 × 0.6 =
+      1,022 - 481.80 = $540.20 a month.
+    * forgotten-notebook-alloc, 4 A100 idle all day, is released: 4 × 1.50 × 730 = $4,380 a month."""
+    return Snapshot.model_validate(
+        {
+            "site": site,
+            "nodes": [
+                {"name": "h100-001", "hardware": "h100", "gpus": 8},
+                {"name": "h100-002", "hardware": "h100", "gpus": 8},
+                {"name": "l40s-001", "hardware": "l40s", "gpus": 8},
+                {"name": "l4-001", "hardware": "l4", "gpus": 8},
+                {"name": "a100-001", "hardware": "a100", "gpus": 8},
+            ],
+            "workloads": [
+                {"id": "k8s/image-gen", "name": "image-gen", "class": "inference", "nodes": ["h100-001"],
+                 "gpus": 8, "mem_mib_per_gpu": 40_000, "mean_util": 20, "p95_util": 34, "shape": "compute"},
+                {"id": "slurm/4711", "name": "vision-finetune-ddp", "class": "training", "nodes": ["l4-001"],
+                 "gpus": 4, "mem_mib_per_gpu": 20_000, "mean_util": 90, "p95_util": 93, "shape": "compute"},
+                {"id": "slurm/4712", "name": "forgotten-notebook-alloc", "class": "idle", "nodes": ["a100-001"],
+                 "gpus": 4, "mem_mib_per_gpu": 24_000, "mean_util": 0, "p95_util": 0},
+            ],
+        }
+    )  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FLEETFIT, free_port, simulated_fleet
+from conftest import FLEETFIT, free_port, three_actions
 from webhook_server import WebhookServer, webhook_server
 
 from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
@@ -25,7 +25,7 @@ from optimizer.alerts.payloads import GenericAlert, render
 from optimizer.alerts.settings import AlertSettings, ReceiverSettings, Severity
 from optimizer.catalog import load_catalog
 from optimizer.lifecycle import Lifecycle, RecState
-from optimizer.recommend import PlanSettings, build_plan
+from optimizer.recommend import PlanSettings, plan_snapshot
 
 SLACK_BLOCK_TYPES = {"header", "section", "context", "divider", "actions", "image"}
 CARD_ELEMENT_TYPES = {"TextBlock", "Container", "FactSet", "ColumnSet", "Image"}
@@ -228,8 +228,7 @@ async def test_each_receiver_gets_what_its_filters_let_through(tmp_path: Path) -
 
 
 async def test_optimizer_lifecycle_drives_alerts_and_a_dismissed_move_stays_quiet(tmp_path: Path) -> None:
-    fleet, _ = simulated_fleet("demo", 8, windows=8, site="s")
-    plan = build_plan(fleet, "s", load_catalog(), PlanSettings())
+    plan = plan_snapshot(three_actions("s"), load_catalog(), PlanSettings())
     life = Lifecycle.in_state_dir(tmp_path)
     life.record(plan, {w.id: w.hardware for w in plan.workloads})
     idle = next(r for r in plan.recommendations if r.workload_name == "forgotten-notebook-alloc")
@@ -243,7 +242,7 @@ async def test_optimizer_lifecycle_drives_alerts_and_a_dismissed_move_stays_quie
         await alerter.close()
         body = server.wait_for(1)[0].json()
     GenericAlert.model_validate(body)
-    assert {m["workload_name"] for m in body["firing"]} == {"chat-serving", "vision-finetune-ddp"}
+    assert {m["workload_name"] for m in body["firing"]} == {"image-gen", "vision-finetune-ddp"}
 
 
 # ------------------------------------------------------------------------------------------ payloads

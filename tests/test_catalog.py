@@ -76,9 +76,11 @@ def test_what_the_tools_report_per_device_is_what_the_entry_describes(
 
 
 def test_an_mi250x_die_costs_and_moves_data_as_half_its_module() -> None:
-    # The datasheet's module: 128 GB, 3.2 TB/s; street ~$12,000 -> $1.00 an hour (x 2.2 / 26 280 h). A die is half.
+    # The datasheet's module: 128 GB, 3.2768 TB/s, 383 TFLOPS BF16; street ~$12,000 -> $1.00 an hour
+    # (x 2.2 / 26 280 h). A die is half of each.
     die = CATALOG.by_key("mi250x")
-    assert (die.memory_gib, die.bandwidth_tbps, die.price_per_gpu_hour) == (64, 1.6, 0.5)
+    assert (die.memory_gib, die.bandwidth_tbps, die.price_per_gpu_hour) == (64, pytest.approx(1.6384), 0.5)
+    assert die.datasheet.bf16_tflops == pytest.approx(383 / 2)
     full = CATALOG.by_key("v100_pcie")
     half = CATALOG.by_key("v100_pcie_16gb")
     assert half.price_per_gpu_hour < full.price_per_gpu_hour and half.memory_gib == full.memory_gib / 2

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import FLEETFIT
 from test_ordering import replay
 from webhook_server import webhook_server
@@ -195,7 +196,15 @@ def test_plan_from_a_snapshot_and_refuse_a_broken_one(tmp_path: Path) -> None:
     )
     plan = Plan.model_validate_json(result.stdout)
     moves = {r.workload_name: (r.from_node, r.to_node) for r in plan.recommendations}
-    assert moves == {"chat-serving": ("h100-01", "l40s-01"), "vision-ddp": ("l4-01", "h100-02")}
+    # chat-serving is an LLM service, memory-bound: an L40S does 0.28 of an H100's work there, so its 24 % (p95
+    # 41 %) would become 24 / 0.28 = 86 % (p95 146 %) on the 8 L40S it would move to, and 16 would not fit a node.
+    # Its peak fits half its H100s instead: 48 % (p95 82 %), 2 × 36,000 = 72,000 MiB of 90 % of 80 GiB (73,728).
+    assert moves == {"chat-serving": ("h100-01", "h100-01"), "vision-ddp": ("l4-01", "h100-02")}
+    chat = next(r for r in plan.recommendations if r.workload_name == "chat-serving")
+    assert (chat.kind, chat.gpus_after) == ("right_size", 4)
+    assert chat.monthly_savings_usd == pytest.approx(4 * 2.50 * 730)
+    assert chat.projection is not None
+    assert (chat.projection.mean_util, chat.projection.p95_util) == pytest.approx((48, 82))
     assert "embeddings" not in moves  # pinned
     broken = tmp_path / "fleet.json"
     raw = json.loads(example.read_text())

@@ -192,7 +192,8 @@ async def test_optimizer_restart_keeps_states_and_posts_nothing_twice(tmp_path: 
             f"before restart: {len(posted)} move(s) posted in {deliveries} message(s), states {Counter(states.values())}; "
             f"after restart and 3 plans: {len(hooks.delivered)} message(s), states {Counter(after.values())}"
         )
-    assert len(posted) == len(set(posted)) >= 3
+    # the idle allocation and the training job on L4s (chat-serving's load fits no cheaper card of the site)
+    assert len(posted) == len(set(posted)) >= 2
     assert len(hooks.delivered) == deliveries  # the restart posted nothing again
     assert after[acked] == "acknowledged"
     assert {k: v for k, v in after.items() if k != acked and k in states} == {

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from optimizer.config import ApiSettings
 from optimizer.lifecycle import OPEN, Lifecycle, LifecycleError, RecState, Tracked
+from optimizer.outcomes import Outcome
 from optimizer.report import UNATTRIBUTED, owners_of
 from optimizer.service import Optimizer
 
@@ -19,7 +20,8 @@ log = logging.getLogger(__name__)
 ACTIONS = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
 
 
-def tracked_json(t: Tracked, owners: dict[str, str]) -> dict[str, object]:
+def tracked_json(t: Tracked, owners: dict[str, str], outcome: Outcome | None = None) -> dict[str, object]:
+    """A recommendation with its state, owner and, once applied, the load observed against the projection."""
     return {
         **t.recommendation.model_dump(mode="json"),
         "owner": owners.get(t.recommendation.workload, UNATTRIBUTED),
@@ -27,6 +29,7 @@ def tracked_json(t: Tracked, owners: dict[str, str]) -> dict[str, object]:
         "state": t.state.value,
         "first_seen": t.first_seen,
         "last_seen": t.last_seen,
+        "outcome": outcome.as_json() if outcome is not None else None,
     }
 
 
@@ -55,15 +58,16 @@ class JsonApi:
             states = list(OPEN)
         site = request.query.get("site")
 
-        def query(db: Lifecycle) -> list[Tracked]:
-            return db.list(site, states)
+        def query(db: Lifecycle) -> tuple[list[Tracked], dict[str, Outcome]]:
+            rows = db.list(site, states)
+            return rows, db.outcomes_of(t.recommendation.id for t in rows if t.state is RecState.APPLIED)
 
         try:
-            tracked = await tracker.read(query)
+            tracked, outcomes = await tracker.read(query)
         except sqlite3.Error as exc:
             raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
         owners = owners_of(self.optimizer.fleet)
-        return web.json_response([tracked_json(t, owners) for t in tracked])
+        return web.json_response([tracked_json(t, owners, outcomes.get(t.recommendation.id)) for t in tracked])
 
     async def plans(self, request: web.Request) -> web.Response:
         """Each site's current plan as published (the protocol's ``Plan``: actions, blocked moves, purchases)."""

@@ -19,6 +19,8 @@ from aiohttp import web
 
 from agent.protocol import Plan, Recommendation, WorkloadClass
 from optimizer.lifecycle import OPEN, Lifecycle, RecState, Tracked
+from optimizer.outcomes import Outcome
+from optimizer.render import projected_load
 from optimizer.report import UNATTRIBUTED, By, live_showback, owners_of
 from optimizer.service import Optimizer
 from optimizer.web.charts import bar_chart, line_chart
@@ -67,6 +69,10 @@ def table(
         f'<table id="{table_id}"><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>'
         f"<tbody>{body}</tbody></table>{more}"
     )
+
+
+def _observed(outcome: Outcome | None) -> str:
+    return outcome.describe() if outcome is not None else ""
 
 
 def workload_link(workload: str, name: str) -> str:
@@ -395,11 +401,12 @@ class Console:
         mine: tuple[Tracked, ...] = ()
         if tracker is not None:
 
-            def query(db: Lifecycle) -> tuple[Tracked, ...]:
-                return db.of_workload(wid)
+            def query(db: Lifecycle) -> tuple[tuple[Tracked, ...], dict[str, Outcome]]:
+                rows = db.of_workload(wid)
+                return rows, db.outcomes_of(t.recommendation.id for t in rows)
 
             try:
-                mine = await tracker.read(query)
+                mine, outcomes = await tracker.read(query)
             except sqlite3.Error as exc:
                 raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
         rec_rows = [
@@ -410,12 +417,22 @@ class Console:
                 f"<small>[{esc(t.recommendation.to_hardware)}]</small>",
                 money(t.recommendation.monthly_savings_usd),
                 f'<span class="state" data-state="{esc(t.state.value)}">{esc(t.state.value)}</span>',
+                esc(projected_load(t.recommendation)),
+                esc(_observed(outcomes.get(t.recommendation.id))),
             ]
             for t in mine
         ]
         if tracker is None:
             rec_rows = [
-                ["now", "now", f"{esc(r.from_node)} → {esc(r.to_node)}", money(r.monthly_savings_usd), "new"]
+                [
+                    "now",
+                    "now",
+                    f"{esc(r.from_node)} → {esc(r.to_node)}",
+                    money(r.monthly_savings_usd),
+                    "new",
+                    esc(projected_load(r)),
+                    "",
+                ]
                 for r in plan.recommendations
                 if r.workload == wid
             ]
@@ -449,7 +466,7 @@ class Console:
         body.append(
             table(
                 "Moves proposed for this workload",
-                ["first proposed", "last change", "move", "saving/month", "state"],
+                ["first proposed", "last change", "move", "saving/month", "state", "projected load", "observed load"],
                 rec_rows,
                 "history",
                 numeric=(3,),
