@@ -10,7 +10,7 @@ import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import aiomqtt
@@ -155,8 +155,9 @@ class Optimizer:
         return plans
 
     async def _plan_and_publish(self, snapshot: Fleet, site: str) -> Plan:
+        open_actions = await self._open_actions(site)
         # features, classification and the solve all run off the event loop, so ingest goes on meanwhile
-        fleet_snapshot, plan, excluded = await asyncio.to_thread(self._plan_site, snapshot, site)
+        fleet_snapshot, plan, excluded = await asyncio.to_thread(self._plan_site, snapshot, site, open_actions)
         if excluded != self.excluded_nodes.get(site, {}):
             for node, why in sorted(excluded.items()):
                 log.warning("site %s: planning without node %s (%s)", site, node, why)
@@ -209,7 +210,18 @@ class Optimizer:
         if self.alerter is not None:
             self.alerter.observe(plan, states, resolved)
 
-    def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan, dict[str, str]]:
+    async def _open_actions(self, site: str) -> list[Recommendation]:
+        """The site's open actions, which the next plan keeps unless it finds clearly better: new or acknowledged
+        in the lifecycle (so they survive a restart), else the last plan's."""
+        if self.tracker is not None:
+            tracked = await self.tracker.read(lambda lifecycle: lifecycle.list(site))
+            return [t.recommendation for t in tracked]
+        last = self.plans.get(site)
+        return list(last.recommendations) if last is not None else []
+
+    def _plan_site(
+        self, fleet: Fleet, site: str, open_actions: Sequence[Recommendation] = ()
+    ) -> tuple[Snapshot, Plan, dict[str, str]]:
         pinned = self.config.plan.pinned
         excluded: dict[str, str] = {}
         estimated: Counter[tuple[str, str]] = Counter()
@@ -242,7 +254,9 @@ class Optimizer:
         self.share_estimates[site] = estimated
         return (
             fleet_snapshot,
-            plan_snapshot(fleet_snapshot, self.catalog, self.config.plan, stop=self.solve_stop),
+            plan_snapshot(
+                fleet_snapshot, self.catalog, self.config.plan, stop=self.solve_stop, open_actions=open_actions
+            ),
             excluded,
         )
 
