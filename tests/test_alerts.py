@@ -65,7 +65,15 @@ def receiver(server: WebhookServer, name: str = "chat", kind: str = "generic", *
 
 
 def settings(*receivers: ReceiverSettings, **kw: Any) -> AlertSettings:
-    base: dict[str, Any] = {"group_wait": 0.0, "retry_initial": 0.2, "retry_max": 5.0, "max_attempts": 4}
+    """Alert settings for a test: no group wait and, unless a test sets them, no settle period."""
+    base: dict[str, Any] = {
+        "group_wait": 0.0,
+        "retry_initial": 0.2,
+        "retry_max": 5.0,
+        "max_attempts": 4,
+        "settle_seconds": 0.0,
+        "settle_plans": 1,
+    }
     return AlertSettings(receivers=list(receivers), **(base | kw))
 
 
@@ -244,6 +252,127 @@ async def test_optimizer_lifecycle_drives_alerts_and_a_dismissed_move_stays_quie
         body = server.wait_for(1)[0].json()
     GenericAlert.model_validate(body)
     assert {m["workload_name"] for m in body["firing"]} == {"chat-serving", "vision-finetune-ddp"}
+
+
+# ------------------------------------------------------------------------------------------ settling
+
+
+@pytest.mark.parametrize(
+    ("settle_plans", "times"),
+    [(2, [0.0, 299.0, 300.0]), (3, [0.0, 400.0, 401.0])],  # the last plan is the first that may post
+    ids=["too-soon", "too-few-plans"],
+)
+async def test_a_new_move_is_posted_only_once_enough_plans_over_enough_time_proposed_it(
+    tmp_path: Path, settle_plans: int, times: list[float]
+) -> None:
+    now = [1000.0]
+    with webhook_server() as server:
+        r = receiver(server)
+        alerter = Alerter(
+            settings(r, settle_seconds=300, settle_plans=settle_plans), Journal(tmp_path / "a.db"), clock=lambda: now[0]
+        )
+        for at in times:
+            assert len(server.received) == 0, f"posted before {at} s"
+            now[0] = 1000.0 + at
+            alerter.observe(plan_of([rec(1)], at=now[0]), {})
+            alerter.observe(plan_of([rec(1)], at=now[0]), {})  # the same plan seen twice counts once
+            await alerter.flush()
+        await alerter.close()
+        body = server.wait_for(1)[0].json()
+    assert [(m["id"], m["status"]) for m in body["firing"]] == [("rec-0001", "new")]
+
+
+async def test_a_move_withdrawn_while_settling_is_never_posted_nor_resolved(tmp_path: Path) -> None:
+    now = [1000.0]
+
+    async def plan(at: float, recs: list[Recommendation], resolved: tuple[Recommendation, ...] = ()) -> None:
+        now[0] = 1000.0 + at
+        alerter.observe(plan_of(recs, at=now[0]), {}, resolved=[(x, RecState.EXPIRED) for x in resolved])
+        await alerter.flush()
+
+    with webhook_server() as server:
+        r = receiver(server)
+        alerter = Alerter(
+            settings(r, settle_seconds=300, settle_plans=2), Journal(tmp_path / "a.db"), clock=lambda: now[0]
+        )
+        await plan(0, [rec(1), rec(2)])
+        await plan(100, [rec(2)], resolved=(rec(1),))  # withdrawn a minute and a half after it was proposed
+        await plan(200, [rec(1), rec(2)])  # back: it settles from here
+        await plan(350, [rec(1), rec(2)])
+        first = server.wait_for(1)[0].json()
+        assert [m["id"] for m in first["firing"]] == ["rec-0002"] and first["resolved"] == []
+        await plan(450, [rec(2)], resolved=(rec(1),))  # withdrawn again before it settled: nothing to say
+        await plan(520, [rec(1), rec(2)])
+        await plan(900, [rec(2)], resolved=(rec(1),))
+        await alerter.close()
+        await asyncio.sleep(0.2)
+        assert len(server.received) == 1
+
+
+async def test_settling_survives_a_restart(tmp_path: Path) -> None:
+    now = [1000.0]
+    with webhook_server() as server:
+        r = receiver(server)
+        alerter = Alerter(settings(r, settle_seconds=300), Journal(tmp_path / "a.db"), clock=lambda: now[0])
+        alerter.observe(plan_of([rec(1)], at=now[0]), {})
+        await alerter.flush()
+        await alerter.close()
+        now[0] += 400
+        alerter = Alerter(settings(r, settle_seconds=300), Journal(tmp_path / "a.db"), clock=lambda: now[0])
+        alerter.observe(plan_of([rec(1)], at=now[0]), {})  # the restarted optimizer's first plan: the second
+        await alerter.flush()
+        await alerter.close()
+        assert [m["id"] for m in server.wait_for(1)[0].json()["firing"]] == ["rec-0001"]
+
+
+async def test_the_optimizer_posts_a_settled_move_and_never_one_it_withdrew(tmp_path: Path) -> None:
+    """A real optimizer (lifecycle, planning, alert hooks) plans three times; between the first two plans a move
+    is withdrawn (its workload pinned). Only the moves every plan proposed are posted, with no resolution for
+    the withdrawn one, and a restarted optimizer posts nothing twice."""
+    from optimizer.config import OptimizerConfig, OptimizerSettings
+    from optimizer.service import Optimizer
+
+    fleet, _ = simulated_fleet("demo", 8, windows=8, site="s")
+    now = [1000.0]
+    with webhook_server() as server:
+
+        def start() -> tuple[Optimizer, Alerter]:
+            config = OptimizerConfig(optimizer=OptimizerSettings(state_dir=tmp_path))
+            alerter = Alerter.in_state_dir(settings(receiver(server), settle_seconds=120, settle_plans=2), tmp_path)
+            alerter.clock = lambda: now[0]
+            optimizer = Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(tmp_path), alerter=alerter)
+            optimizer.fleet = fleet
+            return optimizer, alerter
+
+        async def plan(optimizer: Optimizer, alerter: Alerter, at: float) -> Plan:
+            now[0] = 1000.0 + at
+            (made,) = await optimizer.plan_once()
+            await alerter.flush()
+            return made
+
+        optimizer, alerter = start()
+        first = await plan(optimizer, alerter, 0)
+        assert len(first.recommendations) >= 2
+        withdrawn = next(r for r in first.recommendations if r.workload_name == "chat-serving")
+        optimizer.config.plan.pinned.append(withdrawn.workload)
+        second = await plan(optimizer, alerter, 60)
+        assert withdrawn.id not in {r.id for r in second.recommendations}
+        third = await plan(optimizer, alerter, 130)
+        assert optimizer.tracker is not None
+        await asyncio.to_thread(optimizer.tracker.close)
+        await alerter.close()
+        optimizer, alerter = start()  # restarted: its first plan finds the moves posted already
+        optimizer.config.plan.pinned.append(withdrawn.workload)
+        await plan(optimizer, alerter, 200)
+        await alerter.close()
+        assert optimizer.tracker is not None
+        await asyncio.to_thread(optimizer.tracker.close)
+        await asyncio.sleep(0.2)
+        bodies = [d.json() for d in server.delivered]
+    assert len(bodies) == 1
+    posted = [m["id"] for m in bodies[0]["firing"]]
+    assert sorted(posted) == sorted(r.id for r in third.recommendations) and withdrawn.id not in posted
+    assert bodies[0]["resolved"] == []
 
 
 # ------------------------------------------------------------------------------------------ payloads
