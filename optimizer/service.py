@@ -219,6 +219,15 @@ class Optimizer:
         last = self.plans.get(site)
         return list(last.recommendations) if last is not None else []
 
+    async def flush_alerts(self, when: str) -> None:
+        """Post what the alert hooks have gathered now, for at most ``[alerts] flush_timeout`` seconds."""
+        if self.alerter is None:
+            return
+        try:
+            await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)
+        except TimeoutError:
+            log.warning("alerts still unsent %s: %d action(s)", when, self.alerter.pending)
+
     def _plan_site(
         self, fleet: Fleet, site: str, open_actions: Sequence[Recommendation] = ()
     ) -> tuple[Snapshot, Plan, dict[str, str]]:
@@ -321,10 +330,7 @@ class Optimizer:
             if self.ledger is not None:
                 self.ledger.close()
             if self.alerter is not None:
-                try:  # what was gathered but not yet posted goes out now, within bounds
-                    await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)
-                except TimeoutError:
-                    log.warning("alerts still unsent at shutdown: %d action(s)", self.alerter.pending)
+                await self.flush_alerts("at shutdown")  # what was gathered but not yet posted goes out now
                 await self.alerter.close()
             if self.store is not None:
                 await self.store.flush(5.0)
