@@ -3,6 +3,7 @@ kept unless a different choice saves clearly more than its margin."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -237,3 +238,23 @@ def test_the_planner_never_makes_a_plan_infeasible_to_keep_an_action() -> None:
     solution = solve(CATALOG, Problem(nodes, {"l40s-1": 8}, movable, kept=kept, pools=False))
     # another node of the action's hardware: the same action, landing where there is room
     assert solution.placement["svc"] == "l40s-2"
+
+
+async def test_a_live_optimizer_without_new_telemetry_makes_the_same_plan_every_round(tmp_path: Path) -> None:
+    """The fleet stops sending: each later round plans from the same telemetry, its open actions in the
+    lifecycle, and proposes the same actions in the same waves."""
+    from conftest import simulated_fleet
+
+    from optimizer.config import OptimizerConfig, OptimizerSettings
+    from optimizer.lifecycle import Lifecycle
+    from optimizer.service import Optimizer
+
+    fleet, _ = simulated_fleet("mixed", 24, windows=8, seed=4, site="s")
+    config = OptimizerConfig(optimizer=OptimizerSettings(state_dir=tmp_path))
+    optimizer = Optimizer(config, CATALOG, lifecycle=Lifecycle.in_state_dir(tmp_path))
+    optimizer.fleet = fleet
+    rounds = [actions((await optimizer.plan_once())[0]) for _ in range(3)]
+    assert optimizer.tracker is not None
+    await asyncio.to_thread(optimizer.tracker.close)
+    assert len(rounds[0]) >= 3
+    assert rounds[1] == rounds[0] and rounds[2] == rounds[0]
