@@ -51,9 +51,9 @@ CENTS = 100
 MAX_PACKING_ROUNDS = 3
 # CP-SAT's deterministic work limit per second of the time limit its solve has. CP-SAT counts work in
 # "deterministic seconds" (about one second of search on the machine its coefficients were fitted on). On the
-# shared 2-core machine the benches run on, its deterministic clock advanced 0.08-0.28 units per wall-clock
-# second (bench/plan.py fleets, load average 3-5), so a tenth lets the work limit, not the wall clock, end the
-# search there and on anything faster; the bench fleets of up to 1,000 nodes reach their optimum within it.
+# shared 2-core machine the benches run on, its deterministic clock advanced 0.18-0.37 units per wall-clock
+# second (bench/plan.py fleets, one worker, load average 3-4), so a tenth lets the work limit, not the wall clock,
+# end the search there and on anything faster; the bench fleets of up to 1,000 nodes reach their optimum within it.
 WORK_PER_SECOND = 0.1
 
 
@@ -112,7 +112,7 @@ class Problem:
     min_monthly_savings: float = 100.0
     min_savings_fraction: float = 0.10
     time_limit_s: float = 10.0
-    workers: int = 2
+    workers: int = 1  # CP-SAT workers; the plan depends on this too (see solve)
     # Destination nodes offered per hardware type, which bounds the model at fleet scale; small fleets get
     # every node (see _Targets.of).
     candidates_per_type: int = 24
@@ -457,6 +457,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         if start[w.id] not in o.nodes:  # a given start may hold a move to make room, on its own hardware
             key = slots[start[w.id]].hardware
             o.nodes[start[w.id]] = o.types[key] if key in o.types else o.nodes[w.node]
+    bonus = _preferences(problem, options, slots, member_of, hardware)  # again: the start may have added nodes
     prefer = {wid: k.node for wid, k in problem.kept.items() if k.node in member_of}  # pool members
     if sum(len(o.nodes) for o in options.values()) > problem.exact_model_limit and bound is not None:
         saved = sum(o.now for o in options.values()) - _placement_cost(problem, options, hint, slots, one_off=False)
@@ -504,8 +505,10 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         # Symmetry detection takes most of the time limit on these models (packing constraints of thousands of
         # nodes) before the search starts; the hint already gives a solution to improve.
         solver.parameters.symmetry_level = 0
-    # Deterministic: the interleaved search gives the same result whatever the number of workers and however
-    # fast they run, and a deterministic work limit ends it at the same point on every machine.
+    # Deterministic: the interleaved search runs its subsolvers in batches, synchronised between batches, so
+    # the result does not depend on how fast each runs, and a deterministic work limit ends it at the same point
+    # on every machine. One worker: with two, each batch waits for its slowest task, and the 253-node bench fleet
+    # took 2.0 units of work (6-7 s) to its optimum instead of 0.45 (under 2 s).
     solver.parameters.interleave_search = True
     solver.parameters.num_workers = problem.workers
     solver.parameters.random_seed = 1
@@ -576,12 +579,13 @@ def _run(
     """Solve within ``work`` deterministic seconds, ``seconds`` of wall clock at most (one at least); returns the
     status and whether the wall clock, not the work limit or a proof, ended the search."""
     solver.parameters.max_deterministic_time = work
-    solver.parameters.max_time_in_seconds = limit = max(seconds, 1.0)
+    solver.parameters.max_time_in_seconds = max(seconds, 1.0)
     status = problem.stop.solve(solver, model) if problem.stop else solver.solve(model)
     proven = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE, cp_model.MODEL_INVALID)
     stopped = problem.stop is not None and problem.stop.stopped
-    cut = not proven and not stopped and solver.deterministic_time < work and solver.wall_time >= 0.9 * limit
-    return status, cut
+    # The work limit is checked between batches of the interleaved search, so a search it ends has done at
+    # least that work; one that stopped short of it, unproven, was stopped by the clock.
+    return status, not proven and not stopped and solver.deterministic_time < work
 
 
 def _preferences(
