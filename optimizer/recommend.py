@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Literal
 
@@ -29,7 +30,7 @@ from optimizer.findings import NODE_GPUS, Planned, cost_on, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.interrupt import SolveStop
 from optimizer.ordering import Action, order
-from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
+from optimizer.planner import WORK_PER_SECOND, Kept, Movable, NodeSlot, Problem, Solution, solve
 from optimizer.purchases import purchases
 from optimizer.shares import share_units
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
@@ -49,6 +50,18 @@ class PlanSettings(BaseModel):
     min_savings_fraction: float = Field(default=0.10, ge=0, lt=1)
     move_cost_usd: float = Field(default=20.0, ge=0, description="fixed disruption cost of any move")
     time_limit: float = Field(default=10.0, gt=0, le=600)
+    work_limit: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="CP-SAT's deterministic work limit, in its deterministic seconds (default: a tenth of time_limit)",
+    )
+    keep_margin_usd: float = Field(
+        default=100.0, ge=0, description="a plan replaces an open action only if it saves this much more a month"
+    )
+    keep_margin_fraction: float = Field(
+        default=0.10, ge=0, le=10, description="... or this share of the open action's monthly saving, if more"
+    )
     pinned: list[str] = Field(default_factory=list, description="workload ids or glob patterns never moved")
     pools: bool = Field(default=True, description="solve identical nodes with free room as pools")
     reclaim_idle: bool = Field(default=True, description="release idle allocations instead of moving them")
@@ -372,7 +385,7 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
         for node in w.nodes:
             room[node] -= w.gpus / len(w.nodes) * w.share
     actions = []
-    for rec in sorted(recs, key=lambda x: -x.monthly_savings_usd):
+    for rec in sorted(recs, key=lambda x: (-x.monthly_savings_usd, x.id)):
         share = rec.gpu_share or 1.0
         before = rec.gpus * (1.0 if rec.kind == "consolidate" else share)  # consolidation held whole GPUs
         kept = (rec.gpus if rec.gpus_after is None else rec.gpus_after) * share
@@ -408,15 +421,42 @@ def _planned(catalog: Catalog, recommendations: list[Recommendation], solution: 
     return out
 
 
+def keep_margin(settings: PlanSettings, rec: Recommendation) -> float:
+    """How much more a month a new plan must save to replace the open action ``rec`` (docs/decisions.md)."""
+    return max(settings.keep_margin_usd, settings.keep_margin_fraction * rec.monthly_savings_usd)
+
+
+def _kept(settings: PlanSettings, movable: list[Movable], open_actions: Iterable[Recommendation]) -> dict[str, Kept]:
+    """The open actions the planner should keep, by workload: those on a workload that is still where the action
+    found it (a release is not the planner's to keep: it is decided before the solve)."""
+    where = {w.id: w.node for w in movable}
+    kept: dict[str, Kept] = {}
+    for rec in sorted(open_actions, key=lambda x: (-x.monthly_savings_usd, x.id)):
+        if rec.kind == "reclaim" or where.get(rec.workload) != rec.from_node or rec.workload in kept:
+            continue
+        kept[rec.workload] = Kept(rec.to_node, keep_margin(settings, rec))
+    return kept
+
+
 def plan_snapshot(
     snapshot: Snapshot,
     catalog: Catalog,
     settings: PlanSettings,
     now: float | None = None,
     stop: SolveStop | None = None,
+    open_actions: Iterable[Recommendation] = (),
 ) -> Plan:
-    """Plan moves for a snapshot (live or offline); ``stop`` cuts its solves short from another thread."""
+    """Plan moves for a snapshot (live or offline); ``stop`` cuts its solves short from another thread.
+    ``open_actions``: actions earlier plans proposed that are still open (new or acknowledged); each is kept
+    unless a different choice saves clearly more (``keep_margin``)."""
     started = time.perf_counter()
+    # The same snapshot in any order is the same problem, and gives the same plan.
+    snapshot = snapshot.model_copy(
+        update={
+            "nodes": sorted(snapshot.nodes, key=lambda n: n.name),
+            "workloads": sorted(snapshot.workloads, key=lambda w: w.id),
+        }
+    )
     resolved = resolve(catalog, snapshot)
     # capacity in hundredths of a GPU when some workloads hold a share of one (finer where MIG sevenths or
     # partitions' eighths need it to count exactly), else in whole GPUs
@@ -467,13 +507,17 @@ def plan_snapshot(
         units=per_gpu,
         sharing=settings.sharing,
         stop=stop,
+        kept=_kept(settings, movable, open_actions),
+        work_limit=settings.work_limit,
     )
     solution = solve(catalog, problem)
     bought = None
     if settings.buy:
-        # within the plan's time limit, less the share the solve keeps for building the plan
+        # within the plan's time limit, less the share the solve keeps for building the plan; its work limit as
+        # the plan's own solve, or in proportion to the time limit of its own
         left = settings.time_limit * (1 - problem.post_solve_share) - (time.perf_counter() - started)
-        bought = purchases(catalog, problem, solution, settings.buy_time_limit or left)
+        work = problem.work if settings.buy_time_limit is None else WORK_PER_SECOND * settings.buy_time_limit
+        bought = purchases(catalog, problem, solution, settings.buy_time_limit or left, work=work)
     node_hw = {n.name: n.hardware for n in nodes}
     for r in resolved:
         target_node = solution.placement.get(r.w.id)
@@ -522,7 +566,7 @@ def plan_snapshot(
                     monthly_savings_usd=round(why[1], 2),
                 )
             )
-    blocked.sort(key=lambda b: -b.monthly_savings_usd)
+    blocked.sort(key=lambda b: (-b.monthly_savings_usd, b.workload))
     views = [
         WorkloadView(
             id=r.w.id,
@@ -561,6 +605,13 @@ def plan_snapshot(
     )
 
 
-def build_plan(fleet: Fleet, site: str, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
+def build_plan(
+    fleet: Fleet,
+    site: str,
+    catalog: Catalog,
+    settings: PlanSettings,
+    now: float | None = None,
+    open_actions: Iterable[Recommendation] = (),
+) -> Plan:
     """Classify the site's workloads from telemetry and plan moves for the misplaced ones."""
-    return plan_snapshot(from_fleet(fleet, site, settings.pinned), catalog, settings, now)
+    return plan_snapshot(from_fleet(fleet, site, settings.pinned), catalog, settings, now, open_actions=open_actions)

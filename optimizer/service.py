@@ -10,7 +10,7 @@ import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import aiomqtt
@@ -161,10 +161,13 @@ class Optimizer:
         return plans
 
     async def _plan_and_publish(self, snapshot: Fleet, site: str) -> Plan:
+        open_actions = await self._open_actions(site)
         # applied moves of every site teach the performance model; those of this site are followed for a day
         done: list[Outcome] = await self.tracker.read(lambda db: db.outcomes()) if self.tracker is not None else []
         # features, classification and the solve all run off the event loop, so ingest goes on meanwhile
-        fleet_snapshot, plan, excluded, observed = await asyncio.to_thread(self._plan_site, snapshot, site, done)
+        fleet_snapshot, plan, excluded, observed = await asyncio.to_thread(
+            self._plan_site, snapshot, site, open_actions, done
+        )
         if observed and self.tracker is not None:
             await self.tracker.write(self.tracker.lifecycle.save_outcomes, observed)
         if excluded != self.excluded_nodes.get(site, {}):
@@ -244,8 +247,30 @@ class Optimizer:
             self.learned = learned
         return self.catalog.with_corrections(learned), followed
 
+    async def _open_actions(self, site: str) -> list[Recommendation]:
+        """The site's open actions, which the next plan keeps unless it finds clearly better: new or acknowledged
+        in the lifecycle (so they survive a restart), else the last plan's."""
+        if self.tracker is not None:
+            tracked = await self.tracker.read(lambda lifecycle: lifecycle.list(site))
+            return [t.recommendation for t in tracked]
+        last = self.plans.get(site)
+        return list(last.recommendations) if last is not None else []
+
+    async def flush_alerts(self, when: str) -> None:
+        """Post what the alert hooks have gathered now, for at most ``[alerts] flush_timeout`` seconds."""
+        if self.alerter is None:
+            return
+        try:
+            await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)
+        except TimeoutError:
+            log.warning("alerts still unsent %s: %d action(s)", when, self.alerter.pending)
+
     def _plan_site(
-        self, fleet: Fleet, site: str, done: list[Outcome] | None = None
+        self,
+        fleet: Fleet,
+        site: str,
+        open_actions: Sequence[Recommendation] = (),
+        done: list[Outcome] | None = None,
     ) -> tuple[Snapshot, Plan, dict[str, str], list[Outcome]]:
         catalog, followed = self._learned(fleet, site, done or [])
         pinned = self.config.plan.pinned
@@ -278,7 +303,7 @@ class Optimizer:
                     reason,
                 )
         self.share_estimates[site] = estimated
-        plan = plan_snapshot(fleet_snapshot, catalog, self.config.plan, stop=self.solve_stop)
+        plan = plan_snapshot(fleet_snapshot, catalog, self.config.plan, stop=self.solve_stop, open_actions=open_actions)
         misses = missed(followed)
         if misses:
             plan = plan.model_copy(update={"findings": [*plan.findings, *misses]})
@@ -345,10 +370,7 @@ class Optimizer:
             if self.ledger is not None:
                 self.ledger.close()
             if self.alerter is not None:
-                try:  # what was gathered but not yet posted goes out now, within bounds
-                    await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)
-                except TimeoutError:
-                    log.warning("alerts still unsent at shutdown: %d action(s)", self.alerter.pending)
+                await self.flush_alerts("at shutdown")  # what was gathered but not yet posted goes out now
                 await self.alerter.close()
             if self.store is not None:
                 await self.store.flush(5.0)

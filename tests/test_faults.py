@@ -112,6 +112,8 @@ session_expiry = 600
 port = {api_port}
 [alerts]
 group_wait = 0.0
+settle_seconds = 0.0  # each move with the first plan that proposes it: this is about restarts, not settling
+settle_plans = 1
 [[alerts.receivers]]
 name = "ops"
 kind = "generic"

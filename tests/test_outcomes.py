@@ -177,7 +177,7 @@ class _Loop:
 
     def plan(self, lifecycle: Lifecycle) -> tuple[list[Recommendation], dict[str, RecState]]:
         done = lifecycle.outcomes()
-        _, plan, _, observed = self.optimizer._plan_site(self.optimizer.fleet, SITE, done)
+        _, plan, _, observed = self.optimizer._plan_site(self.optimizer.fleet, SITE, done=done)
         lifecycle.save_outcomes(observed, self.clock.now)
         self.optimizer.plans[SITE] = plan
         seen = {w.id: w.hardware for w in plan.workloads if w.workload_class is not WorkloadClass.UNKNOWN}

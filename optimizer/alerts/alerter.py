@@ -1,6 +1,8 @@
-"""Grouping and scheduling: each plan's moves become notices per receiver and site, gathered for
-``group_wait``, posted once (the journal remembers), repeated after ``repeat_interval`` while nobody has
-acknowledged them, and followed by a resolved notice when the move is applied or expires."""
+"""Grouping and scheduling: each plan's moves become notices per receiver and site once they have settled
+(proposed by ``settle_plans`` consecutive plans over ``settle_seconds`` at least: a move a plan soon withdraws is
+never posted), gathered for ``group_wait``, posted once (the journal remembers), repeated after
+``repeat_interval`` while nobody has acknowledged them, and followed by a resolved notice when a posted move is
+applied or expires."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 from agent.protocol import Plan, Recommendation
 from optimizer.alerts.delivery import Webhook
-from optimizer.alerts.journal import Journal
+from optimizer.alerts.journal import Journal, Settling
 from optimizer.alerts.notice import Item, Notice, Status
 from optimizer.alerts.payloads import render
 from optimizer.alerts.settings import AlertSettings, ReceiverSettings
@@ -73,6 +75,7 @@ class Alerter:
         moves this plan applied or expired."""
         now = self.clock()
         resolved = list(resolved)
+        settling = self.journal.proposed(plan.site, [r.id for r in plan.recommendations], plan.generated_at, now)
         for webhook in self.webhooks.values():
             receiver = webhook.receiver
             items: list[Item] = []
@@ -81,6 +84,8 @@ class Alerter:
                     continue
                 sent = self.journal.sent(receiver.name, rec.id)
                 if sent is None or sent.resolved_sent is not None:
+                    if not self._settled(settling[rec.id], now):
+                        continue  # not yet: a later plan may still withdraw it
                     status = Status.NEW
                 elif self.settings.repeat_interval and now - sent.last_sent >= self.settings.repeat_interval:
                     status = Status.REMINDER
@@ -94,6 +99,12 @@ class Alerter:
                 status = Status.APPLIED if state == RecState.APPLIED else Status.EXPIRED
                 items.append(Item(rec, status, self.settings.severity(rec.monthly_savings_usd)))
             self._enqueue(receiver.name, plan, items)
+
+    def _settled(self, settling: Settling, now: float) -> bool:
+        return (
+            settling.plans >= self.settings.settle_plans
+            and now - settling.first_proposed >= self.settings.settle_seconds
+        )
 
     def _enqueue(self, receiver: str, plan: Plan, items: list[Item]) -> None:
         key = (receiver, plan.site)
