@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FLEETFIT, free_port, three_actions
+from conftest import FLEETFIT, free_port, simulated_fleet, three_actions
 from webhook_server import WebhookServer, webhook_server
 
 from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
@@ -352,7 +352,7 @@ async def test_the_optimizer_posts_a_settled_move_and_never_one_it_withdrew(tmp_
         optimizer, alerter = start()
         first = await plan(optimizer, alerter, 0)
         assert len(first.recommendations) >= 2
-        withdrawn = next(r for r in first.recommendations if r.workload_name == "chat-serving")
+        withdrawn = next(r for r in first.recommendations if r.workload_name == "vision-finetune-ddp")
         optimizer.config.plan.pinned.append(withdrawn.workload)
         second = await plan(optimizer, alerter, 60)
         assert withdrawn.id not in {r.id for r in second.recommendations}

@@ -16,6 +16,7 @@ from conftest import FLEETFIT
 from agent.protocol import Plan, Recommendation
 from collectors.profiles import PROFILES
 from collectors.scenarios import build_scenario
+from collectors.simspeed import memory_share
 from collectors.simulated import Pattern
 from optimizer.catalog import load_catalog
 from optimizer.offline import PATTERN_CLASS
@@ -47,6 +48,7 @@ def mixed_fleet(nodes: int, seed: int) -> Snapshot:
                     mem_mib_per_gpu=w.mem_fraction * memory,
                     mean_util=w.level * 100 * (0.6 if online else 1.0),
                     p95_util=min(100.0, w.level * 100 * (1.6 if online else 1.05)),
+                    shape=memory_share(w),  # as the agents would measure it (GPM's DRAM against tensor activity)
                 )
             )
     return Snapshot(site="lab", nodes=out_nodes, workloads=workloads)
