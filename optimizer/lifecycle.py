@@ -74,10 +74,20 @@ class Lifecycle:
         self._db = sqlite3.connect(path, timeout=10, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
         self._db.executescript(_SCHEMA)
+        self.problem: str | None = None  # why states are not kept where they belong (optimizer.statedb)
 
     @classmethod
-    def in_state_dir(cls, state_dir: Path) -> Lifecycle:
-        return cls(state_dir / DB_NAME)
+    def in_state_dir(cls, state_dir: Path, repair: bool = False) -> Lifecycle:
+        """The lifecycle in ``state_dir``. With ``repair`` (the daemon), a damaged or foreign file is moved aside
+        and an unwritable directory replaced, so that the daemon starts whatever it finds (``problem`` says)."""
+        if not repair:
+            return cls(state_dir / DB_NAME)
+        from optimizer.statedb import open_state
+
+        opened = open_state(state_dir, DB_NAME)
+        lifecycle = cls(opened.path)
+        lifecycle.problem = opened.problem
+        return lifecycle
 
     def close(self) -> None:
         self._db.close()
@@ -194,9 +204,12 @@ class Lifecycle:
             key=lambda t: (t.site, t.recommendation.wave or 0, -t.recommendation.monthly_savings_usd),
         )
 
-    def of_workload(self, workload: str) -> tuple[Tracked, ...]:
-        """Every move ever proposed for ``workload``, in any state, newest first."""
-        return tuple(sorted(self._select("WHERE workload = ?", (workload,)), key=lambda t: -t.first_seen))
+    def of_workload(self, workload: str, site: str | None = None) -> tuple[Tracked, ...]:
+        """Every move ever proposed for ``workload`` (in ``site``, when given), in any state, newest first."""
+        where, args = (
+            ("WHERE workload = ? AND site = ?", (workload, site)) if site else ("WHERE workload = ?", (workload,))
+        )
+        return tuple(sorted(self._select(where, args), key=lambda t: -t.first_seen))
 
     def _select(self, where: str, args: tuple[object, ...]) -> Iterable[Tracked]:
         query = f"SELECT site, state, first_seen, last_seen, changed, body FROM recommendations {where}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import subprocess
 import time
@@ -22,15 +23,25 @@ from webhook_server import webhook_server
 
 from agent.config import MqttSettings
 from agent.mqtt import make_client
-from agent.protocol import Birth, GpuInfo, Plan, Telemetry, TopicKind, WorkloadKind, encode, node_topic
+from agent.protocol import (
+    Birth,
+    GpuInfo,
+    NodeStatus,
+    Plan,
+    State,
+    Telemetry,
+    TopicKind,
+    WorkloadKind,
+    encode,
+    node_topic,
+)
 from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from optimizer.catalog import load_catalog
 from optimizer.config import ApiSettings, OptimizerConfig, OptimizerSettings
-from optimizer.fleet import Fleet, IngestLimits
-from optimizer.inventory import inventory_check
+from optimizer.fleet import Fleet
 from optimizer.lifecycle import Lifecycle
-from optimizer.service import Optimizer
+from optimizer.service import Optimizer, ingest_limits
 from optimizer.store import Store, StoreSettings
 from optimizer.web.app import WebServer
 
@@ -70,15 +81,9 @@ def mutated(message: Birth | Telemetry, change: Callable[[dict[str, Any]], None]
 
 
 def live_fleet(clock: Clock, **limits: Any) -> Fleet:
-    settings = OptimizerSettings()
-    defaults: dict[str, Any] = {
-        "clock_skew": settings.max_clock_skew,
-        "window_rate": settings.node_window_rate,
-        "window_burst": settings.node_window_burst,
-        "workloads_per_node": settings.max_workloads_per_node,
-        "inventory": inventory_check(load_catalog(), settings.max_gpus_per_node),
-    }
-    return Fleet(P, 60, IngestLimits(**(defaults | limits)), clock=clock)
+    """A fleet with the live optimizer's limits (``limits`` overriding some)."""
+    defaults = ingest_limits(OptimizerConfig(), load_catalog())
+    return Fleet(P, 60, dataclasses.replace(defaults, **limits), clock=clock)
 
 
 # ------------------------------------------------------------------------------------------ bad values
@@ -129,23 +134,59 @@ def test_ingest_checks_what_the_model_cannot() -> None:
     node = birth.node
     assert fleet.ingest(topic("aaa", node, TopicKind.BIRTH), encode(birth))
     attacks = {
-        "control_character": mutated(windows[0], lambda r: r["workloads"][0].update(name="ok\u001b[2Jowned")),
         "timestamp": encode(
             windows[0].model_copy(update={"start": clock.now - 3 * 86400, "end": clock.now - 2 * 86400})
         ),
         "gpu_index": mutated(windows[0], lambda r: r["workloads"][0].update(gpus=[8, 9])),
+        "schema": mutated(windows[0], lambda r: r.update(samples=10_000)),  # 10,000 samples in a 10 s window
     }
     for reason, payload in attacks.items():
         assert fleet.ingest(topic("aaa", node, TopicKind.TELEMETRY), payload) is None, reason
     future = birth.model_copy(update={"timestamp": clock.now + 2 * 86400, "session": 5})
     assert fleet.ingest(topic("aaa", node, TopicKind.BIRTH), encode(future)) is None
-    bidi = mutated(windows[1], lambda r: r["workloads"][0].update(hint="\u202egnp.exe"))
-    assert fleet.ingest(topic("aaa", node, TopicKind.TELEMETRY), bidi) is None
-    assert fleet.rejected == {"control_character": 2, "timestamp": 2, "gpu_index": 1}
+    huge = mutated(birth, lambda r: r.update(session=2**70))
+    assert fleet.ingest(topic("aaa", node, TopicKind.BIRTH), huge) is None
+    assert fleet.rejected == {"timestamp": 2, "gpu_index": 1, "schema": 2}
     # a retained birth days old is a node up for days, not an attack
     old = birth.model_copy(update={"timestamp": clock.now - 5 * 86400, "session": 2})
     assert fleet.ingest(topic("aaa", node, TopicKind.BIRTH), encode(old))
     assert fleet.ingest(topic("aaa", node, TopicKind.TELEMETRY), encode(windows[2]))
+
+
+def test_one_tenants_process_name_costs_only_that_field() -> None:
+    """A process may name itself anything (prctl): ESC sequences, U+202E. The window of the node it runs on is
+    taken with every other pod's data; only the bad fields are left out, and counted."""
+    fleet = live_fleet(Clock())
+    birth, windows = node_data(5, "aaa")  # l4-001: two workloads
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+    names = {
+        0: {"name": "ok\u001b[2Jowned", "hint": "\u202egnp.exe", "program": "x" * 300, "owner": "team\u0007"},
+        1: {"hint": "a\u200bb"},
+    }
+
+    def poison(raw: dict[str, Any]) -> None:
+        for i, fields in names.items():
+            raw["workloads"][i].update(fields)
+
+    window = fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), mutated(windows[0], poison))
+    assert isinstance(window, Telemetry)
+    assert [w.id for w in window.workloads] == [w.id for w in windows[0].workloads]  # every workload kept
+    assert window.gpus == windows[0].gpus  # and every GPU
+    first, second = window.workloads
+    assert (first.name, first.hint, first.program, first.owner) == ("", None, None, None)
+    assert second.hint is None and second.owner == windows[0].workloads[1].owner
+    assert fleet.dropped_fields == {
+        ("workloads.name", "control_character"): 1,
+        ("workloads.hint", "control_character"): 2,
+        ("workloads.owner", "control_character"): 1,
+        ("workloads.program", "schema"): 1,
+    }
+    assert fleet.node_rejections == {("aaa", birth.node, "field_dropped"): 5} and not fleet.rejected
+    # a workload whose id holds one is dropped from the window; the window is still taken
+    bad_id = mutated(windows[1], lambda r: r["workloads"][0].update(id="k8s/\u202eevil"))
+    window = fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), bad_id)
+    assert isinstance(window, Telemetry) and [w.id for w in window.workloads] == [windows[1].workloads[1].id]
+    assert fleet.dropped_fields[("workloads.id", "control_character")] == 1
 
 
 def test_the_plan_topic_level_is_no_node_name() -> None:
@@ -216,31 +257,107 @@ def test_a_slurm_job_spans_nodes_and_a_silent_pods_node_hands_it_over() -> None:
     assert not fleet.dropped_refs
 
 
-def test_window_rate_and_workload_cap_per_node() -> None:
+def _consecutive(template: Telemetry, count: int, first_seq: int = 0, length: float = 10.0) -> list[Telemetry]:
+    """``count`` back-to-back windows of ``length`` seconds ending now, in order."""
+    end = template.end
+    return [
+        template.model_copy(
+            update={"seq": first_seq + i, "start": end - (count - i) * length, "end": end - (count - i - 1) * length}
+        )
+        for i in range(count)
+    ]
+
+
+def test_windows_are_limited_by_the_time_they_cover_and_refused_ones_are_awaited() -> None:
     clock = Clock()
-    fleet = live_fleet(clock, window_rate=1.0, window_burst=5, workloads_per_node=3)
+    fleet = live_fleet(clock, replay_seconds=100.0)
+    birth, windows = node_data(5, "aaa", windows=1)
+    tele = topic("aaa", birth.node, TopicKind.TELEMETRY)
+    fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+    sent = _consecutive(windows[0], 20)  # 200 s of 10 s windows, all at once, against 100 s of budget
+    for w in sent:
+        fleet.ingest(tele, encode(w))
+    assert fleet.accepted["telemetry"] == 10 and fleet.rejected == {"time_budget": 10}
+    record = fleet.record("aaa", birth.node)
+    assert record is not None and not record.missing  # refused at the tail: nothing after them yet
+    clock.now += 10 / 1.25  # the budget refills at 1.25 s of window a second: one more window
+    assert fleet.ingest(tele, encode(_consecutive(windows[0], 1, first_seq=20)[0]))
+    assert fleet.ingest(tele, encode(_consecutive(windows[0], 1, first_seq=21)[0])) is None
+    # the refused windows are now a gap before 20: awaited, and asked for once they have been missing a while
+    assert fleet.awaited(delay=0.0, give_up=3600.0) == {("aaa", birth.node): [(sent[0].session, 10, 19)]}
+    clock.now += 100 / 1.25
+    for w in sent[10:]:
+        assert fleet.ingest(tele, encode(w)), w.seq  # sent again, each fills its place once
+    assert record.refilled == 10 and not fleet.awaited(0.0, 3600.0)
+    assert fleet.ingest(tele, encode(sent[12])) is None and fleet.rejected["duplicate"] == 1
+
+
+def test_a_replay_arriving_at_once_is_taken_whole() -> None:
+    """An agent back after two hours, or an optimizer back after two hours to the broker's backlog: 720 windows
+    at once, all taken (an arrival limit of 360, the old one, refused half)."""
+    fleet = live_fleet(Clock())
+    birth, windows = node_data(5, "aaa", windows=1)
+    fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+    for w in _consecutive(windows[0], 720):
+        fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(w))
+    assert fleet.accepted["telemetry"] == 720 and not fleet.rejected
+
+
+def test_a_flood_of_refused_messages_is_refused_unread_and_costs_only_its_node() -> None:
+    clock = Clock()
+    fleet = live_fleet(clock, refusal_burst=5.0, refusal_rate=1.0)
+    evil, evil_windows = node_data(5, "aaa", windows=2)
+    good, good_windows = node_data(3, "aaa", windows=3)
+    for b in (evil, good):
+        fleet.ingest(topic("aaa", b.node, TopicKind.BIRTH), encode(b))
+    evil_topic = topic("aaa", evil.node, TopicKind.TELEMETRY)
+    assert fleet.ingest(evil_topic, encode(evil_windows[0]))
+    for _ in range(50):  # the same window again and again: each read, found a duplicate, refused
+        fleet.ingest(evil_topic, encode(evil_windows[0]))
+    assert fleet.rejected == {"duplicate": 5, "rate_limited": 45}  # past 5 refusals: refused unread
+    assert fleet.ingest(evil_topic, encode(evil_windows[1])) is None  # its good windows too, until it refills
+    for w in good_windows:  # another node's windows are untouched
+        assert fleet.ingest(topic("aaa", good.node, TopicKind.TELEMETRY), encode(w))
+    clock.now += 1.0
+    assert fleet.ingest(evil_topic, encode(evil_windows[1]))
+    assert fleet.node_rejections[("aaa", evil.node, "rate_limited")] == 46
+    assert not [k for k in fleet.node_rejections if k[1] == good.node]
+
+
+def test_births_and_states_are_limited_per_node() -> None:
+    clock = Clock()
+    fleet = live_fleet(clock)
+    evil, _ = node_data(5, "aaa")
+    good, good_windows = node_data(3, "aaa")
+    state = State(node=evil.node, session=1, status=NodeStatus.ONLINE, timestamp=clock.now)
+    flood = [(topic("aaa", evil.node, TopicKind.BIRTH), encode(evil.model_copy(update={"session": i})))
+             for i in range(20)]  # fmt: skip
+    flood += [(topic("aaa", evil.node, TopicKind.STATE), encode(state.model_copy(update={"session": 20 + i})))
+              for i in range(20)]  # fmt: skip
+    for t, payload in flood:
+        fleet.ingest(t, payload)
+    burst = OptimizerSettings().node_birth_burst
+    assert fleet.accepted["birth"] + fleet.accepted["state"] == burst
+    assert fleet.rejected == {"rate_limited": 40 - burst}
+    assert fleet.ingest(topic("aaa", good.node, TopicKind.BIRTH), encode(good))  # another node's birth is taken
+    for w in good_windows:
+        assert fleet.ingest(topic("aaa", good.node, TopicKind.TELEMETRY), encode(w))
+    clock.now += 1 / OptimizerSettings().node_birth_rate
+    assert fleet.ingest(topic("aaa", evil.node, TopicKind.BIRTH), encode(evil.model_copy(update={"session": 99})))
+
+
+def test_workload_cap_per_node() -> None:
+    fleet = live_fleet(Clock(), workloads_per_node=3)
     birth, windows = node_data(5, "aaa", windows=1)  # l4-001: two workloads
     fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
-    template = windows[0]
-    ref = template.workloads[0]
-    sent = [
-        template.model_copy(
-            update={
-                "seq": i,
-                "workloads": [ref.model_copy(update={"id": f"k8s/fake-{i}-{j}", "gpus": [j]}) for j in range(2)],
-            }
-        )
-        for i in range(20)
-    ]
-    for w in sent:  # all at once: a burst of 5, then nothing until tokens come back
-        fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(w))
-    assert fleet.accepted["telemetry"] == 5 and fleet.rejected == {"rate_limited": 15}
+    ref = windows[0].workloads[0]
+    for i, w in enumerate(_consecutive(windows[0], 5)):
+        refs = [ref.model_copy(update={"id": f"k8s/fake-{i}-{j}", "gpus": [j]}) for j in range(2)]
+        fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(w.model_copy(update={"workloads": refs})))
     record = fleet.record("aaa", birth.node)
-    assert record is not None
+    assert record is not None and fleet.accepted["telemetry"] == 5
     assert len({r.id for d in record.windows for r in d.workloads}) == 3  # the cap, the rest dropped
     assert fleet.dropped_refs == {"workload_cap": 7}
-    clock.now += 2.0
-    assert fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), encode(template.model_copy(update={"seq": 99})))
 
 
 def test_workloads_gone_longer_than_the_horizon_are_forgotten() -> None:
@@ -480,7 +597,7 @@ async def test_a_hostile_node_on_the_shipped_broker(shipped: Shipped, tmp_path: 
     config = OptimizerConfig(
         mqtt=shipped.settings("fleetfit-optimizer"),
         optimizer=OptimizerSettings(
-            client_id="fleetfit-optimizer", solve_interval=3600, state_dir=tmp_path, node_window_burst=20
+            client_id="fleetfit-optimizer", solve_interval=3600, state_dir=tmp_path, node_replay_seconds=200
         ),
     )
     optimizer = Optimizer(config, load_catalog())
