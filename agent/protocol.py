@@ -465,6 +465,11 @@ class WorkloadRef(_Model):
         default=None, description="Kubernetes namespace, Slurm account or systemd unit: the team that pays"
     )
     owner_user: OwnerName | None = Field(default=None, description="Slurm user who submitted the job")
+    owner_claimed: bool | None = Field(
+        default=None,
+        description="true: `owner` comes from the workload's own environment (SLURM_JOB_ACCOUNT), which its user can "
+        "set, and no source the scheduler owns confirmed it; showback keeps it apart from the team's confirmed use",
+    )
     # Shared GPUs (schema 2): what its processes pin on each GPU, so tenants of one GPU share it by memory held.
     gpu_mem_mib: list[Annotated[Quantity, Field(ge=0, le=2**24)] | None] | None = Field(
         default=None,

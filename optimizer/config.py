@@ -22,6 +22,14 @@ class ApiSettings(BaseModel):
     port: int = Field(default=8470, ge=0, le=65535)
     token: SecretStr | None = Field(default=None, description="bearer token for state changes (FLEETFIT_API_TOKEN)")
     token_file: Path | None = Field(default=None, description="file holding the bearer token (a credential)")
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="names the API is reached by, beyond its listen address, localhost and (listening on every "
+        "address) this machine's names and addresses: a request naming another Host is refused (DNS rebinding)",
+    )
+    header_timeout: float = Field(default=10.0, gt=0, le=600, description="seconds a client has to send a request")
+    request_timeout: float = Field(default=30.0, gt=0, le=600, description="seconds to read and answer one request")
+    max_connections: int = Field(default=512, ge=8, le=60_000, description="open connections at most")
 
     @model_validator(mode="after")
     def _token_file(self) -> ApiSettings:
