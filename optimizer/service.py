@@ -4,9 +4,11 @@ retained on ``{prefix}/{site}/recommendations`` and hand it to the caller."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -87,6 +89,8 @@ class Optimizer:
         self.resend_interval = RESEND_INTERVAL
         self.resend_requests = 0  # requests published, one per node and round
         self.internal_errors = 0  # messages whose handling raised (a bug): logged, counted, the loop goes on
+        self.state_error: str | None = None  # why the last lifecycle write failed (a full disk), until one succeeds
+        self.state_write_failures = 0
         self.solve_stop = SolveStop()  # set once, at shutdown
         self.connected = asyncio.Event()
         self._client: aiomqtt.Client | None = None
@@ -236,7 +240,10 @@ class Optimizer:
 
     def state_problem(self) -> str | None:
         """Why recommendation states and the alert log are not being kept, or None when they are."""
-        problems = [p for p in (self.lifecycle.problem if self.lifecycle else None,) if p]
+        journal_error = self.alerter.journal_error if self.alerter is not None else None
+        problems = [
+            p for p in (self.lifecycle.problem if self.lifecycle else None, self.state_error, journal_error) if p
+        ]
         return "; ".join(problems) or None
 
     def self_metrics(self) -> list[Family]:
@@ -260,14 +267,35 @@ class Optimizer:
                 for w in plan.workloads
                 if w.workload_class is not WorkloadClass.UNKNOWN and w.confidence >= sure
             }
-            resolved = await self.tracker.write(lifecycle.record, plan, seen)
-            states = await self.tracker.write(lifecycle.states, [r.id for r in plan.recommendations])
-            if self.ledger is not None:
-                owners = owners_of(self.fleet, plan.site)
-                interval = self.config.optimizer.solve_interval
-                await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval)
+            ids = [r.id for r in plan.recommendations]
+            try:
+                resolved = await self.tracker.write(lifecycle.record, plan, seen)
+                states = await self.tracker.write(lifecycle.states, ids)
+                if self.ledger is not None:
+                    owners = owners_of(self.fleet, plan.site)
+                    interval = self.config.optimizer.solve_interval
+                    await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval)
+            except sqlite3.Error as exc:
+                # a full disk or a failing one: the plan stands and its alerts go out, from the states still read
+                self._state_failed(exc)
+                with contextlib.suppress(sqlite3.Error):
+                    states = await self.tracker.read(lambda db: db.states(ids))
+            else:
+                self._state_written()
         if self.alerter is not None:
             self.alerter.observe(plan, states, resolved)
+
+    def _state_failed(self, exc: sqlite3.Error) -> None:
+        first = self.state_error is None
+        self.state_error = f"cannot write recommendation states: {_brief(exc)}"
+        self.state_write_failures += 1
+        if first:
+            log.error("%s; planning and alerts go on, states are not kept until writes succeed", self.state_error)
+
+    def _state_written(self) -> None:
+        if self.state_error is not None:
+            log.warning("recommendation states written again after %d failed round(s)", self.state_write_failures)
+            self.state_error = None
 
     def _plan_site(self, fleet: Fleet, site: str) -> tuple[Snapshot, Plan, dict[str, str]]:
         pinned = self.config.plan.pinned

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class Alerter:
         self.clock = clock
         self.notices_sent = 0
         self.notices_failed = 0
+        self.journal_error: str | None = None  # why the alert log was last not written
         self._pending: dict[tuple[str, str], _Group] = {}
         self._wake = asyncio.Event()
 
@@ -134,10 +136,17 @@ class Alerter:
         now = self.clock()
         firing = [i.id for i in notice.items if not i.status.resolved]
         done = [i.id for i in notice.items if i.status.resolved]
-        if firing:
-            self.journal.mark_firing(group.receiver, group.site, firing, now)
-        if done:
-            self.journal.mark_resolved(group.receiver, done, now)
+        try:
+            if firing:
+                self.journal.mark_firing(group.receiver, group.site, firing, now)
+            if done:
+                self.journal.mark_resolved(group.receiver, done, now)
+        except sqlite3.Error as exc:  # posted all the same; a full disk must not stop the alerts
+            if self.journal_error is None:
+                log.error("alert log not written (%s): a restart may post these moves again", exc)
+            self.journal_error = f"cannot write the alert log: {exc}"
+        else:
+            self.journal_error = None
         self.notices_sent += 1
         log.info("alert to %s: %s", group.receiver, notice.title())
         return True
