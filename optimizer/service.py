@@ -87,6 +87,8 @@ class Optimizer:
         self.failed: str | None = None  # why the daemon stopped on its own (a task that died)
         self.notifier = Notifier(environ={})  # serve() hands it systemd's environment
         self.resend_interval = RESEND_INTERVAL
+        self.resend_delay = RESEND_DELAY
+        self.connects = 0  # broker sessions begun
         self.resend_requests = 0  # requests published, one per node and round
         self.internal_errors = 0  # messages whose handling raised (a bug): logged, counted, the loop goes on
         self.state_error: str | None = None  # why the last lifecycle write failed (a full disk), until one succeeds
@@ -125,6 +127,7 @@ class Optimizer:
                         await client.subscribe(topic_filter, qos=1)
                     self._client = client
                     self._backoff.reset()
+                    self.connects += 1
                     self.connected.set()
                     log.info("subscribed to %s/# on %s:%d", settings.prefix, settings.host, settings.port)
                     async for message in client.messages:
@@ -166,7 +169,7 @@ class Optimizer:
     async def request_resends(self) -> int:
         """Ask each node for the windows missing from its sequence; the number of nodes asked."""
         client = self._client
-        awaited = self.fleet.awaited(RESEND_DELAY, RESEND_GIVE_UP)
+        awaited = self.fleet.awaited(self.resend_delay, RESEND_GIVE_UP)
         if client is None or not awaited:
             return 0
         asked = 0
