@@ -5,7 +5,6 @@ jittered exponential backoff, windows sent again when the optimizer asks for one
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Callable
@@ -159,13 +158,7 @@ class Link:
                     self._backoff.reset()
                     self.connected.set()
                     log.info("connected to %s:%d as %s", self._settings.host, self._settings.port, self._node)
-                    listener = asyncio.create_task(self._listen(client), name=f"resend-{self._node}")
-                    try:
-                        await self._drain(client)
-                    finally:
-                        listener.cancel()
-                        with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                            await listener
+                    await self._serve(client)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -173,6 +166,8 @@ class Link:
                 delay = self._backoff.next_delay()
                 if not isinstance(exc, aiomqtt.MqttError | OSError):
                     log.exception("broker link failed; retrying in %.1f s", delay)
+                elif not isinstance(exc, aiomqtt.MqttError):  # the agent's own side: a CA or key file unreadable
+                    log.warning("cannot connect to the broker (%s); retrying in %.1f s", self.last_error, delay)
                 elif self.connected.is_set():
                     log.warning("broker connection lost (%s); %d window(s) queued", self.last_error, len(self.queue))
                 else:
@@ -180,6 +175,24 @@ class Link:
                 self.connected.clear()
                 self._client = None
                 await asyncio.sleep(delay)
+
+    async def _serve(self, client: aiomqtt.Client) -> None:
+        """Drain the queue and listen for requests until either ends: a connection that drops while the queue is
+        empty is noticed by the listener at once, not at the next window."""
+        tasks = {
+            asyncio.create_task(self._drain(client), name=f"drain-{self._node}"),
+            asyncio.create_task(self._listen(client), name=f"resend-{self._node}"),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
+        raise aiomqtt.MqttError("the connection ended")
 
     async def _listen(self, client: aiomqtt.Client) -> None:
         """Queue again the windows the optimizer asks for (the only messages this node may read)."""

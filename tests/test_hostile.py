@@ -8,7 +8,11 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,11 +23,12 @@ from typing import Any
 import aiohttp
 import aiomqtt
 import pytest
-from conftest import MosquittoServer, fault_size, free_port, recent, wait_until
+from conftest import FLEETFIT, MosquittoServer, fault_size, free_port, recent, wait_until
 from webhook_server import webhook_server
 
 from agent.config import MqttSettings
 from agent.mqtt import Link, make_client
+from agent.notify import Notifier
 from agent.protocol import (
     Birth,
     GpuInfo,
@@ -40,7 +45,7 @@ from agent.simulate import offline_windows
 from agent.spool import MemoryQueue
 from collectors.scenarios import build_scenario
 from optimizer.catalog import load_catalog
-from optimizer.config import ApiSettings, OptimizerConfig, OptimizerSettings
+from optimizer.config import ApiSettings, OptimizerConfig, OptimizerSettings, SiteSettings
 from optimizer.fleet import Fleet
 from optimizer.lifecycle import Lifecycle, Offloaded
 from optimizer.report import Ledger
@@ -919,3 +924,379 @@ async def test_the_broker_refuses_what_exceeds_its_message_size_limit(shipped: S
 def test_the_shipped_acl_names_no_node_wildcard() -> None:
     lines = [line for line in (EXAMPLES / "acl").read_text().splitlines() if line and not line.startswith("#")]
     assert not [line for line in lines if line.startswith("pattern")]  # a pattern's + would span sites
+
+
+# ------------------------------------------------------------------------------------- supervision
+
+
+async def test_a_reconnect_outlives_a_ca_file_missing_for_a_while(
+    shipped: Shipped, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The CA file unreadable while the optimizer and an agent reconnect: each logs it, keeps trying, and is
+    back once the file is; the optimizer then stops cleanly."""
+    ca = tmp_path / "ca.crt"
+    shutil.copy(shipped.credentials / "ca.crt", ca)
+    optimizer = optimizer_on(shipped, tmp_path)
+    optimizer.config.mqtt.ca_file = ca
+    link, windows = honest_link(shipped, 2)
+    link._settings = link._settings.model_copy(update={"ca_file": ca})
+    async with running(optimizer):
+        publisher = asyncio.create_task(link.run())
+        try:
+            await wait_until(link.connected.is_set, 10, "the agent to connect")
+            ca.rename(tmp_path / "away")
+            # their own accounts connecting elsewhere (a second process of each) end both sessions
+            for user in ("fleetfit-optimizer", GOOD[2]):
+                async with make_client(shipped.settings(user), user):
+                    pass
+            await wait_until(lambda: not optimizer.connected.is_set() and not link.connected.is_set(), 10, "both cut")
+            await asyncio.sleep(2.0)
+            assert not optimizer.connected.is_set() and not link.connected.is_set()
+            (tmp_path / "away").rename(ca)
+            await wait_until(lambda: optimizer.connected.is_set() and link.connected.is_set(), 15, "both back")
+            for w in windows[:3]:
+                link.queue.put(encode(w))
+            await wait_until(lambda: optimizer.fleet.accepted["telemetry"] >= 3, 10, "windows after the outage")
+        finally:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
+    assert optimizer.failed is None and optimizer.connects >= 2 and link.connects >= 2
+    said = [r.getMessage() for r in caplog.records if "No such file" in r.getMessage()]
+    assert any(m.startswith("broker 127.0.0.1") for m in said)  # the optimizer's
+    assert any(m.startswith("cannot connect to the broker") for m in said)  # the agent's
+
+
+async def test_a_task_that_dies_stops_the_optimizer_and_shutdown_still_flushes(tmp_path: Path) -> None:
+    """No long-lived task should ever end; one that does (a bug) is logged, stops the watchdog pings and the
+    daemon (exit 1, so that systemd restarts it), and the alerts and store are flushed on the way out."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(tmp_path / "notify"))
+    server.setblocking(False)
+    config = OptimizerConfig(mqtt=MqttSettings(port=free_port()), optimizer=OptimizerSettings(solve_interval=0.5))
+    optimizer = Optimizer(config, load_catalog())
+    optimizer.notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "400000"})
+    flushed: list[str] = []
+
+    class Store:
+        async def run(self) -> None:
+            await asyncio.Event().wait()
+
+        async def flush(self, limit: float) -> None:
+            flushed.append("store")
+
+        def close(self) -> None:
+            flushed.append("closed")
+
+    optimizer.store = Store()  # type: ignore[assignment]
+
+    async def fails() -> list[Plan]:
+        raise RuntimeError("a bug")
+
+    async def planning_dies() -> None:
+        await asyncio.sleep(1.5)
+        raise KeyError("a bug past the planning loop's guard")
+
+    optimizer.plan_once = fails  # type: ignore[method-assign]  # caught, logged, retried by the loop
+    optimizer._planning = planning_dies  # type: ignore[method-assign]
+    try:
+        await asyncio.wait_for(optimizer.run(), 15)
+        messages = []
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                messages.append(server.recv(64))
+    finally:
+        server.close()
+    assert optimizer.failed is not None and "optimizer-planning died: KeyError" in optimizer.failed
+    assert messages[0] == b"READY=1" and messages[-1] == b"STOPPING=1" and messages.count(b"WATCHDOG=1") >= 2
+    assert flushed == ["store", "closed"]
+
+
+async def test_a_dead_broker_link_stops_the_agents_watchdog(tmp_path: Path) -> None:
+    from agent.config import AgentConfig, AgentSettings
+    from agent.service import Agent
+    from collectors.scenarios import simulated_node
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(str(tmp_path / "notify"))
+    server.setblocking(False)
+    node = build_scenario("demo", 8)[0]
+    config = AgentConfig(
+        agent=AgentSettings(node=node.name, site="lab", publish_interval=1.0, state_dir=tmp_path),
+        mqtt=MqttSettings(port=free_port()),
+    )
+    notifier = Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify"), "WATCHDOG_USEC": "200000"})
+    agent = Agent(config, [simulated_node(node, time.time, 0)], session=1, queue=MemoryQueue(10), notifier=notifier)
+
+    async def link_dies() -> None:
+        await asyncio.sleep(1.0)
+        raise RuntimeError("a bug the link's own retries did not catch")
+
+    agent.link.run = link_dies  # type: ignore[method-assign]
+    task = asyncio.create_task(agent.run())
+    pings: list[float] = []
+    try:
+        deadline = time.monotonic() + 2.8
+        while time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    if server.recv(64) == b"WATCHDOG=1":
+                        pings.append(time.monotonic())
+            await asyncio.sleep(0.05)
+    finally:
+        agent.should_exit.set()
+        await asyncio.wait_for(task, 15)
+        server.close()
+    started = pings[0]
+    assert pings and all(p - started < 1.6 for p in pings)  # pings stopped once the link died (at 1 s)
+    assert agent.link_died is not None and "a bug" in agent.link_died
+
+
+# --------------------------------------------------------------------------------------------------- HTTP
+
+
+async def test_a_thousand_slow_clients_cost_the_api_nothing(
+    shipped: Shipped, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """1,030 clients that open a connection and send half a request (the default descriptor limit is 1,024):
+    /healthz still answers at once, the half-sent requests are closed after the header timeout, and the log
+    stays quiet."""
+    async with running(optimizer_on(shipped, tmp_path)) as optimizer:
+        settings = ApiSettings(port=0, header_timeout=2.0, max_connections=256)
+        server = WebServer(optimizer, settings)
+        await server.start()
+        slow: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            for _ in range(1030):
+                reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                slow.append((reader, writer))
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{server.port}/healthz") as r:
+                assert r.status == 200 and (await r.json())["status"] == "ok"
+            assert server.refused["header_timeout"] == 0  # answered before any slow client timed out
+            assert server.refused["connection_cap"] >= 1030 - 256
+            # every slow client is closed by the header timeout, or was pushed out at the cap
+            closed = await asyncio.wait_for(asyncio.gather(*(r.read() for r, _ in slow)), 10)
+            assert all(data == b"" or data.startswith(b"HTTP/1.1 4") for data in closed)
+        finally:
+            for _, writer in slow:
+                writer.close()
+            await server.stop()
+    noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not noisy and sum(len(r.getMessage()) for r in caplog.records) < 20_000
+
+
+async def test_every_response_carries_the_security_headers_and_bad_requests_are_4xx(tmp_path: Path) -> None:
+    config = OptimizerConfig(mqtt=MqttSettings(port=free_port()), optimizer=OptimizerSettings(state_dir=tmp_path))
+    optimizer = Optimizer(config, load_catalog())
+    server = WebServer(optimizer, ApiSettings(port=0, token="t0ken", hosts=["fleetfit.example.com"]))  # type: ignore[arg-type]
+    await server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/no-such-page", "/static/none.css", "/workload?id=x"):
+                async with http.get(base + path) as r:
+                    assert r.status == 404, path
+                    assert r.headers["X-Content-Type-Options"] == "nosniff"
+                    assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+            # a page served by DNS rebinding (evil.example resolving to this address) names its own Host
+            # /healthz: 503 here (no broker), from any name the server answers to; a page served by DNS rebinding
+            # (evil.example resolving to this address) names its own Host, and is refused
+            for host, status in (("evil.example:8470", 421), ("fleetfit.example.com", 503), ("localhost:80", 503)):
+                async with http.get(f"{base}/healthz", headers={"Host": host}) as r:
+                    assert r.status == status, host
+                    assert r.headers["X-Content-Type-Options"] == "nosniff"
+        # an Authorization header that is no UTF-8 at all: 400, not a 500 and a traceback
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(
+            b"POST /api/v1/recommendations/abc/ack HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer \xff\xfe\x80\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:60]
+        assert b"nosniff" in answer
+    finally:
+        await server.stop()
+    assert server.refused["host"] == 1
+
+
+# ---------------------------------------------------------------------------------------------- inventory
+
+
+async def test_a_node_claiming_more_than_the_site_inventory_is_planned_from_the_inventory(
+    shipped: Shipped, tmp_path: Path
+) -> None:
+    """An 8 x L40S node says it holds 16 H100s: with the site's inventory of record it is flagged, and planned
+    as the 8 L40S it is; its windows for GPUs it does not have are refused."""
+    inventory = tmp_path / "aaa.csv"
+    inventory.write_text("node,hardware,gpus\nevil,l40s,8\n")
+    optimizer = optimizer_on(shipped, tmp_path)
+    optimizer.config.sites = {"aaa": SiteSettings(inventory=inventory)}
+    optimizer.fleet.limits = ingest_limits(optimizer.config, optimizer.catalog)
+    birth, windows = node_data(3, "aaa", name="evil")  # 8 x L40S
+    h100 = birth.gpus[0].model_copy(update={"model": "NVIDIA H100 80GB HBM3", "memory_mib": 81_559,
+                                             "pci_device_id": "0x233010de"})  # fmt: skip
+    lie = birth.model_copy(
+        update={"gpus": [h100.model_copy(update={"index": i, "uuid": f"GPU-{i}"}) for i in range(16)]}
+    )
+    high = mutated(windows[1], lambda r: r["workloads"][0].update(gpus=[12, 13]))
+    async with running(optimizer):
+        await _publish(
+            shipped.settings("evil"),
+            [(topic("aaa", "evil", TopicKind.BIRTH), encode(lie), True)]
+            + [(topic("aaa", "evil", TopicKind.TELEMETRY), encode(w), False) for w in windows[:1] + windows[2:]]
+            + [(topic("aaa", "evil", TopicKind.TELEMETRY), high, False)],
+        )
+        await wait_until(lambda: optimizer.fleet.accepted["telemetry"] >= 5, 15, "the windows")
+        await wait_until(lambda: optimizer.fleet.rejected["gpu_index"] >= 1, 5, "the window on GPUs it lacks")
+        record = optimizer.fleet.record("aaa", "evil")
+        assert record is not None and record.birth is not None
+        assert [g.model for g in record.birth.gpus] == ["NVIDIA L40S"] * 8
+        assert optimizer.health()["inventory_mismatch"] == {
+            "aaa": {"evil": "claims 16 × NVIDIA H100 80GB HBM3; the inventory lists 8 × L40S 48GB"}
+        }
+        plan = next(p for p in await optimizer.plan_once() if p.site == "aaa")
+        assert {w.hardware for w in plan.workloads} == {"L40S 48GB"}
+        from agent.metrics import render
+
+        assert 'fleetfit_inventory_mismatch{site="aaa",node="evil"} 1' in render(optimizer.self_metrics())
+
+
+# -------------------------------------------------------------------------------------- the state directory
+
+
+async def test_a_corrupt_state_file_is_moved_aside_and_the_optimizer_plans_and_alerts(
+    shipped: Shipped, tmp_path: Path
+) -> None:
+    """`fleetfit optimizer` as systemd runs it, on the shipped broker, with a fleetfit.db that is not a database:
+    it starts, moves the file aside, plans, posts its alerts, and says what it did (log, /healthz, metrics)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "fleetfit.db").write_bytes(b"\x00garbage, not SQLite\xff" * 400)
+    api_port = free_port()
+    config = tmp_path / "optimizer.toml"
+    config.write_text(
+        f'[optimizer]\nstate_dir = "{state}"\nsolve_interval = 1.0\n'
+        f'[mqtt]\nhost = "127.0.0.1"\nport = {shipped.server.port}\ntls = true\n'
+        f'ca_file = "{shipped.credentials / "ca.crt"}"\nusername = "fleetfit-optimizer"\n'
+        f'password_file = "{shipped.credentials / "clients" / "fleetfit-optimizer" / "mqtt-password"}"\n'
+        f"[api]\nport = {api_port}\n[alerts]\ngroup_wait = 0.0\n"
+        '[[alerts.receivers]]\nname = "ops"\nkind = "generic"\nurl_env = "OPS_WEBHOOK"\n'
+    )
+    with webhook_server() as hooks:
+        env = {"OPS_WEBHOOK": hooks.url("/ops"), "PATH": "/usr/bin:/bin"}
+        proc = await asyncio.create_subprocess_exec(
+            FLEETFIT, "optimizer", "--config", str(config), env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            async with aiohttp.ClientSession() as http:
+
+                async def health() -> dict[str, Any]:
+                    try:
+                        async with http.get(f"http://127.0.0.1:{api_port}/healthz") as r:
+                            return dict(await r.json())
+                    except aiohttp.ClientError:
+                        return {}
+
+                for _ in range(100):
+                    if (await health()).get("status") not in (None, "broker unreachable"):
+                        break
+                    await asyncio.sleep(0.2)
+                for i, name in enumerate(GOOD):
+                    birth, windows = node_data(i, "good")
+                    await _publish(shipped.settings(name), [(topic("good", name, TopicKind.BIRTH), encode(birth), True)]
+                                   + [(topic("good", name, TopicKind.TELEMETRY), encode(w), False) for w in windows])  # fmt: skip
+                await asyncio.to_thread(hooks.wait_for, 1, 30)
+                said = await health()
+                async with http.get(f"http://127.0.0.1:{api_port}/metrics") as r:
+                    metrics = await r.text()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    aside = list(state.glob("fleetfit.db.damaged-*"))
+    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"\x00garbage")
+    assert said["status"] == "degraded" and "moved aside" in said["state"] and aside[0].name in said["state"]
+    assert 'fleetfit_state_problems_total{reason="damaged"} 1' in metrics
+    assert b"moved aside" in stderr
+    assert [m["id"] for d in hooks.delivered for m in d.json()["firing"]]  # it planned and alerted
+    # the fresh file holds what the daemon did: its recommendations
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(state / "fleetfit.db")) as db:
+        assert db.execute("SELECT COUNT(*) FROM recommendations").fetchone()[0] >= 1
+
+
+def _state_optimizer(state_dir: Path, hooks_url: str) -> Optimizer:
+    from optimizer.alerts.alerter import Alerter
+    from optimizer.alerts.settings import AlertSettings, ReceiverSettings
+
+    os.environ["FLEETFIT_TEST_HOOK"] = hooks_url
+    lifecycle = Lifecycle.in_state_dir(state_dir, repair=True)
+    alerts = AlertSettings(
+        group_wait=0.0, receivers=[ReceiverSettings(name="ops", kind="generic", url_env="FLEETFIT_TEST_HOOK")]
+    )
+    alerter = Alerter.in_state_dir(alerts, lifecycle.path.parent)
+    config = OptimizerConfig(
+        mqtt=MqttSettings(port=free_port()), optimizer=OptimizerSettings(state_dir=state_dir, solve_interval=3600)
+    )
+    optimizer = Optimizer(config, load_catalog(), lifecycle=lifecycle, alerter=alerter)
+    _feed(optimizer, "lab", range(8))
+    return optimizer
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: the real kernel's ENOSPC and read-only mounts (needs root for ``mount``)."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
+                          capture_output=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+async def test_a_read_only_state_directory_degrades_the_optimizer_and_never_stops_it(small_disk: Path) -> None:
+    Lifecycle.in_state_dir(small_disk).close()  # a sound state file, on a file system then mounted read-only
+    remount = await asyncio.create_subprocess_exec("mount", "-o", "remount,ro", str(small_disk))
+    assert await remount.wait() == 0
+    with webhook_server() as hooks:
+        optimizer = _state_optimizer(small_disk, hooks.url("/ops"))
+        alerts = asyncio.create_task(optimizer.alerter.run()) if optimizer.alerter else None
+        try:
+            plans = await optimizer.plan_once()
+            await asyncio.to_thread(hooks.wait_for, 1, 15)
+        finally:
+            if alerts is not None:
+                alerts.cancel()
+    assert plans and plans[0].recommendations and not optimizer.failing_sites
+    problem = optimizer.health()["state"]
+    assert isinstance(problem, str) and "read_only" in problem and "until the optimizer stops" in problem
+
+
+async def test_a_full_state_disk_never_stops_planning_or_alerts(small_disk: Path) -> None:
+    with webhook_server() as hooks:
+        optimizer = _state_optimizer(small_disk, hooks.url("/ops"))
+        filler = small_disk / "filler"
+        with filler.open("wb") as f, contextlib.suppress(OSError):
+            f.write(b"\0" * (2 << 20))  # more than the disk holds: every free byte taken
+        alerts = asyncio.create_task(optimizer.alerter.run()) if optimizer.alerter else None
+        try:
+            plans = await optimizer.plan_once()
+            await asyncio.to_thread(hooks.wait_for, 1, 15)
+            problem = optimizer.health()["state"]
+            failures = optimizer.state_write_failures
+            filler.unlink()  # space again: states are written again, and the daemon says so
+            await optimizer.plan_once()
+        finally:
+            if alerts is not None:
+                alerts.cancel()
+    assert plans and plans[0].recommendations and not optimizer.failing_sites  # planned regardless
+    assert isinstance(problem, str) and "full" in problem and failures == 1
+    assert optimizer.health()["state"] is None
+    assert optimizer.lifecycle is not None and optimizer.lifecycle.list("lab")
