@@ -38,6 +38,7 @@ from agent.protocol import (
     Telemetry,
     TopicKind,
     WorkloadKind,
+    WorkloadRef,
     encode,
     node_topic,
 )
@@ -1300,3 +1301,172 @@ async def test_a_full_state_disk_never_stops_planning_or_alerts(small_disk: Path
     assert isinstance(problem, str) and "full" in problem and failures == 1
     assert optimizer.health()["state"] is None
     assert optimizer.lifecycle is not None and optimizer.lifecycle.list("lab")
+
+
+# ------------------------------------------------------------------------- what a node's own users control
+
+
+def _process(root: Path, pid: int, cgroup: str, comm: str = "python3", environ: bytes = b"", uid: int = 0) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cgroup").write_text(f"0::{cgroup}\n")
+    (d / "comm").write_text(comm + "\n")
+    (d / "environ").write_bytes(environ)
+    (d / "status").write_text(f"Name:\t{comm}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+
+
+def test_a_users_own_cgroup_names_no_job_pod_or_unit(tmp_path: Path) -> None:
+    """systemd delegates /user.slice/.../user@UID.service to the user, who can make any cgroup there; only where
+    slurmstepd, the kubelet or systemd's system slices put a process does its cgroup name a workload."""
+    from collectors.attribution import Attributor, owner_from_cgroup
+
+    user = "/user.slice/user-1000.slice/user@1000.service/app.slice"
+    pod = "pod0a1b2c3d-0000-4000-8000-000000000001"
+    for path in (f"{user}/job_4242/step_0", f"{user}/slurm/uid_1000/job_4242", f"{user}/kubepods/{pod}",
+                 f"{user}/finance.service", "/home/job_4242", "/system.slice/ssh.service/job_4242"):  # fmt: skip
+        found = owner_from_cgroup(path)
+        assert found is None or found[1] not in (WorkloadKind.SLURM_JOB, WorkloadKind.KUBERNETES_POD), path
+        assert found is None or found[0] == "systemd/ssh.service", path
+    # the real layouts still name theirs
+    assert owner_from_cgroup("/slurm/uid_1000/job_4242/step_0/task_0")[:2] == ("slurm/4242", WorkloadKind.SLURM_JOB)  # type: ignore[index]
+    assert owner_from_cgroup("/system.slice/node7_slurmstepd.scope/job_4242/step_0")[0] == "slurm/4242"  # type: ignore[index]
+    assert owner_from_cgroup(f"/kubepods/burstable/{pod}/abc")[1] is WorkloadKind.KUBERNETES_POD  # type: ignore[index]
+    assert owner_from_cgroup("/inference.slice/vllm.service")[0] == "systemd/vllm.service"  # type: ignore[index]
+    # a job's own nested cgroup is its job, not the one its name claims
+    nested = "/system.slice/slurmstepd.scope/job_77/step_0/user/job_4242/task_0"
+    assert owner_from_cgroup(nested)[0] == "slurm/77"  # type: ignore[index]
+    _process(tmp_path, 10, f"{user}/job_4242", comm="\x1b[31mpython\u202e")
+    owner = Attributor(tmp_path, node="n1").owner(10)
+    assert owner.kind is WorkloadKind.PROCESS_GROUP and owner.hint == "[31mpython"  # control characters stripped
+
+
+def test_an_account_a_job_gives_itself_is_claimed_unless_the_scheduler_confirms_it(tmp_path: Path) -> None:
+    """SLURM_JOB_ACCOUNT is the job's own environment: a job may set it to any team. scontrol (the scheduler's
+    record) confirms or corrects it; without scontrol it is reported as claimed. The user is the process's uid."""
+    from collectors.attribution import Attributor, OwnerReader, SlurmJobs
+
+    job = "/system.slice/slurmstepd.scope/job_4242/step_0"
+    env = b"SLURM_JOB_ACCOUNT=finance-team\0SLURM_JOB_USER=ceo\0"
+    _process(tmp_path / "proc", 7, job, environ=env, uid=0)
+    # scontrol as Slurm ships it answers `show job -o ID`; this machine has no Slurm, so a stand-in answers the
+    # same way: one line of Key=Value, or exit 1 with "Invalid job id specified"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(
+        "#!/bin/sh\n"
+        'if [ "$4" = 4242 ]; then echo "JobId=4242 JobName=train UserId=ada(1000) GroupId=ada(1000) '
+        'Account=physics QOS=normal JobState=RUNNING"; exit 0; fi\n'
+        'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1\n'
+    )
+    scontrol.chmod(0o755)
+    attributor = Attributor(tmp_path / "proc", node="n1")
+    owner = attributor.owner(7)
+    unconfirmed = OwnerReader(tmp_path / "proc", tmp_path / "pods", slurm=SlurmJobs(scontrol=""))
+    assert unconfirmed.of(7, owner) == ("finance-team", "root", True)  # claimed, and the user is the uid's
+    jobs = SlurmJobs(scontrol=str(scontrol))
+    reader = OwnerReader(tmp_path / "proc", tmp_path / "pods", slurm=jobs)
+    assert reader.of(7, owner) == ("finance-team", "root", True)  # asked on a thread: not yet answered
+    deadline = time.monotonic() + 10
+    while reader.of(7, owner)[2] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert reader.of(7, owner) == ("physics", "root", None)  # the scheduler's account wins
+    jobs.close()
+    # through the optimizer: a claimed owner is charged apart, never to the team it names
+    fleet = live_fleet(Clock())
+    birth, windows = node_data(1, "aaa")
+    claimed = windows[0].workloads[0].model_copy(update={"owner": "finance-team", "owner_claimed": True})
+    fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+    fleet.ingest(
+        topic("aaa", birth.node, TopicKind.TELEMETRY), encode(windows[0].model_copy(update={"workloads": [claimed]}))
+    )
+    from optimizer.report import owners_of
+
+    assert owners_of(fleet, "aaa") == {claimed.id: "finance-team (claimed)"}
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "program"),
+    [
+        (b"python train.py --api-key=hf_SECRET\0\0\0\0", "train.py"),  # setproctitle: one string, spaces
+        (b"python\0train.py\0--api-key=hf_SECRET\0", "train.py"),
+        (
+            b"env\0HF_TOKEN=hf_SECRET\0python\0-m\0vllm.entrypoints.openai.api_server\0--port=8000\0",
+            "vllm.entrypoints.openai.api_server",
+        ),
+        (b"/usr/bin/env HF_TOKEN=hf_SECRET torchrun --nproc-per-node=8 train.py", "torchrun"),
+        (b"HF_TOKEN=hf_SECRET", None),
+        (b"--api-key=hf_SECRET", None),
+        (b"python\ttrain.py\n--token\thf_SECRET", "train.py"),
+    ],
+)
+def test_program_never_carries_arguments_or_assignments(cmdline: bytes, program: str | None) -> None:
+    from collectors.workload_facts import program_of
+
+    assert program_of(cmdline) == program
+
+
+def test_a_huge_tcp_table_is_read_bounded_and_off_the_sampling_loop(tmp_path: Path) -> None:
+    """A busy server's table: 200,000 sockets in TIME_WAIT (the kernel lists them all) around one listening
+    socket and its connections. Reading it keeps only those, and the window never waits for it."""
+    from collectors.workload_facts import MAX_SOCKETS_KEPT, WorkloadFacts, read_table
+
+    proc = tmp_path / "proc"
+    netns = "net:[4026532000]"
+    pid = proc / "50"
+    (pid / "net").mkdir(parents=True)
+    (pid / "ns").mkdir()
+    (pid / "ns" / "net").symlink_to(netns)
+    (proc / "1" / "ns").mkdir(parents=True)
+    (proc / "1" / "ns" / "net").symlink_to("net:[4026531840]")  # the host's: the pod has its own
+    (pid / "cmdline").write_bytes(b"vllm\0serve\0")
+    (pid / "cgroup").write_text("0::/kubepods/pod1/abc\n")
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    rows = [f"{i:5d}: 0A00000A:1F90 0B00000A:{40000 + i % 20000:04X} 06 00000000:00000000 03:00000000 00000000     0        0 0 3 0000000000000000\n" for i in range(200_000)]  # fmt: skip
+    rows.append(
+        "    0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1 0000000000000000\n"
+    )
+    rows += [f"    0: 0A00000A:1F90 0C{i:06X}:9C40 01 00000000:00000000 00:00000000 00000000     0        0 {200 + i} 1 0000000000000000\n" for i in range(3)]  # fmt: skip
+    (pid / "net" / "tcp").write_text(header + "".join(rows))
+    (pid / "net" / "tcp6").write_text(header)
+    kept = read_table(pid / "net" / "tcp", 32768)
+    assert len(kept) == 4 and len(kept) <= MAX_SOCKETS_KEPT  # the listener and its three connections
+    facts = WorkloadFacts(proc, background=True)
+    ref = WorkloadRef(id="k8s/x", kind=WorkloadKind.KUBERNETES_POD, name="x", gpus=[0])
+    first = facts.enrich([ref], {"k8s/x": [50]})[0]
+    assert first.listen_ports == []  # the window did not wait: the table is being read meanwhile
+    deadline = time.monotonic() + 20
+    while (later := facts.enrich([ref], {"k8s/x": [50]})[0]).listen_ports == [] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert later.listen_ports == [8080] and later.inbound_connections == 3 and later.inbound_peers == 3
+    facts.close()
+
+
+# ------------------------------------------------------------------------------ the agent keeps what it sent
+
+
+def test_sent_windows_are_kept_and_queued_again_on_request(tmp_path: Path) -> None:
+    from agent.spool import DiskSpool
+
+    _, windows = node_data(0, "lab", windows=12)
+    spool = DiskSpool(tmp_path / "spool", max_windows=100, max_bytes=1 << 20, keep_sent_bytes=1 << 20)
+    for w in windows:
+        spool.put(encode(w))
+    while (head := spool.peek()) is not None:
+        spool.pop(head[0])  # the broker acknowledged each
+    assert len(spool) == 0 and len(list((tmp_path / "sent").glob("*.window"))) == 12
+    session = windows[0].session
+    # a restart in between: what was kept is still there
+    again = DiskSpool(tmp_path / "spool", max_windows=100, max_bytes=1 << 20, keep_sent_bytes=1 << 20)
+    assert again.resend([(session, 3, 5), (session, 40, 41), (session + 1, 0, 9)]) == 3
+    replayed = []
+    while (head := again.peek()) is not None:
+        replayed.append(json.loads(head[1])["seq"])
+        again.pop(head[0])
+    assert replayed == [3, 4, 5]
+    assert again.resend([(session, 3, 5)]) == 3  # sent again, and kept again
+    small = DiskSpool(
+        tmp_path / "small", max_windows=100, max_bytes=1 << 20, keep_sent_bytes=3 * len(encode(windows[0]))
+    )
+    for w in windows:
+        small.put(encode(w))
+        small.pop(small.peek()[0])  # type: ignore[index]
+    assert small.resend([(session, 0, 11)]) <= 3  # bounded: the oldest sent go first
