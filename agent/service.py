@@ -306,7 +306,7 @@ class Agent:
         """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""
         if len(self.queue) and self.link.connected.is_set():
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: wait_for can swallow a cancellation (3.11)
-                async with asyncio.timeout(limit):
+                async with asyncio.timeout(limit / self.clock.scale):  # the agent's seconds (simulated ones too)
                     await self.queue.empty.wait()
         if len(self.queue):
             log.info("%d window(s) stay queued for the next start", len(self.queue))

@@ -1,6 +1,7 @@
-"""Fault injection: a broker outage under 50 sampling nodes, an optimizer restart with alerts switched on, and a
-storm of malformed telemetry. Short in the everyday suite; ``pytest -m fault --full-faults`` runs the full
-lengths (120 s outage, 10,000 messages). Each test prints what it measured.
+"""Fault injection: a broker outage under 50 sampling nodes, an optimizer restart with alerts switched on, a spool
+replay through agent restarts followed by a two-hour optimizer outage, and a storm of malformed telemetry. Short in
+the everyday suite; ``pytest -m fault --full-faults`` runs the full lengths (120 s outage, two hours of replay and
+of optimizer outage in simulated time, 10,000 messages). Each test prints what it measured.
 
 The other faults live beside the code they exercise and carry the same mark: SIGKILL during an outage
 (test_agent_durability.py) and a time-series server outage (test_store.py)."""
@@ -10,24 +11,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
 import signal
 import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import FLEETFIT, durable_subscriber, fault_size, free_port, private_broker, wait_until
+from conftest import FLEETFIT, durable_subscriber, fault_size, free_port, private_broker, shipped_broker, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook_server import webhook_server
 
 from agent.clock import Clock
-from agent.protocol import MAX_PAYLOAD_BYTES, TopicKind, encode, node_topic
+from agent.config import AgentConfig, AgentSettings
+from agent.protocol import MAX_PAYLOAD_BYTES, Birth, State, Telemetry, TopicKind, encode, node_topic
+from agent.service import Agent
+from agent.session import next_session
 from agent.simulate import SimulatedFleet, offline_windows
-from collectors.scenarios import build_scenario
+from agent.spool import DiskSpool, window_key
+from collectors.scenarios import build_scenario, simulated_node
+from optimizer.catalog import load_catalog
+from optimizer.config import OptimizerConfig, OptimizerSettings
 from optimizer.fleet import Fleet
+from optimizer.service import Optimizer
 
 pytestmark = pytest.mark.fault
 
@@ -200,6 +210,156 @@ async def test_optimizer_restart_keeps_states_and_posts_nothing_twice(tmp_path: 
     assert {k: v for k, v in after.items() if k != acked and k in states} == {
         k: v for k, v in states.items() if k != acked
     }
+
+
+# ----------------------------------------------------------------------------- replays and a long outage
+
+
+def _stamped(windows: list[Telemetry], session: int, end: float) -> list[Telemetry]:
+    """``windows`` as an earlier run of the agent (``session``) left them in its spool, the last ending at
+    ``end``."""
+    shift = end - windows[-1].end
+    return [w.model_copy(update={"session": session, "start": w.start + shift, "end": w.end + shift}) for w in windows]
+
+
+@pytest.mark.slow
+async def test_replays_through_agent_restarts_and_an_optimizer_outage_lose_no_acknowledged_window(
+    tmp_path: Path,
+) -> None:
+    """A node comes back with two hours of windows in its spool and is restarted three times while replaying
+    them (once as if killed); then the optimizer is away for two hours and gets the broker's backlog at once.
+    Not one window the broker acknowledged is lost, and none is refused for arriving fast.
+
+    Everything runs on one simulated clock (120x with --full-faults): the windows' 10 s, the agent's pacing
+    (300 at once, then 0.9 a second), the optimizer's time budget (a day, then 1.25 s of window a second), its
+    clock-skew check and its resend delay are the shipped ones, in simulated seconds. The broker is the shipped
+    configuration. The everyday suite runs shorter, with a pacing burst of 20
+    so that the replay is paced there too: 30 minutes of spool and 15 of outage at 240x."""
+    full = os.environ.get("FLEETFIT_FULL_FAULTS") == "1"
+    spool_s, outage_s = (7200.0, 7200.0) if full else (1800.0, 900.0)
+    scale = 120.0 if full else 240.0
+    burst = AgentSettings().publish_burst if full else 20
+    clock = Clock(scale)
+    started = time.monotonic()
+    template = build_scenario("mixed", 1, seed=5)[0]
+    name = template.name
+    shipped = shipped_broker(tmp_path / "broker", {"lab": [name]})
+    shipped.server.start()
+    state = tmp_path / "agent"
+    old = next_session(state, clock.wall)
+    _, history = offline_windows(template, int(spool_s / 10), site="lab", seed=5)
+    spool = DiskSpool(state / "spool", 8640, 256 << 20)
+    for w in _stamped(history, old, clock.wall()):
+        spool.put(encode(w))
+    acked: set[tuple[int, int]] = set()  # (session, seq) the broker acknowledged
+    accepted: Counter[tuple[int, int]] = Counter()  # and what the optimizers took in
+    refused: Counter[str] = Counter()
+
+    def new_agent() -> Agent:
+        config = AgentConfig(
+            agent=AgentSettings(node=name, site="lab", publish_interval=10.0, sample_interval=5.0, state_dir=state,
+                                publish_burst=burst),
+            mqtt=shipped.settings(name),
+        )  # fmt: skip
+        agent = Agent(config, [simulated_node(template, clock.wall, 5)], next_session(state, clock.wall), clock=clock)
+        queue, pop = agent.queue, agent.queue.pop
+
+        def acknowledged(token: int) -> None:  # the link lets a window go once the broker acknowledged it
+            head = queue.peek()
+            if head is not None and head[0] == token and (key := window_key(head[1])) is not None:
+                acked.add(key)
+            pop(token)
+
+        queue.pop = acknowledged  # type: ignore[method-assign]
+        return agent
+
+    def new_optimizer() -> Optimizer:
+        config = OptimizerConfig(
+            mqtt=shipped.settings("fleetfit-optimizer").model_copy(update={"session_expiry": 3600}),
+            optimizer=OptimizerSettings(state_dir=tmp_path / "optimizer", solve_interval=3600),
+        )
+        optimizer = Optimizer(config, load_catalog(), clock=clock.wall)
+        optimizer.resend_interval = 10.0 / scale
+        ingest = optimizer.fleet.ingest
+
+        def counted(topic: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
+            message = ingest(topic, payload)
+            if isinstance(message, Telemetry):
+                accepted[(message.session, message.seq)] += 1
+            return message
+
+        optimizer.fleet.ingest = counted  # type: ignore[method-assign]
+        return optimizer
+
+    optimizer = new_optimizer()
+    optimizer_task = asyncio.create_task(optimizer.run())
+    agent = new_agent()
+    agent_task = asyncio.create_task(agent.run())
+    try:
+        await wait_until(optimizer.connected.is_set, 15, "the optimizer")
+        spooled = len(agent.queue)
+        in_spool_at_restart = []
+        for n, left in enumerate((0.75, 0.5, 0.25)):
+            current = agent
+            while len(current.queue) > spooled * left:  # polled finely: a simulated minute is a quarter second
+                assert not agent_task.done(), "the agent stopped"
+                await asyncio.sleep(0.005)
+            in_spool_at_restart.append(len(agent.queue))
+            if n == 1:  # as if killed: no drain, no goodbye, the window in flight never acknowledged
+                agent._drain = _no_drain  # type: ignore[method-assign]
+                agent.link.say_goodbye = _no_goodbye  # type: ignore[method-assign]
+                agent_task.cancel()
+            else:
+                agent.should_exit.set()
+            await asyncio.gather(agent_task, return_exceptions=True)
+            agent = new_agent()
+            agent_task = asyncio.create_task(agent.run())
+        await wait_until(lambda: len(agent.queue) == 0, 120, "the replay to end")
+        # the optimizer is away; the broker keeps its queue, and the node goes on publishing
+        optimizer.should_exit.set()
+        await optimizer_task
+        refused.update(optimizer.fleet.rejected)
+        away = len(accepted)
+        await clock.sleep_until(clock.monotonic() + outage_s)
+        optimizer = new_optimizer()
+        optimizer_task = asyncio.create_task(optimizer.run())
+        await wait_until(optimizer.connected.is_set, 15, "the optimizer to return")
+        await clock.sleep_until(clock.monotonic() + 300.0)
+        backlog = len(accepted) - away
+        agent.should_exit.set()
+        await asyncio.gather(agent_task, return_exceptions=True)
+        await wait_until(lambda: acked <= set(accepted), 60, "every acknowledged window")
+    finally:
+        for a_task in (agent_task, optimizer_task):
+            if not a_task.done():
+                if a_task is optimizer_task:
+                    optimizer.should_exit.set()
+                else:
+                    agent.should_exit.set()
+        await asyncio.gather(agent_task, optimizer_task, return_exceptions=True)
+        shipped.server.stop()
+    refused.update(optimizer.fleet.rejected)
+    lost = acked - set(accepted)
+    print(
+        f"{spool_s / 3600:g} h of spool replayed through 3 agent restarts (spool at each: {in_spool_at_restart}), "
+        f"the optimizer away {outage_s / 3600:g} h: {len(acked)} windows acknowledged by the broker, "
+        f"{len(acked & set(accepted))} taken in, {len(lost)} lost; {sum(accepted.values()) - len(accepted)} sent "
+        f"twice; {backlog} delivered at once on the optimizer's return; refused {dict(refused)}; "
+        f"{time.monotonic() - started:.0f} s real at {scale:g}x"
+    )
+    assert not lost
+    assert len(in_spool_at_restart) == 3 and all(n > 0 for n in in_spool_at_restart)  # restarted mid-replay
+    assert refused["rate_limited"] == 0 and refused["time_budget"] == 0
+    assert backlog >= outage_s / 10 * 0.9  # the outage's windows came as one backlog, all taken
+    assert len(acked) >= spool_s / 10 + outage_s / 10
+
+
+async def _no_drain(limit: float) -> None:
+    return None
+
+
+async def _no_goodbye() -> None:
+    return None
 
 
 # ------------------------------------------------------------------------------------------ malformed storm
