@@ -1241,17 +1241,23 @@ async def test_a_full_state_disk_never_stops_planning_or_alerts(small_disk: Path
         try:
             plans = await optimizer.plan_once()
             await asyncio.to_thread(hooks.wait_for, 1, 15)
+            await asyncio.sleep(0.2)
             problem = optimizer.health()["state"]
             failures = optimizer.state_write_failures
-            filler.unlink()  # space again: states are written again, and the daemon says so
+            assert alerts is not None and not alerts.done()  # the alert loop outlived the failed log write
+            filler.unlink()  # space again: states and the alert log are written again, and the daemon says so
             await optimizer.plan_once()
         finally:
             if alerts is not None:
                 alerts.cancel()
     assert plans and plans[0].recommendations and not optimizer.failing_sites  # planned regardless
-    assert isinstance(problem, str) and "full" in problem and failures == 1
+    assert isinstance(problem, str) and "states" in problem and "alert log" in problem and "full" in problem
+    assert failures == 1
     assert optimizer.health()["state"] is None
     assert optimizer.lifecycle is not None and optimizer.lifecycle.list("lab")
+    assert optimizer.alerter is not None
+    posted = [m["id"] for d in hooks.delivered for m in d.json()["firing"]]
+    assert posted and all(optimizer.alerter.journal.sent("ops", rec) is not None for rec in posted)  # caught up
 
 
 # ------------------------------------------------------------------------- what a node's own users control
