@@ -1427,3 +1427,24 @@ def test_sent_windows_are_kept_and_queued_again_on_request(tmp_path: Path) -> No
         small.put(encode(w))
         small.pop(small.peek()[0])  # type: ignore[index]
     assert small.resend([(session, 0, 11)]) <= 3  # bounded: the oldest sent go first
+
+
+def test_a_foreign_database_in_the_state_directory_is_set_aside(tmp_path: Path) -> None:
+    """A SQLite file of something else under fleetfit's name (a restore gone wrong): moved aside, not written into
+    and not fatal; a sound one is used as it is."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(tmp_path / "fleetfit.db")) as db:
+        db.execute("CREATE TABLE recommendations (name TEXT, price REAL)")
+        db.execute("INSERT INTO recommendations VALUES ('keep me', 1.0)")
+        db.commit()
+    lifecycle = Lifecycle.in_state_dir(tmp_path, repair=True)
+    assert lifecycle.problem is not None and "foreign" in lifecycle.problem and "lacks" in lifecycle.problem
+    assert lifecycle.path == tmp_path / "fleetfit.db" and not lifecycle.list()
+    (aside,) = tmp_path.glob("fleetfit.db.damaged-*")
+    with contextlib.closing(sqlite3.connect(aside)) as db:
+        assert db.execute("SELECT name FROM recommendations").fetchall() == [("keep me",)]
+    lifecycle.close()
+    again = Lifecycle.in_state_dir(tmp_path, repair=True)  # now sound: used as it is
+    assert again.problem is None and again.path == tmp_path / "fleetfit.db"
+    again.close()
