@@ -77,6 +77,28 @@ def make_client(
     )
 
 
+def _raise_if_cancelled() -> None:
+    """Python 3.11's asyncio.wait_for (inside aiomqtt's publish) swallows a cancellation that arrives as the
+    acknowledgement does; the task is still marked cancelling, and a loop must end there rather than wait on."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def stop_tasks(tasks: set[asyncio.Task[None]] | list[asyncio.Task[None]], every: float = 0.5) -> None:
+    """Cancel ``tasks`` and wait until each has ended, cancelling again any that swallowed the cancellation."""
+    for task in tasks:
+        task.cancel()
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=every)
+        for task in pending:
+            task.cancel()
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: an error of a task being stopped is no news
+
+
 class Link:
     """Keeps one node's MQTT session up and drains its window queue into it.
 
@@ -186,9 +208,7 @@ class Link:
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop_tasks(tasks)
         for task in done:
             if not task.cancelled() and (error := task.exception()) is not None:
                 raise error
@@ -224,6 +244,7 @@ class Link:
             await client.publish(self._topics[TopicKind.TELEMETRY], payload, qos=1)
             self.queue.pop(token)
             self.published += 1
+            _raise_if_cancelled()
 
     async def say_goodbye(self) -> None:
         """Publish the retained ``offline`` state on a clean shutdown (the will covers unclean ones)."""

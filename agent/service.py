@@ -16,7 +16,7 @@ from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig, AgentSettings
 from agent.metrics import Family, MetricsServer, counter, gauge, labelled
-from agent.mqtt import Link
+from agent.mqtt import Link, stop_tasks
 from agent.notify import Notifier
 from agent.pacing import Pacer
 from agent.protocol import Birth, Telemetry, encode
@@ -281,9 +281,7 @@ class Agent:
             self._enqueue(self.close_window())
             await self._drain(self.settings.shutdown_timeout)
             await self.link.say_goodbye()
-            link_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # a link that died has been told of
-                await link_task
+            await stop_tasks([link_task])  # (a link that died has been told of)
             self.pacer.save()
             for c in self.collectors:
                 c.close()

@@ -117,12 +117,16 @@ class Optimizer:
         settings = self.config.mqtt
         while True:
             try:
-                async with make_client(
+                client = make_client(
                     settings,
                     self.config.optimizer.client_id,
                     max_queued_incoming=self.config.optimizer.max_queued_messages,
                     max_packet_size=MAX_PACKET_BYTES,
-                ) as client:
+                )
+                # A message is acknowledged once it has been taken in, not on receipt: what the client holds
+                # unread when the optimizer stops is delivered again by the broker (persistent session).
+                client._client.manual_ack_set(True)
+                async with client:
                     for topic_filter in subscription_filters(settings.prefix, self.config.optimizer.shared_group):
                         await client.subscribe(topic_filter, qos=1)
                     self._client = client
@@ -132,6 +136,8 @@ class Optimizer:
                     log.info("subscribed to %s/# on %s:%d", settings.prefix, settings.host, settings.port)
                     async for message in client.messages:
                         self._take(str(message.topic), message.payload)
+                        if message.qos:
+                            client._client.ack(message.mid, message.qos)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -294,15 +294,19 @@ async def test_replays_through_agent_restarts_and_an_optimizer_outage_lose_no_ac
     optimizer = new_optimizer()
     optimizer_task = asyncio.create_task(optimizer.run())
     agent = new_agent()
-    agent_task = asyncio.create_task(agent.run())
+    agent_task = asyncio.create_task(asyncio.sleep(0))
     try:
+        # subscribed first, as an optimizer long deployed is: a broker drops what no session subscribes to
         await wait_until(optimizer.connected.is_set, 15, "the optimizer")
+        agent_task = asyncio.create_task(agent.run())
         spooled = len(agent.queue)
         in_spool_at_restart = []
         for n, left in enumerate((0.75, 0.5, 0.25)):
             current = agent
+            deadline = time.monotonic() + 120
             while len(current.queue) > spooled * left:  # polled finely: a simulated minute is a quarter second
                 assert not agent_task.done(), "the agent stopped"
+                assert time.monotonic() < deadline, f"the replay stalled at {len(current.queue)} windows"
                 await asyncio.sleep(0.005)
             in_spool_at_restart.append(len(agent.queue))
             if n == 1:  # as if killed: no drain, no goodbye, the window in flight never acknowledged
@@ -328,7 +332,8 @@ async def test_replays_through_agent_restarts_and_an_optimizer_outage_lose_no_ac
         backlog = len(accepted) - away
         agent.should_exit.set()
         await asyncio.gather(agent_task, return_exceptions=True)
-        await wait_until(lambda: acked <= set(accepted), 60, "every acknowledged window")
+        with contextlib.suppress(AssertionError):  # what is still missing then is reported below
+            await wait_until(lambda: acked <= set(accepted), 60, "every acknowledged window")
     finally:
         for a_task in (agent_task, optimizer_task):
             if not a_task.done():
@@ -347,7 +352,7 @@ async def test_replays_through_agent_restarts_and_an_optimizer_outage_lose_no_ac
         f"twice; {backlog} delivered at once on the optimizer's return; refused {dict(refused)}; "
         f"{time.monotonic() - started:.0f} s real at {scale:g}x"
     )
-    assert not lost
+    assert not lost, sorted(lost)
     assert len(in_spool_at_restart) == 3 and all(n > 0 for n in in_spool_at_restart)  # restarted mid-replay
     assert refused["rate_limited"] == 0 and refused["time_budget"] == 0
     assert backlog >= outage_s / 10 * 0.9  # the outage's windows came as one backlog, all taken

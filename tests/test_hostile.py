@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -1448,3 +1449,38 @@ def test_a_foreign_database_in_the_state_directory_is_set_aside(tmp_path: Path) 
     again = Lifecycle.in_state_dir(tmp_path, repair=True)  # now sound: used as it is
     assert again.problem is None and again.path == tmp_path / "fleetfit.db"
     again.close()
+
+
+async def test_an_optimizer_stopped_in_the_middle_of_a_backlog_loses_none_of_it(
+    shipped: Shipped, tmp_path: Path
+) -> None:
+    """The broker hands a returning optimizer its backlog as fast as the socket goes, faster than ingest. What the
+    optimizer received but had not taken in when it stopped is delivered again to the next one: it acknowledges a
+    message once it has taken it in, not on receipt."""
+    name = GOOD[3]
+    birth, windows = node_data(3, "good", windows=1)
+    backlog = _consecutive(windows[0], 3000)  # 8 h of windows, inside the day a node may replay at once
+    async with running(optimizer_on(shipped, tmp_path)):
+        pass  # its session is kept while it is away
+    await _publish(shipped.settings(name), [(topic("good", name, TopicKind.BIRTH), encode(birth), True)]
+                   + [(topic("good", name, TopicKind.TELEMETRY), encode(w), False) for w in backlog])  # fmt: skip
+    taken: Counter[int] = Counter()
+
+    def counting(optimizer: Optimizer) -> Optimizer:
+        ingest = optimizer.fleet.ingest
+
+        def counted(t: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
+            message = ingest(t, payload)
+            if isinstance(message, Telemetry):
+                taken[message.seq] += 1
+            return message
+
+        optimizer.fleet.ingest = counted  # type: ignore[method-assign]
+        return optimizer
+
+    async with running(counting(optimizer_on(shipped, tmp_path)), fresh=False):
+        await wait_until(lambda: len(taken) >= 300, 15, "the backlog to start arriving")
+    first = len(taken)
+    async with running(counting(optimizer_on(shipped, tmp_path)), fresh=False):
+        await wait_until(lambda: len(taken) >= 3000, 30, "the rest of the backlog")
+    assert first < 3000 and sorted(taken) == [w.seq for w in backlog]
