@@ -719,7 +719,9 @@ async def test_a_flood_that_fills_the_optimizers_queue_costs_the_honest_nodes_no
                 assert link.resent >= 20  # what the full queue dropped, sent again on request
             assert optimizer.resend_requests >= 2
             assert fleet.rejected.keys() <= {"bad_json", "rate_limited"}  # the junk: read, or refused unread
-            assert fleet.node_rejections[("aaa", "evil", "bad_json")] == OptimizerSettings().node_refusal_burst
+            # read until 360 were refused (one more a second refills while it goes on), the rest refused unread
+            burst = OptimizerSettings().node_refusal_burst
+            assert burst <= fleet.node_rejections[("aaa", "evil", "bad_json")] < burst + 30
             assert not [k for k in fleet.node_rejections if k[0] == "good"]
             print(f"queue {queue}: {sum(lk.resent for lk, _ in links)} honest windows sent again on request")
     finally:
