@@ -11,20 +11,30 @@ from collectors.attribution import Attributor
 from collectors.base import Collector
 from collectors.host import HostCollector
 from collectors.nic import NicCollector
+from collectors.partitioned import PARTITIONS, PartitionedNode
 from collectors.profiles import PROFILES
 from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
 from collectors.storage import StorageCollector
 from collectors.workload_facts import WithFacts
 
-_SPEC = re.compile(r"^(?P<model>[a-z0-9]+)x(?P<count>\d+)(?::(?P<pattern>[a-z_]+))?$")
+_SPEC = re.compile(r"^(?P<model>[a-z0-9]+)x(?P<count>\d+)(?P<options>(?::[a-z_]+){0,2})$")
 
 
-def simulated_gpus(spec: str, node: str) -> SimulatedNode:
-    """``h100x8`` or ``l4x4:inference``: N simulated GPUs of a profile running one workload of a pattern."""
+def simulated_gpus(spec: str, node: str) -> SimulatedNode | PartitionedNode:
+    """``h100x8``, ``l4x4:inference`` or ``mi300x8:cpx``: N simulated GPUs of a profile running one workload of a
+    pattern, AMD GPUs optionally in a compute partition mode (each GPU then listed as its partitions)."""
     m = _SPEC.match(spec.lower())
     if not m:
-        raise ValueError(f"--simulate {spec!r}: expected MODELxN[:PATTERN], e.g. h100x8 or l4x4:inference")
-    model, count, pattern = m["model"], int(m["count"]), m["pattern"] or "training"
+        raise ValueError(
+            f"--simulate {spec!r}: expected MODELxN[:PATTERN][:PARTITION], e.g. h100x8, l4x4:inference or mi300x8:cpx"
+        )
+    model, count = m["model"], int(m["count"])
+    options = [o for o in m["options"].split(":") if o]
+    modes = [o.upper() for o in options if o.upper() in PARTITIONS]
+    patterns = [o for o in options if o.upper() not in PARTITIONS]
+    if len(modes) > 1 or len(patterns) > 1:
+        raise ValueError(f"--simulate {spec!r}: at most one pattern and one partition mode")
+    pattern = patterns[0] if patterns else "training"
     if model not in PROFILES and f"{model}x" in PROFILES:  # "mi300x8" reads as mi300 x 8
         model = f"{model}x"
     if model not in PROFILES:
@@ -46,7 +56,12 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode:
         level=level,
         mem_fraction=0.8,
     )
-    return SimulatedNode(node, profile, [workload], time.time, gpu_only=True)
+    sim = SimulatedNode(node, profile, [workload], time.time, gpu_only=True)
+    if not modes:
+        return sim
+    if not profile.gpu_model.startswith("AMD Instinct MI3"):
+        raise ValueError(f"--simulate: compute partition modes are for AMD Instinct MI300 series GPUs, not {model}")
+    return PartitionedNode(sim, modes[0])
 
 
 def gpu_collector(settings: AgentSettings) -> Collector:

@@ -11,7 +11,10 @@ preallocated KV-cache pool, requests from eight TCP clients joining the running 
 Nothing is downloaded. Meanwhile the agent's
 collectors (GPU via NVML, NICs, disks, host) build 10 s windows exactly as the agent does. Every window is saved
 as JSONL with its phase, and the summary prints per phase what NVML reported and how the optimizer's classifier
-labels the workload.
+labels the workload. Then the collector's driver paths are checked on the real GPU (bench/gpu_paths.py: layout
+checks that must find nothing, MPS clients attributed; a MIG change and a GPU reset only when allowed):
+
+    .venv/bin/python bench/gpu_check.py --paths [--allow-mig-change] [--allow-reset]   # those checks alone
 """
 
 from __future__ import annotations
@@ -314,7 +317,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0, help="per phase")
     parser.add_argument("--out", type=Path, default=Path("gpu_check.jsonl"))
+    parser.add_argument("--paths", action="store_true", help="only the driver-path checks (bench/gpu_paths.py)")
+    parser.add_argument(
+        "--allow-mig-change", action="store_true", help="let the checks enable MIG on GPU 0 for a while (restored)"
+    )
+    parser.add_argument("--allow-reset", action="store_true", help="let the checks reset GPU 0 (nvidia-smi -r)")
     args = parser.parse_args()
+    if args.paths:
+        return _paths(args)
     try:
         import torch  # type: ignore[import-not-found]
 
@@ -340,7 +350,14 @@ def main() -> int:
             fh.write(json.dumps({"phase": phase, "window": json.loads(encode(w))}) + "\n")
     summarise(windows, birth[0])
     print(f"windows saved to {args.out}")
-    return 0
+    return _paths(args)
+
+
+def _paths(args: argparse.Namespace) -> int:
+    from gpu_paths import run
+
+    results = run(args.allow_mig_change, args.allow_reset)
+    return 1 if any(r.verdict == "FAIL" for r in results) else 0
 
 
 if __name__ == "__main__":

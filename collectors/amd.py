@@ -10,8 +10,23 @@ How the real binding behaves, and what this module does about it: ``import amdsm
 prints two lines to stdout and raises ``KeyError`` (not ImportError), so the import runs with stdout captured and
 any failure disables the collector with one log line. Every call raises ``AmdSmiLibraryException`` (with
 ``err_code``) or ``AmdSmiParameterException``, both ``AmdSmiException``; values a GPU does not report come back as
-the string ``"N/A"``, never as an error. A GPU in a compute partition mode other than SPX (CPX, DPX...) appears
-as several devices; the birth says which mode each device is in (``mig_profile``).
+the string ``"N/A"``, never as an error.
+
+Compute partitions. A GPU in a partition mode other than SPX (DPX, QPX, CPX) is listed as several devices: eight
+MI300X in CPX are 64. Each partition carries its GPU's PCI address with the partition number as the PCI function
+(``0000:05:00.3``), which is how they are grouped here. Only the first partition answers the partition query and
+reads gpu_metrics (ROCm 6.4.1, ROCm/amdsmi#100), so the group's mode is the first partition's answer, or failing
+that follows from the number of partitions; every partition of the GPU carries it in the birth (``mig_profile``),
+which is how the optimizer counts eight CPX devices as one GPU. The GPU's own readings (power, temperature,
+memory-controller activity, xGMI bytes) are read once, from the first partition, and reported on it; each
+partition's activity comes from the GPU's ``xcp_stats`` where the driver reports it (gpu_metrics 1.6+), from the
+partition's own activity call otherwise.
+
+amdsmi lists the devices once, at ``amdsmi_init``: after a driver reload (a partition change, an upgrade) its
+handles point at devices that are gone. Every ``RESCAN_S`` the collector checks the partition mode, the driver
+version, devices that stopped answering and devices that could not be read; on any of them it shuts amdsmi down,
+initialises it again and re-reads the inventory (``generation`` counts the changes so the agent re-publishes its
+birth). A driver that is not loaded yet at start (``DRIVER_NOT_LOADED``) is waited for the same way.
 """
 
 from __future__ import annotations
@@ -19,19 +34,27 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from agent.metrics import Family, counter
+from agent.metrics import Family, counter, gauge
 from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
 from collectors.attribution import Attributor
 from collectors.base import Entity, Inventory, Sample
-from collectors.gpu import WrappingCounter
+from collectors.gpu import RESCAN_S, WrappingCounter
 from collectors.pids import PidResolver
 
 log = logging.getLogger(__name__)
 
 AMD_VENDOR_ID = 0x1002
+AMDSMI_STATUS_DRIVER_NOT_LOADED = 34
+# Partition modes by the number of devices a GPU is listed as, where the GPU cannot say (AMD Instinct docs, "GPU
+# partitioning": DPX halves, TPX thirds, QPX quarters; CPX is one partition per XCD, 8 on MI300X, 6 on MI300A).
+_MODE_BY_COUNT = {2: "DPX", 3: "TPX", 4: "QPX", 6: "CPX", 8: "CPX"}
+_WHOLE = frozenset({"", "SPX", "N/A"})
 
 
 def _number(value: Any) -> float | None:
@@ -52,18 +75,47 @@ def import_quietly(name: str) -> tuple[ModuleType | None, str]:
         return None, f"{type(exc).__name__}: {exc}" + (f" ({said})" if said else "")
 
 
+def _error(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:120] or type(exc).__name__
+
+
+@dataclass(slots=True)
+class _Device:
+    index: int  # amdsmi's position: what the birth and samples call the device
+    handle: Any
+    address: str | None  # the GPU's PCI address without the function: what its partitions share
+    partition: int  # the partition number within its GPU (the PCI function); 0 for a whole GPU
+    primary: int  # index of the GPU's first partition: the device its GPU-wide readings are read from
+    mode: str | None = None  # the GPU's partition mode (CPX...), None for a whole GPU
+    links: int = 0  # xGMI links the GPU reports
+
+
 class AmdGpuCollector:
     name = "gpu"
 
-    def __init__(self, smi: ModuleType, attributor: Attributor) -> None:
+    def __init__(
+        self,
+        smi: ModuleType,
+        attributor: Attributor,
+        clock: Callable[[], float] = time.monotonic,
+        waiting_for: str | None = None,
+    ) -> None:
+        """``waiting_for``: amdsmi did not start (the driver is not loaded yet); retry every ``RESCAN_S``."""
         self._smi = smi
         self._errors: tuple[type[BaseException], ...] = (smi.AmdSmiException,)
         self._pids = PidResolver(attributor)
-        self._handles: list[tuple[int, Any]] = []
+        self._clock = clock
+        self._next_scan = clock() + RESCAN_S
+        self._devices: list[_Device] = []
         self._failures: dict[int, str] = {}
-        self._links: dict[tuple[int, str, int], WrappingCounter] = {}
-        for i, handle in enumerate(smi.amdsmi_get_processor_handles()):
-            self._handles.append((i, handle))
+        self._silent: set[int] = set()  # devices none of whose calls answered at the last sample
+        self._links: dict[tuple[str, str, int], WrappingCounter] = {}
+        self._driver: str | None = None
+        self._unavailable = waiting_for
+        self._signature: tuple[Any, ...] = ()
+        self.generation = 0  # bumped whenever the inventory changes
+        if waiting_for is None:
+            self._enumerate(smi.amdsmi_get_processor_handles())
 
     def _try(self, fn: str, *args: Any) -> Any:
         try:
@@ -73,49 +125,177 @@ class AmdGpuCollector:
         except AttributeError:  # an older amdsmi without this call
             return None
 
+    @property
+    def devices(self) -> int:
+        return len(self._devices) + len(self._failures)
+
+    # ------------------------------------------------------------------ inventory
+
+    def _enumerate(self, handles: list[Any]) -> None:
+        """Read the devices amdsmi lists: a device that fails costs that device only and is tried again."""
+        before = dict(self._failures)
+        self._devices, self._failures = [], {}
+        found: list[_Device] = []
+        for i, handle in enumerate(handles):
+            address, partition = _address(self._try("amdsmi_get_gpu_device_bdf", handle))
+            found.append(_Device(i, handle, address, partition, i))
+        groups: dict[str, list[_Device]] = {}
+        for d in found:
+            if d.address is not None:
+                groups.setdefault(d.address, []).append(d)
+        for d in found:
+            members = groups.get(d.address, [d]) if d.address is not None else [d]
+            first = min(members, key=lambda m: m.partition)
+            d.primary = first.index
+            if d is first:
+                mode = self._mode(members)
+                for m in members:
+                    m.mode = mode
+        for d in found:
+            if self._try("amdsmi_get_gpu_asic_info", d.handle) is None:
+                self._failures[d.index] = "amdsmi_get_gpu_asic_info failed"
+                if d.index not in before:
+                    log.warning("AMD GPU %d cannot be read; the others are reported, it is tried again", d.index)
+                continue
+            self._devices.append(d)
+        primaries = {d.primary for d in found}
+        links = {i: self._xgmi_links(found[i].handle) for i in primaries}
+        for d in self._devices:
+            d.links = links.get(d.primary, 0)
+        self._silent.clear()
+        self._driver = self._driver_version()
+        self._signature = self._current()
+
+    def _mode(self, members: list[_Device]) -> str | None:
+        """The partition mode of one GPU: what its first partition answers (the others cannot, ROCm/amdsmi#100),
+        else any partition's answer, else what the number of its partitions means."""
+        answer = None
+        for m in sorted(members, key=lambda m: m.partition):
+            said = self._try("amdsmi_get_gpu_compute_partition", m.handle)
+            if isinstance(said, str) and said.strip().upper() not in _WHOLE:
+                answer = said.strip().upper()[:32]
+                break
+        if answer is not None or len(members) == 1:
+            return answer
+        return _MODE_BY_COUNT.get(len(members))
+
+    def _xgmi_links(self, handle: Any) -> int:
+        metrics = self._try("amdsmi_get_gpu_metrics_info", handle) or {}
+        values = metrics.get("xgmi_read_data_acc")
+        return len([v for v in values if _number(v) is not None]) if isinstance(values, list) else 0
+
+    def _driver_version(self) -> str | None:
+        for d in self._devices[:1]:
+            info = self._try("amdsmi_get_gpu_driver_info", d.handle) or {}
+            version = info.get("driver_version")
+            if isinstance(version, str) and version not in ("", "N/A"):
+                return version[:32]
+        return None
+
+    def _current(self) -> tuple[Any, ...]:
+        """What, when it changes, means amdsmi must list the devices again: each GPU's partition mode as its first
+        partition answers now, and the driver version."""
+        modes = tuple(
+            self._try("amdsmi_get_gpu_compute_partition", d.handle) for d in self._devices if d.primary == d.index
+        )
+        return (modes, self._driver_version())
+
     def inventory(self) -> Inventory:
         gpus = []
-        driver = None
-        for i, h in self._handles:
+        for d in self._devices:
+            h = d.handle
             asic = self._try("amdsmi_get_gpu_asic_info", h)
             if asic is None:
-                self._failures[i] = "amdsmi_get_gpu_asic_info failed"
-                continue
+                continue  # gone since the last check; the next one lists the devices again
             vram = self._try("amdsmi_get_gpu_vram_usage", h) or {}
-            partition = self._try("amdsmi_get_gpu_compute_partition", h)
-            metrics = self._try("amdsmi_get_gpu_metrics_info", h) or {}
-            links = [v for v in metrics.get("xgmi_read_data_acc", []) if _number(v) is not None]
-            info = self._try("amdsmi_get_gpu_driver_info", h) or {}
-            driver = driver or (info.get("driver_version") if info.get("driver_version") != "N/A" else None)
             gpus.append(
                 GpuInfo(
-                    index=i,
-                    uuid=str(self._try("amdsmi_get_gpu_device_uuid", h) or f"AMD-{i}")[:96],
+                    index=d.index,
+                    uuid=str(self._try("amdsmi_get_gpu_device_uuid", h) or f"AMD-{d.index}")[:96],
                     model=_market_name(asic),
                     memory_mib=int(_number(vram.get("vram_total")) or 0),
-                    nvlink_links=len(links),
-                    mig_profile=partition[:32] if isinstance(partition, str) and partition not in ("", "SPX") else None,
+                    nvlink_links=d.links,
+                    mig_profile=d.mode,
                     pci_device_id=_pci_id(asic),
                 )
             )
+        unavailable = self._unavailable
+        if unavailable is None and not gpus and self._failures:
+            unavailable = "no AMD GPU could be read; see gpu_failures"
         return Inventory(
             gpus=gpus,
-            driver_version=str(driver)[:32] if driver else None,
+            gpu_unavailable=unavailable[:300] if unavailable else None,
+            driver_version=self._driver,
             gpu_failures=[GpuFailure(index=i, error=e) for i, e in sorted(self._failures.items())],
             attribution_warning=self._pids.warning(),
         )
 
-    def _xgmi(self, index: int, metrics: dict[str, Any]) -> dict[str, int]:
+    # ------------------------------------------------------------------ re-reading
+
+    def _rescan(self) -> None:
+        """Start amdsmi where the driver was not loaded; list the devices again where they changed or failed."""
+        if self._unavailable is not None:
+            try:
+                self._smi.amdsmi_init()
+                handles = self._smi.amdsmi_get_processor_handles()
+            except self._errors as exc:
+                self._unavailable = f"amdsmi unavailable: {_error(exc)}"
+                return
+            self._unavailable = None
+            self._enumerate(handles)
+            log.info("amdsmi started: %d AMD device(s) found", self.devices)
+            self.generation += 1
+            return
+        why = self._why_again()
+        if why is None:
+            return
+        before = self._layout()
+        with contextlib.suppress(*self._errors):
+            self._smi.amdsmi_shut_down()
+        try:
+            self._smi.amdsmi_init()
+            handles = self._smi.amdsmi_get_processor_handles()
+        except self._errors as exc:
+            self._unavailable = f"amdsmi unavailable: {_error(exc)}"
+            log.warning("AMD GPU collector: %s after %s; retrying every %.0f s", self._unavailable, why, RESCAN_S)
+            self._devices, self._failures = [], {}
+            self.generation += 1
+            return
+        self._enumerate(handles)
+        if self._layout() != before:
+            log.info("AMD GPU layout changed (%s); inventory re-read", why)
+            self.generation += 1
+
+    def _why_again(self) -> str | None:
+        if self._failures:
+            return "a device could not be read"
+        if self._silent:
+            return "a device stopped answering"
+        if self._current() != self._signature:
+            return "partition mode or driver changed"
+        return None
+
+    def _layout(self) -> tuple[Any, ...]:
+        return (
+            tuple((d.index, d.address, d.partition, d.mode, d.links) for d in self._devices),
+            tuple(sorted(self._failures)),
+            self._driver,
+            self._unavailable,
+        )
+
+    # ------------------------------------------------------------------ sampling
+
+    def _xgmi(self, key: str, metrics: dict[str, Any]) -> dict[str, int]:
         out: dict[str, int] = {}
-        for name, key in (("nvlink_tx_bps", "xgmi_write_data_acc"), ("nvlink_rx_bps", "xgmi_read_data_acc")):
-            values = metrics.get(key)
+        for name, field in (("nvlink_tx_bps", "xgmi_write_data_acc"), ("nvlink_rx_bps", "xgmi_read_data_acc")):
+            values = metrics.get(field)
             if not isinstance(values, list):
                 continue
             total = 0
             for link, value in enumerate(values):
-                c = self._links.get((index, name, link))
+                c = self._links.get((key, name, link))
                 if (raw := _number(value)) is not None:
-                    c = self._links.setdefault((index, name, link), WrappingCounter())
+                    c = self._links.setdefault((key, name, link), WrappingCounter())
                     c.add(int(raw), 64)
                 if c is not None:
                     total += c.total
@@ -123,48 +303,121 @@ class AmdGpuCollector:
         return out
 
     def sample(self) -> list[Sample]:
+        now = self._clock()
+        if now >= self._next_scan:
+            self._next_scan = now + RESCAN_S
+            self._rescan()
+        metrics: dict[int, dict[str, Any] | None] = {}
+        for d in self._devices:
+            if d.primary == d.index:
+                metrics[d.index] = self._try("amdsmi_get_gpu_metrics_info", d.handle)
         out = []
-        for i, h in self._handles:
-            if i in self._failures:
-                continue
+        self._silent.clear()
+        for d in self._devices:
             gauges: dict[str, float] = {}
-            activity = self._try("amdsmi_get_gpu_activity", h) or {}
-            if (util := _number(activity.get("gfx_activity"))) is not None:
-                gauges["util"] = util
-            if (mem_util := _number(activity.get("umc_activity"))) is not None:
-                gauges["mem_util"] = mem_util
-            vram = self._try("amdsmi_get_gpu_vram_usage", h) or {}
-            if (used := _number(vram.get("vram_used"))) is not None:
-                gauges["mem_used_mib"] = used
-            power = self._try("amdsmi_get_power_info", h) or {}
+            counters: dict[str, int] = {}
+            answered = False
+            gpu = metrics.get(d.primary)
+            if d.mode is not None and gpu is not None:
+                busy = _partition_busy(gpu, d.partition)
+                if busy is not None:
+                    gauges["util"] = busy
+            activity = self._try("amdsmi_get_gpu_activity", d.handle)
+            if activity is not None:
+                answered = True
+                if "util" not in gauges and (util := _number(activity.get("gfx_activity"))) is not None:
+                    gauges["util"] = util
+                if (mem_util := _number(activity.get("umc_activity"))) is not None and d.primary == d.index:
+                    gauges["mem_util"] = mem_util
+            vram = self._try("amdsmi_get_gpu_vram_usage", d.handle)
+            if vram is not None:
+                answered = True
+                if (used := _number(vram.get("vram_used"))) is not None:
+                    gauges["mem_used_mib"] = used
+            if d.primary == d.index:
+                answered |= gpu is not None
+                gauges |= self._board(d, gpu or {})
+                counters = self._xgmi(d.address or str(d.index), gpu or {})
+            if not answered:
+                self._silent.add(d.index)
+            out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters))
+        return out
+
+    def _board(self, d: _Device, metrics: dict[str, Any]) -> dict[str, float]:
+        """Readings of the whole GPU. Power comes from gpu_metrics, as amdsmi_get_power_info's own does: that call
+        fails as a whole when only the power cap cannot be read (hwmon's power1_cap, absent in some VMs)."""
+        gauges: dict[str, float] = {}
+        watts = _number(metrics.get("current_socket_power"))
+        if watts is None:
+            watts = _number(metrics.get("average_socket_power"))
+        if watts is None:
+            power = self._try("amdsmi_get_power_info", d.handle) or {}
             watts = _number(power.get("current_socket_power"))
             if watts is None:
                 watts = _number(power.get("average_socket_power"))
-            if watts is not None:
-                gauges["power_w"] = watts
-            metrics = self._try("amdsmi_get_gpu_metrics_info", h) or {}
-            if (temp := _number(metrics.get("temperature_hotspot"))) is not None:
-                gauges["temp_c"] = temp
-            out.append(Sample(Entity.GPU, str(i), gauges=gauges, counters=self._xgmi(i, metrics)))
-        return out
+        if watts is not None:
+            gauges["power_w"] = watts
+        if (temp := _number(metrics.get("temperature_hotspot"))) is not None:
+            gauges["temp_c"] = temp
+        return gauges
+
+    # ------------------------------------------------------------------ attribution
 
     def workloads(self) -> list[WorkloadRef]:
-        def pids(h: Any) -> list[object]:
-            out = []
-            for entry in self._try("amdsmi_get_gpu_process_list", h) or []:
+        pids: list[tuple[int, list[object]]] = []
+        memory: dict[tuple[int, int], object] = {}
+        for d in self._devices:
+            listed: list[object] = []
+            for entry in self._try("amdsmi_get_gpu_process_list", d.handle) or []:
                 # amdsmi before ROCm 6.2 lists process handles, each read with amdsmi_get_gpu_process_info
-                info = entry if isinstance(entry, dict) else self._try("amdsmi_get_gpu_process_info", h, entry)
-                if isinstance(info, dict):
-                    out.append(info.get("pid"))
-            return out
-
-        return self._pids.workloads((i, pids(h)) for i, h in self._handles if i not in self._failures)
+                info = entry if isinstance(entry, dict) else self._try("amdsmi_get_gpu_process_info", d.handle, entry)
+                if not isinstance(info, dict):
+                    continue
+                pid = info.get("pid")
+                listed.append(pid)
+                if isinstance(pid, int):
+                    memory[(d.index, pid)] = _vram(info)
+            pids.append((d.index, listed))
+        return self._pids.workloads(pids, memory)
 
     def metrics(self) -> list[Family]:
-        return [counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid)]
+        return [
+            counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid),
+            gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", len(self._failures)),
+            counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),
+        ]
 
     def close(self) -> None:
         self._try("amdsmi_shut_down")
+
+
+def _address(bdf: Any) -> tuple[str | None, int]:
+    """("0000:05:00", 3) from amdsmi's "0000:05:00.3": the GPU's address and the partition number."""
+    if not isinstance(bdf, str) or "." not in bdf:
+        return None, 0
+    address, _, function = bdf.strip().lower().rpartition(".")
+    try:
+        return address, int(function, 16)
+    except ValueError:
+        return None, 0
+
+
+def _partition_busy(metrics: dict[str, Any], partition: int) -> float | None:
+    """One partition's graphics activity: the mean over its XCDs in gpu_metrics' per-partition statistics."""
+    table = metrics.get("xcp_stats.gfx_busy_inst")
+    if not isinstance(table, list) or not 0 <= partition < len(table) or not isinstance(table[partition], list):
+        return None
+    values = [v for v in (_number(x) for x in table[partition]) if v is not None and 0 <= v <= 100]
+    return sum(values) / len(values) if values else None
+
+
+def _vram(info: dict[str, Any]) -> object:
+    """Bytes of VRAM a process holds: ``memory_usage.vram_mem`` (amdsmi 6.2+), else ``mem``; None if neither."""
+    usage = info.get("memory_usage")
+    if isinstance(usage, dict) and isinstance(usage.get("vram_mem"), int):
+        return usage["vram_mem"]
+    mem = info.get("mem")
+    return mem if isinstance(mem, int) else None
 
 
 def _market_name(asic: dict[str, Any]) -> str:
@@ -184,20 +437,30 @@ def _pci_id(asic: dict[str, Any]) -> str | None:
     return f"0x{device:04x}{vendor:04x}"
 
 
-def open_amd_collector(smi: ModuleType | None = None, attributor: Attributor | None = None) -> AmdGpuCollector | None:
-    """An AMD collector, or None (with one log line) where amdsmi or ROCm's library or GPUs are absent."""
+def open_amd_collector(
+    smi: ModuleType | None = None,
+    attributor: Attributor | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> AmdGpuCollector | None:
+    """An AMD collector, or None (with one log line) where amdsmi or ROCm's library or GPUs are absent; one that
+    waits where the amdgpu driver is not loaded yet."""
     if smi is None:
         smi, why = import_quietly("amdsmi")
         if smi is None:
             log.info("AMD GPU collector disabled: amdsmi unavailable (%s)", why)
             return None
+    attributor = attributor or Attributor()
     try:
         smi.amdsmi_init()
-        collector = AmdGpuCollector(smi, attributor or Attributor())
+        collector = AmdGpuCollector(smi, attributor, clock)
     except smi.AmdSmiException as exc:
+        if getattr(exc, "err_code", None) == AMDSMI_STATUS_DRIVER_NOT_LOADED:
+            reason = f"amdsmi unavailable: {_error(exc)}"
+            log.info("AMD GPU collector: %s; retrying every %.0f s", reason, RESCAN_S)
+            return AmdGpuCollector(smi, attributor, clock, waiting_for=reason)
         log.info("AMD GPU collector disabled: %s", " ".join(str(exc).split())[:200])
         return None
-    if not collector._handles:
+    if not collector.devices:
         log.info("AMD GPU collector disabled: amdsmi found no GPU")
         collector.close()
         return None

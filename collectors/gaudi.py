@@ -8,6 +8,11 @@ How the real binding behaves: the functions live in ``pyhlml.main``; ``hlmlInit`
 ``/usr/lib/habanalabs/libhlml.so`` and, when it is missing, prints "Failed to load libhlml" to stdout and raises
 ``HLMLError`` (per-code subclasses exist only after a successful init), so initialisation runs with stdout
 captured and any failure disables the collector with one log line. Names, UUIDs and versions are bytes.
+
+A driver that is not loaded yet at start (``HLML_ERROR_DRIVER_NOT_LOADED``) is waited for: ``hlmlInit`` is tried
+again every ``RESCAN_S``. A device that cannot be opened costs that device only and is tried again; when the
+device count or the driver version changes, or a device stops answering, HLML is shut down and initialised again
+and the inventory re-read (``generation`` counts the changes so the agent re-publishes its birth).
 """
 
 from __future__ import annotations
@@ -16,20 +21,24 @@ import contextlib
 import io
 import logging
 import os
+import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from agent.metrics import Family, counter
+from agent.metrics import Family, counter, gauge
 from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
 from collectors.amd import import_quietly
 from collectors.attribution import Attributor
 from collectors.base import Entity, Inventory, Sample
+from collectors.gpu import RESCAN_S
 from collectors.pids import PidResolver
 
 log = logging.getLogger(__name__)
 
 HABANA_VENDOR_ID = 0x1DA3
 HLML_TEMPERATURE_ON_AIP = 0
+HLML_ERROR_DRIVER_NOT_LOADED = 9
 # PCI device ids → the product names the catalog knows (pci.ids: 1da3:1020 Gaudi2, 1da3:1060/1063 Gaudi3).
 _PRODUCTS = {0x1020: "Intel Gaudi 2", 0x1060: "Intel Gaudi 3", 0x1063: "Intel Gaudi 3"}
 
@@ -38,23 +47,43 @@ def _text(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _init(hlml: ModuleType) -> None:
+    """``hlmlInit`` with its stdout captured: it prints when libhlml is missing."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        hlml.hlmlInit()
+
+
+def _reason(exc: BaseException) -> str:
+    said = " (Driver not loaded)" if getattr(exc, "value", None) == HLML_ERROR_DRIVER_NOT_LOADED else ""
+    return f"HLML unavailable: {exc}{said}"
+
+
 class GaudiCollector:
     name = "gpu"
 
-    def __init__(self, hlml: ModuleType, attributor: Attributor) -> None:
+    def __init__(
+        self,
+        hlml: ModuleType,
+        attributor: Attributor,
+        clock: Callable[[], float] = time.monotonic,
+        waiting_for: str | None = None,
+    ) -> None:
+        """``waiting_for``: HLML did not start (the driver is not loaded yet); retry every ``RESCAN_S``."""
         self._hlml = hlml
         self._errors: tuple[type[BaseException], ...] = (hlml.HLMLError,)
         self._pids = PidResolver(attributor)
         self._proc = attributor.procfs_root
+        self._clock = clock
+        self._next_scan = clock() + RESCAN_S
         self._devices: list[tuple[int, Any]] = []
         self._failures: dict[int, str] = {}
-        for i in range(hlml.hlmlDeviceGetCount()):
-            try:
-                self._devices.append((i, hlml.hlmlDeviceGetHandleByIndex(i)))
-            except self._errors as exc:
-                self._failures[i] = f"{exc}"[:120]
-                log.warning("Gaudi device %d cannot be read (%s); the others are reported", i, exc)
-        self._minors = {i: self._try("hlmlDeviceGetMinorNumber", h) for i, h in self._devices}
+        self._minors: dict[int, Any] = {}
+        self._silent: set[int] = set()  # devices none of whose readings answered at the last sample
+        self._unavailable = waiting_for
+        self._signature: tuple[Any, ...] = ()
+        self.generation = 0  # bumped whenever the inventory changes
+        if waiting_for is None:
+            self._enumerate()
 
     def _try(self, fn: str, *args: Any) -> Any:
         try:
@@ -63,6 +92,29 @@ class GaudiCollector:
             return None
         except AttributeError:
             return None
+
+    def _enumerate(self) -> None:
+        """Open every device HLML counts: one that cannot be opened costs that device only."""
+        before = dict(self._failures)
+        self._devices, self._failures = [], {}
+        for i in range(int(self._hlml.hlmlDeviceGetCount())):
+            try:
+                self._devices.append((i, self._hlml.hlmlDeviceGetHandleByIndex(i)))
+            except self._errors as exc:
+                self._failures[i] = f"{exc}"[:120]
+                if before.get(i) != self._failures[i]:
+                    log.warning("Gaudi device %d cannot be read (%s); the others are reported", i, exc)
+        self._minors = {i: self._try("hlmlDeviceGetMinorNumber", h) for i, h in self._devices}
+        self._silent.clear()
+        self._signature = self._current()
+
+    def _current(self) -> tuple[Any, ...]:
+        """What, when it changes, means HLML must open the devices again: their count and the driver version."""
+        return (self._try("hlmlDeviceGetCount"), self._try("hlmlGetDriverVersion"))
+
+    @property
+    def devices(self) -> int:
+        return len(self._devices) + len(self._failures)
 
     def inventory(self) -> Inventory:
         gpus = []
@@ -84,16 +136,50 @@ class GaudiCollector:
                     pci_device_id=f"0x{device_id:04x}{HABANA_VENDOR_ID:04x}" if device_id else None,
                 )
             )
-        driver = self._try("hlmlGetDriverVersion")
+        driver = self._try("hlmlGetDriverVersion") if self._unavailable is None else None
         return Inventory(
             gpus=gpus,
+            gpu_unavailable=self._unavailable[:300] if self._unavailable else None,
             driver_version=_text(driver)[:32] if driver else None,
             gpu_failures=[GpuFailure(index=i, error=e) for i, e in sorted(self._failures.items())],
             attribution_warning=self._pids.warning(),
         )
 
+    def _rescan(self) -> None:
+        """Start HLML where the driver was not loaded; open the devices again where they changed or failed."""
+        if self._unavailable is None:
+            if self._failures:
+                why = "a device could not be opened"
+            elif self._silent:
+                why = "a device stopped answering"
+            elif self._current() != self._signature:
+                why = "device count or driver changed"
+            else:
+                return
+            with contextlib.suppress(*self._errors):
+                self._hlml.hlmlShutdown()
+        else:
+            why = "the driver is loaded"
+        before = (tuple(i for i, _ in self._devices), tuple(sorted(self._failures)), self._unavailable)
+        try:
+            _init(self._hlml)
+            self._unavailable = None
+            self._enumerate()
+        except self._errors as exc:
+            self._unavailable = _reason(exc)
+            self._devices, self._failures = [], {}
+        after = (tuple(i for i, _ in self._devices), tuple(sorted(self._failures)), self._unavailable)
+        if after != before:
+            log.info("Gaudi devices re-read (%s): %d device(s)", why, len(self._devices))
+            self.generation += 1
+
     def sample(self) -> list[Sample]:
+        now = self._clock()
+        if now >= self._next_scan:
+            self._next_scan = now + RESCAN_S
+            self._rescan()
         out = []
+        self._silent.clear()
         for i, h in self._devices:
             gauges: dict[str, float] = {}
             if (util := self._try("hlmlDeviceGetUtilizationRates", h)) is not None:
@@ -109,6 +195,8 @@ class GaudiCollector:
                 gauges["power_w"] = power / 1000
             if (temp := self._try("hlmlDeviceGetTemperature", h, HLML_TEMPERATURE_ON_AIP)) is not None:
                 gauges["temp_c"] = float(temp)
+            if not gauges:
+                self._silent.add(i)
             out.append(Sample(Entity.GPU, str(i), gauges=gauges))
         return out
 
@@ -143,7 +231,11 @@ class GaudiCollector:
         return self._pids.workloads(sorted(self._holders().items()))
 
     def metrics(self) -> list[Family]:
-        return [counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid)]
+        return [
+            counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid),
+            gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", len(self._failures)),
+            counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),
+        ]
 
     def close(self) -> None:
         self._try("hlmlShutdown")
@@ -156,23 +248,33 @@ def _device_id(value: Any) -> int | None:
     return value >> 16 if value & 0xFFFF == HABANA_VENDOR_ID and value > 0xFFFF else value & 0xFFFF
 
 
-def open_gaudi_collector(hlml: ModuleType | None = None, attributor: Attributor | None = None) -> GaudiCollector | None:
-    """A Gaudi collector, or None (with one log line) where pyhlml, libhlml or devices are absent."""
+def open_gaudi_collector(
+    hlml: ModuleType | None = None,
+    attributor: Attributor | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> GaudiCollector | None:
+    """A Gaudi collector, or None (with one log line) where pyhlml, libhlml or devices are absent; one that waits
+    where the driver is not loaded yet."""
     if hlml is None:
         hlml, why = import_quietly("pyhlml.main")
         if hlml is None:
             log.info("Gaudi collector disabled: habana-pyhlml unavailable (%s)", why)
             return None
+    attributor = attributor or Attributor()
     captured = io.StringIO()
     try:
         with contextlib.redirect_stdout(captured):
             hlml.hlmlInit()
-        collector = GaudiCollector(hlml, attributor or Attributor())
+        collector = GaudiCollector(hlml, attributor, clock)
     except hlml.HLMLError as exc:
+        if getattr(exc, "value", None) == HLML_ERROR_DRIVER_NOT_LOADED:
+            reason = _reason(exc)
+            log.info("Gaudi collector: %s; retrying every %.0f s", reason, RESCAN_S)
+            return GaudiCollector(hlml, attributor, clock, waiting_for=reason)
         said = " ".join(captured.getvalue().split())[:80]
         log.info("Gaudi collector disabled: %s%s", exc, f" ({said})" if said else "")
         return None
-    if not collector._devices and not collector._failures:
+    if not collector.devices:
         log.info("Gaudi collector disabled: HLML found no device")
         collector.close()
         return None

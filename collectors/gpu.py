@@ -15,11 +15,21 @@ What real drivers do, and what the collector does about it (docs/agent.md has th
 - Process lists fall back from ``_v3`` to ``_v2``; drivers 535.43–535.86 fill a larger struct than the binding
   reads (every PID after the first is garbage), so they start at ``_v2``, and every PID is checked against
   /proc before it is attributed.
-- A GPU whose handle cannot be had (no permission, lost) costs that GPU only and is reported in the birth; a
-  driver that is not loaded yet is retried; the inventory is re-read when the driver version or the MIG layout
-  changes (``generation`` counts the changes so the agent re-publishes its birth).
+- A GPU whose handle cannot be had (no permission, lost) costs that GPU only and is reported in the birth; it is
+  retried alone, and when it answers again the other GPUs keep their counters, GPM readers and event
+  registration. A driver that is not loaded yet is retried; the inventory is re-read when the MIG layout or the
+  NVLink links that are up change (``generation`` counts the changes so the agent re-publishes its birth).
+- The binding loads libnvidia-ml once per process. When the kernel module is replaced under a running agent (a
+  driver upgrade), every call returns ``LIB_RM_VERSION_MISMATCH`` and re-initialising reuses the stale library:
+  the collector says so (``restart_required``) and the agent exits for systemd to start it with the new library.
+  A mismatch met at the first start (new packages, old module still loaded) is waited out instead: a restart
+  would load the same library.
 - NVLink counters are kept per link and only links that are up are read (all 36 a Blackwell GPU can have): a
-  link that fails for one tick costs that link's bytes for that tick, not a counter reset and a spike.
+  link that fails for one tick costs that link's bytes for that tick, not a counter reset and a spike. Links are
+  read again every ``RESCAN_S`` (the fabric manager may bring them up after the agent started); a link that goes
+  down keeps its bytes in the total.
+- MPS clients are listed by NVML's MPS process call, not by the compute process call (which lists the MPS
+  server): both are read, so each client is attributed to its own workload.
 - PCIe byte fields exist from R555 and wrap at the width of the value type NVML returns; older drivers on
   Hopper and newer get PCIe MiB/s from GPM instead; ``pcie_source`` in the birth says which.
 - Utilisation is not supported on MIG instances (nor on a GPU in MIG mode): GPM samples each instance.
@@ -67,6 +77,7 @@ NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
 MAX_EVENTS_PER_TICK = 64
@@ -84,6 +95,7 @@ _VALUE = {
 # The struct-size mismatch: these drivers write nvmlProcessInfo entries larger than the binding's _v3 struct.
 _GARBLED_V3 = ((535, 43), (535, 86))
 _PROCESS_APIS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")
+_MPS_APIS = ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2")
 
 
 def _text(value: Any) -> str:
@@ -211,10 +223,14 @@ class NvmlGpuCollector:
         self._unavailable = waiting_for
         self._next_scan = clock() + RESCAN_S
         self._process_apis: list[str] = []
+        self._mps_apis: list[str] = []
         self._process_driver: str | None = "unknown"
         self._pids = PidResolver(attributor)
+        self._registered: set[str] = set()  # UUIDs of the GPUs registered with the event set
+        self._worked = False  # NVML answered in this process: the library it loaded matched the driver once
         self.generation = 0  # bumped whenever the inventory changes
         self.counter_resets = 0
+        self.restart_required: str | None = None  # why only a new process can read the GPUs again
         if waiting_for is None:
             self._enumerate()
 
@@ -223,8 +239,23 @@ class NvmlGpuCollector:
     def _try(self, fn: str, *args: Any) -> Any:
         try:
             return getattr(self._nvml, fn)(*args)
-        except self._errors:
+        except self._errors as exc:
+            self._note(exc)
             return None
+
+    def _note(self, exc: BaseException) -> None:
+        """A library/driver version mismatch after NVML has worked in this process: the driver was replaced under
+        it, and the binding keeps the library it loaded, so only a new process can read the GPUs again."""
+        if _code(exc) != NVML_ERROR_LIB_RM_VERSION_MISMATCH or self.restart_required is not None:
+            return
+        if not self._worked:
+            return  # a mismatch from the start: this process loaded the library on disk; waiting is all there is
+        self.restart_required = (
+            f"the NVIDIA driver was replaced under the running agent ({_describe(exc)}, loaded library "
+            f"{self._driver or 'unknown'}): only a restart loads the new library"
+        )
+        self._unavailable = self.restart_required[:300]
+        log.error("GPU collector: %s", self.restart_required)
 
     @property
     def invalid_pids(self) -> int:
@@ -233,51 +264,88 @@ class NvmlGpuCollector:
     # ------------------------------------------------------------------ inventory
 
     def _enumerate(self) -> None:
-        """(Re-)read the GPU layout: a GPU that fails costs that GPU only."""
-        self._close_devices()
-        self._devices, self._failures = [], {}
+        """(Re-)read the GPU layout: a GPU that fails costs that GPU only, and a GPU read before keeps its state
+        (counters, GPM buffers, event registration, utilisation timestamp)."""
+        self._drain_events()  # what the event set holds is counted before any GPU is read again
         nvml = self._nvml
         try:
             count = int(nvml.nvmlDeviceGetCount())
         except self._errors as exc:
-            self._unavailable = f"NVML cannot count GPUs: {_describe(exc)}"
-            log.warning("GPU collector: %s; retrying every %.0f s", self._unavailable, RESCAN_S)
-            self._layout = None
+            self._note(exc)
+            if self.restart_required is None:
+                self._unavailable = f"NVML cannot count GPUs: {_describe(exc)}"
+                log.warning("GPU collector: %s; retrying every %.0f s", self._unavailable, RESCAN_S)
+            self._close_devices()
+            self._devices, self._failures, self._layout = [], {}, None
             return
+        self._worked = True
         self._unavailable = None
         self._driver = self._driver_version()
+        before, self._failures = self._failures, {}
+        kept = {d.uuid: d for d in self._devices}
         physical: list[_Device] = []
         for i in range(count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
             except self._errors as exc:
+                self._note(exc)
                 self._failures[i] = _describe(exc)[:120]
-                log.warning("GPU %d cannot be read (%s); the other GPUs are reported", i, self._failures[i])
+                if before.get(i) != self._failures[i]:  # said once, not at every retry
+                    log.warning("GPU %d cannot be read (%s); the other GPUs are reported", i, self._failures[i])
                 continue
-            device = _Device(i, handle, _text(self._try("nvmlDeviceGetUUID", handle) or f"GPU-{i}"))
-            device.links = self._nvlink_links(handle)
-            if device.links:
-                remote = self._try("nvmlDeviceGetNvLinkRemoteDeviceType", handle, device.links[0])
-                device.nvswitch = None if remote is None else int(remote) == NVML_NVLINK_DEVICE_TYPE_SWITCH
-            gpm = GpmReader.supported(nvml, handle)
-            device.pcie_source = self._pcie_source(handle, gpm)
-            if gpm:
-                metrics = GPM_ACTIVITY | (GPM_PCIE if device.pcie_source == "gpm" else {})
-                device.gpm = self._gpm_reader(handle, None, metrics)
-                if device.gpm is None and device.pcie_source == "gpm":
-                    device.pcie_source = None
-            physical.append(device)
-        self._devices = list(physical)
+            if i in before:
+                log.info("GPU %d answers again", i)
+            uuid = _text(self._try("nvmlDeviceGetUUID", handle) or f"GPU-{i}")
+            old = kept.get(uuid)
+            if old is not None and old.parent is None:
+                del kept[uuid]
+                old.index, old.handle = i, handle
+                self._read_links(old)
+                physical.append(old)
+                continue
+            physical.append(self._physical(i, handle, uuid))
+        devices = list(physical)
         for d in physical:
-            self._devices.extend(self._mig_devices(d, count + len(self._devices) - len(physical)))
+            devices.extend(self._mig_devices(d, count + len(devices) - len(physical), kept))
+        for gone in kept.values():
+            if gone.gpm is not None:
+                gone.gpm.close()
+        self._devices = devices
         self._by_uuid = {d.uuid: d.index for d in self._devices}
-        self._events = self._event_set([d.handle for d in physical])
+        self._register_events(physical)
         if self._driver != self._process_driver:  # what the driver offers is learnt once per driver
             self._process_driver = self._driver
-            self._process_apis = self._process_chain()
+            self._process_apis = self._process_chain(_PROCESS_APIS)
+            self._mps_apis = self._process_chain(_MPS_APIS)
             if self._devices:
                 self._device_pids(self._devices[0])  # find a missing symbol now, so the first birth can say so
         self._layout = self._current_layout()
+
+    def _physical(self, index: int, handle: Any, uuid: str) -> _Device:
+        device = _Device(index, handle, uuid)
+        self._read_links(device)
+        gpm = GpmReader.supported(self._nvml, handle)
+        device.pcie_source = self._pcie_source(handle, gpm)
+        if gpm:
+            metrics = GPM_ACTIVITY | (GPM_PCIE if device.pcie_source == "gpm" else {})
+            device.gpm = self._gpm_reader(handle, None, metrics)
+            if device.gpm is None and device.pcie_source == "gpm":
+                device.pcie_source = None
+        return device
+
+    def _read_links(self, device: _Device) -> None:
+        """The NVLink links up and what they lead to: read at every layout check, since the fabric manager may
+        train the links after the agent started."""
+        links = self._nvlink_links(device.handle)
+        if links == device.links and device.nvswitch is not None:
+            return
+        if links != device.links and device.links:
+            log.info("GPU %d: NVLink links up %d -> %d", device.index, len(device.links), len(links))
+        device.links = links
+        device.nvswitch = None
+        if links:
+            remote = self._try("nvmlDeviceGetNvLinkRemoteDeviceType", device.handle, links[0])
+            device.nvswitch = None if remote is None else int(remote) == NVML_NVLINK_DEVICE_TYPE_SWITCH
 
     def _gpm_reader(self, handle: Any, instance: int | None, metrics: dict[int, str]) -> GpmReader | None:
         try:
@@ -290,8 +358,8 @@ class NvmlGpuCollector:
         driver = self._try("nvmlSystemGetDriverVersion")
         return _text(driver) if driver else None
 
-    def _process_chain(self) -> list[str]:
-        apis = list(_PROCESS_APIS)
+    def _process_chain(self, chain: tuple[str, str]) -> list[str]:
+        apis = list(chain)
         low, high = _GARBLED_V3
         if low <= _driver_tuple(self._driver) <= high:
             apis.reverse()  # _v2 first: _v3 returns garbage PIDs on these drivers
@@ -314,7 +382,7 @@ class NvmlGpuCollector:
             return "nvml-fields"
         return "gpm" if gpm else None
 
-    def _mig_devices(self, parent: _Device, next_index: int) -> list[_Device]:
+    def _mig_devices(self, parent: _Device, next_index: int, kept: dict[str, _Device]) -> list[_Device]:
         mode = self._try("nvmlDeviceGetMigMode", parent.handle)
         if not mode or not mode[0]:
             return []
@@ -324,6 +392,12 @@ class NvmlGpuCollector:
             if mig is None:
                 continue  # an empty slot
             uuid = _text(self._try("nvmlDeviceGetUUID", mig) or f"MIG-{parent.index}-{slot}")
+            old = kept.get(uuid)
+            if old is not None and old.parent is not None:
+                del kept[uuid]
+                old.index, old.handle, old.parent = next_index + len(out), mig, parent.index
+                out.append(old)
+                continue
             device = _Device(next_index + len(out), mig, uuid, parent=parent.index)
             instance = self._try("nvmlDeviceGetGpuInstanceId", mig)
             if parent.gpm is not None and instance is not None:
@@ -333,7 +407,8 @@ class NvmlGpuCollector:
         return out
 
     def _current_layout(self) -> tuple[Any, ...]:
-        """What, when it changes, means the inventory must be read again: driver, GPU count, MIG layout."""
+        """What, when it changes, means the inventory must be read again: driver, GPU count, MIG layout, the
+        NVLink links up."""
         count = self._try("nvmlDeviceGetCount")
         migs: list[Any] = []
         for d in self._devices:
@@ -345,15 +420,19 @@ class NvmlGpuCollector:
                     for s in range(slots or 0)
                     if (h := self._try("nvmlDeviceGetMigDeviceHandleByIndex", d.handle, s)) is not None
                 ]
-                migs.append((d.index, bool(mode and mode[0]), tuple(present)))
+                migs.append((d.index, bool(mode and mode[0]), tuple(present), self._nvlink_links(d.handle)))
         return (self._driver_version(), count, tuple(migs))
 
     def _rescan(self) -> None:
-        """Retry a driver that was not loaded and GPUs that failed; re-read the inventory if the layout changed."""
+        """Retry a driver that was not loaded and GPUs that failed (alone); re-read the inventory if the layout
+        changed."""
+        if self.restart_required is not None:
+            return
         if self._unavailable is not None and not self._devices and self._layout is None:
             try:
                 self._nvml.nvmlInit()
             except self._errors as exc:
+                self._note(exc)
                 if self._unavailable != f"NVML unavailable: {_describe(exc)}":
                     self._unavailable = f"NVML unavailable: {_describe(exc)}"
                     log.info("GPU collector: %s; still waiting", self._unavailable)
@@ -364,12 +443,24 @@ class NvmlGpuCollector:
                 self.generation += 1
             return
         layout = self._current_layout()
-        if layout != self._layout or self._failures:
-            before = (self._layout, dict(self._failures))
-            self._enumerate()
-            if (self._layout, self._failures) != before:
-                log.info("GPU layout changed (driver, GPU count or MIG); inventory re-read")
-                self.generation += 1
+        if self.restart_required is not None or (layout == self._layout and not self._recovered()):
+            return
+        before = (self._layout, dict(self._failures))
+        self._enumerate()
+        if (self._layout, self._failures) != before:
+            log.info("GPU layout changed (GPU count, MIG, NVLink links or a GPU answering again); inventory re-read")
+            self.generation += 1
+
+    def _recovered(self) -> bool:
+        """Whether a GPU that could not be opened opens now: only the failed ones are tried."""
+        for i in self._failures:
+            try:
+                self._nvml.nvmlDeviceGetHandleByIndex(i)
+            except self._errors as exc:
+                self._note(exc)
+                continue
+            return True
+        return False
 
     def inventory(self) -> Inventory:
         gpus = []
@@ -423,21 +514,26 @@ class NvmlGpuCollector:
 
     # ------------------------------------------------------------------ sampling
 
-    def _event_set(self, physical: list[Any]) -> Any:
-        events = self._try("nvmlEventSetCreate")
-        if events is None:
-            return None
-        registered = 0
-        for handle in physical:
+    def _register_events(self, physical: list[_Device]) -> None:
+        """Register GPUs not yet registered with the event set (created once): freeing and re-creating it would
+        lose the events it holds."""
+        fresh = [d for d in physical if d.uuid not in self._registered]
+        if not fresh:
+            return
+        created = self._events is None
+        if created:
+            self._events = self._try("nvmlEventSetCreate")
+            if self._events is None:
+                return
+        for d in fresh:
             try:
-                self._nvml.nvmlDeviceRegisterEvents(handle, EVENT_XID_CRITICAL, events)
-                registered += 1
-            except self._errors:
-                pass  # XID events are not supported on every GPU or driver
-        if registered:
-            return events
-        self._try("nvmlEventSetFree", events)
-        return None
+                self._nvml.nvmlDeviceRegisterEvents(d.handle, EVENT_XID_CRITICAL, self._events)
+                self._registered.add(d.uuid)
+            except self._errors as exc:
+                self._note(exc)  # XID events are not supported on every GPU or driver
+        if created and not self._registered:
+            self._try("nvmlEventSetFree", self._events)
+            self._events = None
 
     def _counter(self, d: _Device, name: str, link: int, raw: int, width: int) -> int:
         c = d.counters.setdefault((name, link), WrappingCounter())
@@ -466,14 +562,14 @@ class NvmlGpuCollector:
                     out[name] = self._counter(d, name, -1, raw, width)
             elif fid in (FI_NVLINK_DATA_TX_KIB, FI_NVLINK_DATA_RX_KIB):
                 name = "nvlink_tx_bps" if fid == FI_NVLINK_DATA_TX_KIB else "nvlink_rx_bps"
-                link = int(v.scopeId)
                 if int(v.nvmlReturn) == 0:
                     raw, width = field_value(v)
-                    self._counter(d, name, link, raw, width)
-                # A link that fails this tick keeps its last total: its bytes show up when it answers again.
-                c = d.counters.get((name, link))
-                if c is not None:
-                    out[name] = out.get(name, 0) + c.total * 1024
+                    self._counter(d, name, int(v.scopeId), raw, width)
+        # Every link ever read counts: a link that fails this tick, or went down, keeps its total, so the sum never
+        # goes back (its bytes show up when it answers again).
+        for (name, link), c in d.counters.items():
+            if link >= 0:
+                out[name] = out.get(name, 0) + c.total * 1024
         return out
 
     def _util(self, d: _Device) -> float | None:
@@ -482,8 +578,9 @@ class NvmlGpuCollector:
             try:
                 value_type, samples = self._nvml.nvmlDeviceGetSamples(d.handle, NVML_GPU_UTILIZATION_SAMPLES, d.util_ts)
             except self._errors as exc:
-                if _code(exc) != NVML_ERROR_NOT_FOUND:  # NOT_FOUND: no new sample since the last tick
-                    d.samples_api = False
+                self._note(exc)
+                if _code(exc) not in (NVML_ERROR_NOT_FOUND, NVML_ERROR_LIB_RM_VERSION_MISMATCH):
+                    d.samples_api = False  # NOT_FOUND: no new sample since the last tick
             else:
                 member = _VALUE.get(int(value_type), ("uiVal", 32, False))[0]
                 points = [(int(s.timeStamp), float(getattr(s.sampleValue, member))) for s in samples]
@@ -503,7 +600,8 @@ class NvmlGpuCollector:
         for _ in range(MAX_EVENTS_PER_TICK):
             try:
                 event = self._nvml.nvmlEventSetWait_v2(self._events, 0)
-            except self._errors:
+            except self._errors as exc:
+                self._note(exc)
                 return  # NVML_ERROR_TIMEOUT: nothing pending
             uuid = _text(self._try("nvmlDeviceGetUUID", event.device) or "")
             index = self._by_uuid.get(uuid)
@@ -518,6 +616,7 @@ class NvmlGpuCollector:
         try:
             mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
         except self._errors as exc:
+            self._note(exc)
             if _code(exc) == NVML_ERROR_GPU_IS_LOST:
                 if index not in self._lost:
                     log.warning("GPU %d is lost (fallen off the bus); reporting it without samples", index)
@@ -590,17 +689,22 @@ class NvmlGpuCollector:
     # ------------------------------------------------------------------ attribution
 
     def _device_pids(self, d: _Device) -> list[tuple[object, object]]:
-        """(PID, bytes it holds) of each process on one device through the first process call the driver has
-        (unchecked; the binding gives None for the bytes where NVML reports them not available)."""
-        while self._process_apis:
-            api = self._process_apis[0]
+        """(PID, bytes it holds) of each process on one device: the compute processes (with MPS, the MPS server)
+        and the MPS clients, each through the first call of its kind the driver has (unchecked; the binding gives
+        None for the bytes where NVML reports them not available)."""
+        return self._listed(d, self._process_apis) + self._listed(d, self._mps_apis)
+
+    def _listed(self, d: _Device, apis: list[str]) -> list[tuple[object, object]]:
+        while apis:
+            api = apis[0]
             try:
                 procs = getattr(self._nvml, api)(d.handle)
             except self._errors as exc:
+                self._note(exc)
                 code = _code(exc)
                 if code is None or code == NVML_ERROR_FUNCTION_NOT_FOUND:  # no such symbol in this driver
-                    self._process_apis.pop(0)
-                    fallback = self._process_apis[0] if self._process_apis else "none"
+                    apis.pop(0)
+                    fallback = apis[0] if apis else "none"
                     log.info("driver lacks %s (%s); using %s", api, _describe(exc), fallback)
                     continue
                 return []  # NOT_SUPPORTED and the like: this device only
@@ -631,6 +735,11 @@ class NvmlGpuCollector:
             counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),
             counter("fleetfit_agent_gpu_counter_resets_total", "GPU counters that reset.", self.counter_resets),
             gauge("fleetfit_agent_gpu_process_api", "1 while a process call works.", apis),
+            gauge(
+                "fleetfit_agent_gpu_library_mismatch",
+                "1 once the NVIDIA driver was replaced under the agent (NVML library/driver version mismatch).",
+                1 if self.restart_required else 0,
+            ),
         ]
 
     def _close_devices(self) -> None:
@@ -638,8 +747,10 @@ class NvmlGpuCollector:
             if d.gpm is not None:
                 d.gpm.close()
         if self._events is not None:
+            self._drain_events()
             self._try("nvmlEventSetFree", self._events)
             self._events = None
+            self._registered.clear()
 
     def close(self) -> None:
         self._close_devices()
@@ -664,7 +775,8 @@ def open_gpu_collector(
     except nvml.NVMLError as exc:
         if _code(exc) == NVML_ERROR_LIBRARY_NOT_FOUND:
             return _disabled(f"NVML unavailable: {_describe(exc)}")
-        # The library is there but the driver is not ready (not loaded yet at boot, being upgraded): wait for it.
+        # The library is there but the driver is not ready (not loaded yet at boot, being upgraded, or the module
+        # loaded is older than the library on disk until the node reboots): wait for it.
         reason = f"NVML unavailable: {_describe(exc)}"
         log.info("GPU collector: %s; retrying every %.0f s", reason, RESCAN_S)
         return NvmlGpuCollector(nvml, attributor, clock, waiting_for=reason)

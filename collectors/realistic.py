@@ -63,7 +63,7 @@ def llm_serving(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuS
     """A continuous-batching server: busy whenever a request is in flight, flat preallocated memory."""
     p, rng = node.profile, node.rng
     arrivals = w.rps_peak * node.diurnal(w, t)
-    in_flight = _poisson(node, arrivals * w.request_s)
+    in_flight = _poisson(node, arrivals * w.request_s / w.speed)  # slower GPUs hold each request longer
     fill = min(1.0, in_flight / 64)  # share of the engine's batch slots in use
     busy = in_flight > 0
     level = 86 + 12 * (1 - math.exp(-in_flight / 6)) + rng.gauss(0, 1.0) if busy else rng.choice((0.0, 0.0, 1.0))

@@ -127,8 +127,8 @@ _DEMO_MORE: Layout = [
     (
         "h100",
         [
-            online(4, "translate-api", 0.15, "uvicorn", misplaced=True, peers=40),
-            online(4, "search-api", 0.15, "gunicorn", misplaced=True, peers=40),
+            online(4, "translate-api", 0.08, "uvicorn", misplaced=True, peers=40),
+            online(4, "search-api", 0.08, "gunicorn", misplaced=True, peers=40),
         ],
     ),
 ]

@@ -83,6 +83,7 @@ class WorkloadSpec:
     input_from_disk: bool = False  # batch: input staged on local disks rather than read over the front end
     tp: int = 1  # offline LLM generation: tensor-parallel degree of each replica
     chunk_s: float = 0.0  # offline LLM generation: seconds per chunk of prompts (0: one never-ending chunk)
+    speed: float = 1.0  # how fast its GPUs serve its load against those it was sized on (collectors/simspeed.py)
 
 
 @dataclass(slots=True)
@@ -139,6 +140,23 @@ class SimulatedNode:
         self.background = background
         # Its own generator, so that adding a node's background leaves its workloads' draws as they were.
         self._background_rng = random.Random(f"{seed}:{node}:background")
+
+    def release(self, workload: str) -> WorkloadSpec | None:
+        """Stop running ``workload`` here (a scheduler moved it away); its spec, or None if it was not here."""
+        spec = next((w for w in self.specs if w.id == workload), None)
+        if spec is not None:
+            self.specs.remove(spec)
+        return spec
+
+    def free_gpus(self) -> list[int]:
+        held = {g for w in self.specs for g in w.gpus}
+        return [g for g in range(self.profile.gpus) if g not in held]
+
+    def admit(self, spec: WorkloadSpec) -> None:
+        """Start running ``spec`` on its GPUs, which must be free."""
+        if not set(spec.gpus) <= set(self.free_gpus()):
+            raise ValueError(f"{self.node}: GPUs {spec.gpus} are not free")
+        self.specs.append(spec)
 
     @property
     def started(self) -> float:
@@ -414,7 +432,7 @@ class SimulatedNode:
         p, rng = self.profile, self.rng
         online = w.pattern is Pattern.INFERENCE
         if online:
-            load = min(1.0, w.level * self.diurnal(w, t) * math.exp(rng.gauss(0, w.burst_sigma)))
+            load = min(1.0, w.level * self.diurnal(w, t) * math.exp(rng.gauss(0, w.burst_sigma)) / w.speed)
         else:
             load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
         mem = w.mem_fraction * p.memory_mib

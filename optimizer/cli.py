@@ -70,7 +70,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return 0
     agent = Agent(config, collectors, session=next_session(config.agent.state_dir), notifier=Notifier())
     asyncio.run(serve(agent))
-    return 0
+    return agent.exit_code
 
 
 async def _one_window(agent: Agent, seconds: float, jsonl: bool = False) -> str:
@@ -118,32 +118,37 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     import sqlite3
 
     from agent.config import ConfigError, load_config
+    from agent.notify import Notifier
     from optimizer.alerts.alerter import Alerter
     from optimizer.catalog import CatalogError, load_catalog
     from optimizer.config import OptimizerConfig
+    from optimizer.inventory import InventoryError
     from optimizer.lifecycle import Lifecycle
     from optimizer.service import Optimizer, serve
 
     try:
         config = load_config(OptimizerConfig, args.config)
         catalog = load_catalog(config.optimizer.catalog)
-        lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir)
-        alerter = Alerter.in_state_dir(config.alerts, config.optimizer.state_dir) if config.alerts.receivers else None
+        lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir, repair=True)
+        # the alert log lives beside the states, wherever they had to go
+        alerter = Alerter.in_state_dir(config.alerts, lifecycle.path.parent) if config.alerts.receivers else None
         optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, alerter=alerter)
         if config.api.listen:
             from optimizer.web.app import WebServer
 
             optimizer.attach(WebServer(optimizer, config.api))
-    except (ConfigError, CatalogError) as exc:
+    except (ConfigError, CatalogError, InventoryError) as exc:
         return _fail(str(exc))
     except UnicodeDecodeError:
         return _fail(f"catalog {config.optimizer.catalog}: not a text file (a catalog is TOML)")
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"state directory {config.optimizer.state_dir}: {exc}")
     try:
-        asyncio.run(serve(optimizer))
+        asyncio.run(serve(optimizer, Notifier()))
     except asyncio.CancelledError:  # a second SIGINT/SIGTERM
         return _fail("optimizer interrupted before a clean shutdown")
+    if optimizer.failed is not None:
+        return _fail(f"optimizer stopped: {optimizer.failed}")
     return 0
 
 
@@ -227,6 +232,34 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 0
     plan = plan_snapshot(snapshot, catalog, settings)
     print(render_json(plan) if args.format == "json" else render_table(plan))
+    return 0
+
+
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from agent.config import ConfigError, load_config
+    from optimizer.catalog import CatalogError, load_catalog
+    from optimizer.catalog_view import render_catalog_json, render_catalog_table
+    from optimizer.config import OptimizerConfig
+    from optimizer.lifecycle import DB_NAME, Lifecycle
+    from optimizer.outcomes import learn
+
+    try:
+        catalog = load_catalog(args.catalog)
+        state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
+    except (CatalogError, ConfigError) as exc:
+        return _fail(str(exc))
+    except UnicodeDecodeError:
+        return _fail(f"catalog {args.catalog}: not a text file (a catalog is TOML)")
+    if (state_dir / DB_NAME).exists():
+        try:
+            lifecycle = Lifecycle.in_state_dir(state_dir)
+            catalog = catalog.with_corrections(learn(catalog, lifecycle.outcomes()))
+            lifecycle.close()
+        except sqlite3.Error as exc:
+            return _fail(f"{state_dir / DB_NAME}: {exc}")
+    print(render_catalog_json(catalog) if args.format == "json" else render_catalog_table(catalog))
     return 0
 
 
@@ -462,7 +495,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
         if args.duration:
             loop.call_later(args.duration, stop.set)
-        await fleet.run(stop)
+        if args.apply_acknowledged:
+            from agent.scheduler import apply_acknowledged
+
+            scheduler = asyncio.create_task(apply_acknowledged(fleet.sims, args.api, stop))
+            await fleet.run(stop)
+            await scheduler
+        else:
+            await fleet.run(stop)
         return fleet
 
     try:
@@ -562,7 +602,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--window", type=cliargs.positive_float, default=2.0, help="seconds the --once window spans (default 2)"
     )
-    p.add_argument("--simulate", metavar="MODELxN[:PATTERN]", help="simulated GPUs (e.g. h100x8) with real NICs/disks")
+    p.add_argument(
+        "--simulate",
+        metavar="MODELxN[:PATTERN][:PARTITION]",
+        help="simulated GPUs (h100x8; mi300x8:cpx: AMD GPUs in a compute partition mode) with real NICs/disks",
+    )
     p.set_defaults(func=_cmd_agent)
 
     p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan, serve the console")
@@ -642,6 +686,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_report)
 
+    p = sub.add_parser(
+        "catalog",
+        help="the hardware catalog: figures, throughput per workload shape, sources, learned corrections",
+        description="Print every GPU model's datasheet figures, its throughput for compute-bound and memory-bound "
+        "work against an H100 SXM, the source of each figure, and the correction factors learned from observed "
+        "moves (from the optimizer's state directory). A catalog file with a figure or a source missing is refused.",
+    )
+    p.add_argument("--format", choices=["table", "json"], default="table", help="output format")
+    p.add_argument("--catalog", type=Path, help="hardware catalog (default: the one shipped)")
+    p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
+    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory (learned corrections)")
+    p.set_defaults(func=_cmd_catalog)
+
     p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
     p.add_argument(
         "file", type=Path, metavar="FILE.jsonl", help="windows as JSON lines (simulate --record, agent --once --jsonl)"
@@ -708,6 +765,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--record", type=cliargs.output_file, help="append every window with its ground-truth labels as JSONL"
+    )
+    p.add_argument(
+        "--apply-acknowledged",
+        action="store_true",
+        help="act as the fleet's scheduler: carry out the actions acknowledged in the optimizer (read from --api); "
+        "moved workloads run at the simulated hardware's own speed",
+    )
+    p.add_argument(
+        "--api",
+        type=cliargs.http_url,
+        default="http://127.0.0.1:8470",
+        help="the optimizer's HTTP API, for --apply-acknowledged (default http://127.0.0.1:8470)",
     )
     p.set_defaults(func=_cmd_simulate)
     return parser

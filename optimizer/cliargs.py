@@ -61,6 +61,14 @@ def port(text: str) -> int:
     return value
 
 
+def http_url(text: str) -> str:
+    """An http(s) URL with a host: nothing else (file:, ftp:) is fetched."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+    return text
+
+
 def positive_float(text: str) -> float:
     return number(float, above=0)(text)
 

@@ -7,6 +7,10 @@ Two kinds of workload cost differently:
   scaled to the work they do today.
 * demand-bound (online inference, interactive, idle, unknown) serve whatever load arrives; they cost the
   hardware they hold, and may move only where the projected load still fits with headroom.
+
+How fast a target GPU runs the work comes from the workload's shape (optimizer/performance.py). A serving
+workload whose load or memory does not fit the same number of target GPUs is sized to the GPUs it needs there
+(``grown``), and priced so.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from agent.protocol import WorkloadClass
 from optimizer.catalog import Catalog, GpuType
+from optimizer.performance import relative_speed
 
 THROUGHPUT_BOUND = frozenset({WorkloadClass.TRAINING, WorkloadClass.BATCH_INFERENCE})
 MEMORY_HEADROOM = 0.9  # of the target GPU's memory a workload may fill
@@ -33,22 +38,35 @@ class Demand:
     mean_util: float
     p95_util: float
     share: float = 1.0  # of each of its GPUs (a MIG slice or a time-sliced share); utilisation is of whole GPUs
+    shape: float | None = None  # memory-bound share of its GPU time, 0-1 (optimizer/performance.py); None: unknown
 
 
-def throughput(catalog: Catalog, gpu: GpuType, demand: Demand) -> float:
-    """Relative throughput of one GPU of ``gpu`` for this workload (H100 = 1)."""
-    value = gpu.throughput[demand.workload_class]
+def _scaling(catalog: Catalog, gpu: GpuType, demand: Demand) -> float:
+    """Multi-GPU training without NVLink synchronises its gradients over PCIe, and keeps only part of its speed."""
     if demand.workload_class is WorkloadClass.TRAINING and demand.gpus > 1 and not gpu.nvlink:
-        value *= catalog.defaults.pcie_training_scaling
-    return value
+        return catalog.defaults.pcie_training_scaling.value
+    return 1.0
+
+
+def speedup(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> float:
+    """How fast one GPU of ``target`` runs this workload against one of ``current`` (< 1: slower)."""
+    ratio = relative_speed(catalog, current, target, demand.shape)
+    return ratio * _scaling(catalog, target, demand) / _scaling(catalog, current, demand)
 
 
 def monthly_cost(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> float:
     """US$ per month to run the workload's current work on ``target``."""
     hourly = demand.gpus * demand.share * target.price_per_gpu_hour
     if demand.workload_class in THROUGHPUT_BOUND:
-        hourly *= throughput(catalog, current, demand) / throughput(catalog, target, demand)
+        hourly /= speedup(catalog, demand, current, target)
     return hourly * catalog.defaults.hours_per_month
+
+
+def projected(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> tuple[float, float]:
+    """(mean, p95) utilisation per GPU the workload's load would reach on ``target`` at ``demand.gpus`` GPUs
+    (of its share, for a share): NVML's busy time grows as the GPU slows, at the same request rate."""
+    ratio = 1 / speedup(catalog, demand, current, target) / demand.share
+    return demand.mean_util * ratio, demand.p95_util * ratio
 
 
 def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType) -> str | None:
@@ -65,12 +83,44 @@ def fit_problem(catalog: Catalog, demand: Demand, current: GpuType, target: GpuT
     if demand.workload_class in THROUGHPUT_BOUND or demand.workload_class is WorkloadClass.IDLE:
         return None
     # a share's load is measured on its whole GPU, and must fit the share
-    ratio = throughput(catalog, current, demand) / throughput(catalog, target, demand) / demand.share
-    if demand.mean_util * ratio > MAX_PROJECTED_MEAN_UTIL or demand.p95_util * ratio > MAX_PROJECTED_P95_UTIL:
-        return (
-            f"load would reach {demand.mean_util * ratio:.0f} % (p95 {demand.p95_util * ratio:.0f} %) on {target.name}"
-        )
+    mean, p95 = projected(catalog, demand, current, target)
+    if mean > MAX_PROJECTED_MEAN_UTIL or p95 > MAX_PROJECTED_P95_UTIL:
+        where = target.name if demand.gpus == 1 else f"{demand.gpus} × {target.name}"
+        return f"load would reach {mean:.0f} % (p95 {p95:.0f} %) on {where}"
     return None
+
+
+GROWTH = (2, 4, 8)  # tensor-parallel degrees (or replicas) a service may multiply its GPU count by
+
+
+def grown(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType, most: int) -> Demand | None:
+    """The fewest GPUs of ``target``, more than it holds now and at most ``most``, that carry a serving
+    workload's load and memory (None when none does, or it is not an online service on whole GPUs).
+
+    Its load and memory spread over the added GPUs, as replicas or a higher tensor-parallel degree do (an
+    estimate: on cards without NVLink, a higher tensor-parallel degree also pays for its all-reduce over PCIe,
+    so a growth there keeps only the PCIe share of the added GPUs' speed)."""
+    if demand.workload_class is not WorkloadClass.INFERENCE or demand.share < 1:
+        return None
+    if fit_problem(catalog, demand, current, target) is None:
+        return None
+    for factor in GROWTH:
+        gpus = demand.gpus * factor
+        if gpus > most:
+            return None
+        wider = spread(catalog, demand, target, gpus)
+        if fit_problem(catalog, wider, current, target) is None:
+            return wider
+    return None
+
+
+def spread(catalog: Catalog, demand: Demand, target: GpuType, gpus: int) -> Demand:
+    """``demand`` on ``gpus`` GPUs of ``target``: fewer carry more each; more without NVLink lose the PCIe share."""
+    wider = scaled(demand, gpus)
+    if gpus <= demand.gpus or target.nvlink:
+        return wider
+    efficiency = catalog.defaults.pcie_training_scaling.value
+    return replace(wider, mean_util=wider.mean_util / efficiency, p95_util=wider.p95_util / efficiency)
 
 
 def units(demand: Demand, per_gpu: int) -> int:
@@ -81,13 +131,12 @@ def units(demand: Demand, per_gpu: int) -> int:
 def scaled(demand: Demand, gpus: int) -> Demand:
     """The same load and memory spread over ``gpus`` GPUs instead of ``demand.gpus``."""
     factor = demand.gpus / gpus
-    return Demand(
-        demand.workload_class,
-        gpus,
-        demand.mem_mib_per_gpu * factor,
-        demand.mean_util * factor,
-        demand.p95_util * factor,
-        demand.share,
+    return replace(
+        demand,
+        gpus=gpus,
+        mem_mib_per_gpu=demand.mem_mib_per_gpu * factor,
+        mean_util=demand.mean_util * factor,
+        p95_util=demand.p95_util * factor,
     )
 
 

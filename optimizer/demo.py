@@ -9,7 +9,14 @@ an outage starts with its spool, and publishes them after its birth, before its 
 ingests them as it does any replay, through MQTT and within its per-node burst (360 windows): the day is
 thinned to one 10 s window per 10-minute digest (agent.simulate.past_windows), since building every second
 of a day for every node would take minutes. The busiest part of the day, the services' daily peak, is where the
-live run starts, and comes in full."""
+live run starts, and comes in full.
+
+Chat receivers get one message each, when the run ends: the final plan's moves that the plan before it proposed
+too. The demo's plans change while its history is still arriving (classes firm up as windows come in, a day of
+history turns a move of an idle allocation into its release), far faster than a deployment's, whose plans come a
+minute apart from telemetry that has been arriving all along; posting as the run goes would post moves a later
+plan withdraws. So the demo gathers for the whole run (``group_wait``) and posts after its final plan, which no
+later plan can withdraw, only the moves that plan confirms (``settle_plans``: 2, no minimum time)."""
 
 from __future__ import annotations
 
@@ -45,6 +52,8 @@ log = logging.getLogger(__name__)
 
 DEMO_SITE = "demo"
 DEMO_FLUSH_TIMEOUT = 5.0  # seconds the demo's last alerts may take at the end: an unreachable hook must not hold it
+DEMO_GROUP_WAIT = 3600.0  # longer than any run: the demo posts once, after its final plan (see above)
+DEMO_SETTLE_PLANS = 2  # the final plan's moves are posted if the plan before it proposed them too
 DEMO_HISTORY = 25.5 * 3600.0  # a day and a bit: the digests must span the 24 h that releasing and resizing wait for
 
 
@@ -78,7 +87,13 @@ def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[L
         os.environ[variable] = url
         receivers.append(ReceiverSettings(name=f"demo-{kind}-{n}", kind=kind, url_env=variable))
     settings = AlertSettings(
-        receivers=receivers, group_wait=3.0, retry_initial=0.5, max_attempts=4, timeout=DEMO_FLUSH_TIMEOUT
+        receivers=receivers,
+        group_wait=DEMO_GROUP_WAIT,
+        settle_seconds=0.0,
+        settle_plans=DEMO_SETTLE_PLANS,
+        retry_initial=0.5,
+        max_attempts=4,
+        timeout=DEMO_FLUSH_TIMEOUT,
     )
     return Lifecycle.in_state_dir(state_dir), Alerter.in_state_dir(settings, state_dir)
 
@@ -129,7 +144,7 @@ async def _run(
                 horizon_windows=60,
                 state_dir=state_dir,
                 # simulated time runs faster: windows come more often and their timestamps run ahead of now
-                node_window_rate=OptimizerSettings().node_window_rate * max(1.0, options.time_scale),
+                node_time_rate=OptimizerSettings().node_time_rate * max(1.0, options.time_scale),
                 max_clock_skew=86_400.0 * max(1.0, options.time_scale),
             ),
             plan=PlanSettings(time_limit=5.0),
@@ -168,11 +183,12 @@ async def _run(
             await _ingested(optimizer, sum(a.link.published for a in fleet.agents))
             final = {p.site: p for p in await optimizer.plan_once()}.get(DEMO_SITE)
             if console is not None and options.keep_serving and not interrupted:
+                await optimizer.flush_alerts("at the end of the run")  # the final plan's settled moves (see above)
                 stop.clear()
                 log.info("the run is over; the console stays up until Ctrl-C")
                 await stop.wait()
             optimizer.should_exit.set()
-            await optimizer_task  # posts the alerts still gathering
+            await optimizer_task  # posts the alerts still gathering: the final plan's settled moves (see above)
         except asyncio.CancelledError:  # a second signal: leave now, without the final plan or the last alerts
             running = [t for t in (fleet_task, optimizer_task) if t is not None]
             for t in running:

@@ -82,6 +82,8 @@ class WorkloadFeatures:
     intensity: float | None = None  # board power per unit of utilisation, 0-1: dense matmuls near 1
     tensor_share: float | None = None  # GPM tensor-pipe activity / utilisation
     dram_share: float | None = None  # GPM DRAM bandwidth / utilisation
+    shape_tensor: float | None = None  # the same two over every window with work (>= 5 %), for the shape
+    shape_dram: float | None = None
     ingress_bps: float = 0.0  # front-end bytes in per GPU (requests, or input from NFS / object storage)
     egress_bps: float = 0.0  # front-end bytes out per GPU
     disk_read_bps: float = 0.0  # node disk reads per GPU of the workload
@@ -187,6 +189,7 @@ class _Acc:
     node_front: list[float] = field(default_factory=list)
     tensor: list[float] = field(default_factory=list)
     dram: list[float] = field(default_factory=list)
+    gpm: list[tuple[float, float]] = field(default_factory=list)  # (tensor, dram) per unit of utilisation
     ingress: list[float] = field(default_factory=list)
     egress: list[float] = field(default_factory=list)
     reads: list[float] = field(default_factory=list)
@@ -263,6 +266,12 @@ def _fold_window(
         centre = statistics.fmean(levels) if levels else 0.0
         acc.centred.extend(v - centre for v in levels)
     util = _mean(g.util_mean for g in gpus)
+    if util >= 5:
+        # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
+        pairs = [(g.tensor_active, g.dram_active) for g in gpus]
+        known = [(t, d) for t, d in pairs if t is not None and d is not None]
+        if known:
+            acc.gpm.append((_mean(t for t, _ in known) / util, _mean(d for _, d in known) / util))
     if util >= 50:
         # Power rises from ~10 % of the limit at idle (more on small cards: an L4 idles at ~20 %) by the work's
         # intensity per unit of utilisation; only busy windows are read, where the idle share matters least.
@@ -493,10 +502,38 @@ def gpu_lockstep(per_gpu: dict[int, list[float]]) -> float | None:
     return statistics.fmean(correlations) if correlations else None
 
 
+GONE_WINDOWS = 3  # a workload its node has not reported for this many of the node's windows has left it
+
+
+def departed(fleet: Fleet, site: str) -> set[tuple[str, str]]:
+    """(workload, node) pairs of workloads that left the node: the node has gone on reporting without them for
+    ``GONE_WINDOWS`` windows (it ended, or a scheduler moved it and it came back as a new pod), or they were seen
+    elsewhere only since after their last window there (moved under the same id). A multi-node job reports from
+    all its nodes in the same minutes. What a workload did on hardware it left says nothing of where it runs."""
+    spans: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+    gone = set()
+    for (rec_site, node), record in fleet.nodes.items():
+        if rec_site != site or not record.windows:
+            continue
+        recent = {ref.id for window in list(record.windows)[-GONE_WINDOWS:] for ref in window.workloads}
+        for window in record.windows:
+            for ref in window.workloads:
+                first, last = spans[ref.id].get(node, (window.end, window.end))
+                spans[ref.id][node] = (min(first, window.end), max(last, window.end))
+                if ref.id not in recent:
+                    gone.add((ref.id, node))
+    for wid, by_node in spans.items():
+        if len(by_node) > 1:
+            newest = max(first for first, _ in by_node.values())
+            gone |= {(wid, node) for node, (_, last) in by_node.items() if last < newest}
+    return gone
+
+
 def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
     """Features of every workload seen in ``site`` over the last ``horizon`` windows of each node."""
     accs: dict[str, _Acc] = defaultdict(_Acc)
     reference = site_baseline(fleet, site, horizon)
+    gone = departed(fleet, site)
     for (rec_site, _), record in sorted(fleet.nodes.items()):
         if rec_site != site or record.birth is None:
             continue
@@ -531,6 +568,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             pinned_mib = _pinned(window)
             tenants = tenancy(window.workloads, devices, pinned_mib)
             for ref in window.workloads:
+                if (ref.id, record.node) in gone:
+                    continue
                 acc = accs[ref.id]
                 acc.name, acc.hint = ref.name, ref.hint
                 acc.program = ref.program or acc.program
@@ -581,11 +620,13 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                     node_load = sum(series[i] for series in loads.values())
                     if node_load >= 5:
                         acc.shares.append(loads[ref.id][i] / node_load)
+    # its history where it runs now: digests it left on a node it moved away from describe other hardware
     digests: dict[str, list[Digest]] = defaultdict(list)
-    for (rec_site, _), record in fleet.nodes.items():
-        if rec_site == site:
-            for wid in accs:
-                digests[wid] += record.history.of(wid)
+    for wid, acc in accs.items():
+        for node in acc.placements:
+            held = fleet.record(site, node)
+            if held is not None:
+                digests[wid] += held.history.of(wid)
     out = []
     for wid, acc in sorted(accs.items()):
         if acc.windows == 0:
@@ -630,6 +671,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
                 tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
                 dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
+                shape_tensor=statistics.median(t for t, _ in acc.gpm) if len(acc.gpm) >= 3 else None,
+                shape_dram=statistics.median(d for _, d in acc.gpm) if len(acc.gpm) >= 3 else None,
                 # Medians: what the workload does most of the time, not a model load at its start.
                 ingress_bps=_median(acc.ingress) * per_gpu,
                 egress_bps=_median(acc.egress) * per_gpu,

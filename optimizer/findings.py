@@ -3,15 +3,28 @@ planner can move it now (no free capacity, pinned, multi-node). Capacity teams p
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from agent.protocol import Finding, FindingKind, WorkloadClass
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import Demand, fit_problem, monthly_cost
+from optimizer.costs import Demand, fit_problem, grown, monthly_cost
 from optimizer.snapshot import Resolved, SnapshotNode, hardware_of
 
 MIN_WASTE_USD_PER_HOUR = 0.05
 SERVING = frozenset({WorkloadClass.INFERENCE, WorkloadClass.INTERACTIVE})
+
+
+NODE_GPUS = 8  # the most GPUs of one model a node is taken to hold where the site's nodes are not known
+
+
+def cost_on(catalog: Catalog, demand: Demand, current: GpuType, target: GpuType, most: int = NODE_GPUS) -> float | None:
+    """US$ a month for the workload's current work on ``target``: at its own GPU count, or at the count a serving
+    workload needs there (at most ``most``); None when it cannot run there."""
+    if fit_problem(catalog, demand, current, target) is None:
+        return monthly_cost(catalog, demand, current, target)
+    bigger = grown(catalog, demand, current, target, most)
+    return monthly_cost(catalog, bigger, current, target) if bigger is not None else None
 
 
 def cheapest_fit(
@@ -23,10 +36,9 @@ def cheapest_fit(
     for target in catalog.gpu:
         if among is not None and target.key not in among:
             continue
-        if fit_problem(catalog, demand, current, target) is None:
-            cost = monthly_cost(catalog, demand, current, target)
-            if cost < best_cost:
-                best, best_cost = target, cost
+        cost = cost_on(catalog, demand, current, target)
+        if cost is not None and cost < best_cost:
+            best, best_cost = target, cost
     return best, best_cost
 
 
@@ -44,8 +56,43 @@ def _finding(r: Resolved, kind: FindingKind, waste: float, confidence: float, de
     )
 
 
-def detect(catalog: Catalog, workloads: Iterable[Resolved]) -> list[Finding]:
-    """Findings for classified workloads, most wasteful first."""
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """What the plan does with a workload: the hardware it puts it on, its monthly cost there, its GPUs."""
+
+    target: GpuType
+    monthly_cost: float
+    gpus: float
+
+
+def _compared_with(
+    catalog: Catalog, r: Resolved, planned: Mapping[str, Planned], present: Collection[str] | None
+) -> tuple[float, str]:
+    """(monthly cost, words for it) of what a finding names: the plan's action when the plan acts on the workload;
+    else the cheapest fit among the site's hardware; else the cheapest in the catalog, said to be elsewhere."""
+    assert r.hardware is not None
+    if r.w.id in planned:
+        p = planned[r.w.id]
+        if p.target.key == r.hardware.key:
+            return p.monthly_cost, f"{p.gpus:g} of its {r.w.gpus} GPUs (the plan's right-size)"
+        return p.monthly_cost, f"{p.target.name} (the plan's move)"
+    if present is not None:
+        target, cost = cheapest_fit(catalog, r.w.demand, r.hardware, among=present)
+        if target.key != r.hardware.key:
+            return cost, target.name
+    target, cost = cheapest_fit(catalog, r.w.demand, r.hardware)
+    elsewhere = " (not in this site)" if present is not None and target.key not in present else ""
+    return cost, f"{target.name}{elsewhere}"
+
+
+def detect(
+    catalog: Catalog,
+    workloads: Iterable[Resolved],
+    planned: Mapping[str, Planned] | None = None,
+    present: Collection[str] | None = None,
+) -> list[Finding]:
+    """Findings for classified workloads, most wasteful first. ``planned``: what the plan does with each workload
+    it acts on, named instead of any other hardware; ``present``: the site's hardware keys."""
     hours = catalog.defaults.hours_per_month
     out = []
     for r in workloads:
@@ -53,9 +100,8 @@ def detect(catalog: Catalog, workloads: Iterable[Resolved]) -> list[Finding]:
         if hw is None or cls is WorkloadClass.UNKNOWN:
             continue
         conf = w.confidence
-        demand = w.demand
-        now = monthly_cost(catalog, demand, hw, hw) / hours
-        target, cost = cheapest_fit(catalog, demand, hw)
+        now = monthly_cost(catalog, w.demand, hw, hw) / hours
+        cost, better = _compared_with(catalog, r, planned or {}, present)
         saving = now - cost / hours
         if cls is WorkloadClass.IDLE:
             out.append(
@@ -75,11 +121,11 @@ def detect(catalog: Catalog, workloads: Iterable[Resolved]) -> list[Finding]:
                     saving,
                     conf,
                     f"{cls.value} at {w.mean_util:.0f} % holds NVLink and {hw.fabric_name} GPUs; "
-                    f"{target.name} would serve it",
+                    f"{better} would serve it",
                 )
             )
         elif cls is WorkloadClass.TRAINING and r.multi_node and not hw.rdma:
-            waste = now * (1 - catalog.defaults.pcie_training_scaling)
+            waste = now * (1 - catalog.defaults.pcie_training_scaling.value)
             out.append(
                 _finding(
                     r,
@@ -106,7 +152,7 @@ def detect(catalog: Catalog, workloads: Iterable[Resolved]) -> list[Finding]:
                     FindingKind.OVERSIZED_GPU_MEMORY,
                     saving,
                     conf * 0.8,
-                    f"uses {r.mem_fraction:.0%} of each GPU's memory at {w.mean_util:.0f} %; {target.name} is enough",
+                    f"uses {r.mem_fraction:.0%} of each GPU's memory at {w.mean_util:.0f} %; {better} is enough",
                 )
             )
     out.sort(key=lambda x: -x.wasted_usd_per_hour)

@@ -8,7 +8,9 @@ before that. Ids are stable across solves, so states survive re-planning and res
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
@@ -20,7 +22,9 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from agent.protocol import Plan, Recommendation
+from optimizer import outcomes
 from optimizer.ordering import waiting_on
+from optimizer.outcomes import Outcome
 
 DB_NAME = "fleetfit.db"
 
@@ -56,6 +60,30 @@ class LifecycleError(ValueError):
     pass
 
 
+# A pod a scheduler moves is a new pod: a new uid, and for a Deployment's pods a new name suffix
+# (``<deployment>-<replica set hash>-<5 characters>``); a StatefulSet's pod keeps its name. The name without
+# those suffixes is the service a moved pod continues.
+_POD_SUFFIX = re.compile(r"-(?:[bcdfghjklmnpqrstvwxz2456789]{6,10}-)?[bcdfghjklmnpqrstvwxz2456789]{5}$")
+
+
+def service_of(name: str) -> str:
+    """The service a workload's name belongs to: a Kubernetes pod name without its generated suffixes."""
+    return _POD_SUFFIX.sub("", name)
+
+
+def _successors(plan: Plan, placements: dict[str, str], rec: Recommendation) -> list[str]:
+    """Workloads that may continue ``rec``'s on its target hardware after a scheduler moved it: other ids of the
+    same service, on the recommended hardware."""
+    if not rec.workload_name:
+        return []
+    wanted = service_of(rec.workload_name)
+    return [
+        w.id
+        for w in plan.workloads
+        if w.id != rec.workload and placements.get(w.id) == rec.to_hardware and service_of(w.name) == wanted
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class Tracked:
     recommendation: Recommendation
@@ -74,10 +102,21 @@ class Lifecycle:
         self._db = sqlite3.connect(path, timeout=10, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
         self._db.executescript(_SCHEMA)
+        self._db.executescript(outcomes.SCHEMA)
+        self.problem: str | None = None  # why states are not kept where they belong (optimizer.statedb)
 
     @classmethod
-    def in_state_dir(cls, state_dir: Path) -> Lifecycle:
-        return cls(state_dir / DB_NAME)
+    def in_state_dir(cls, state_dir: Path, repair: bool = False) -> Lifecycle:
+        """The lifecycle in ``state_dir``. With ``repair`` (the daemon), a damaged or foreign file is moved aside
+        and an unwritable directory replaced, so that the daemon starts whatever it finds (``problem`` says)."""
+        if not repair:
+            return cls(state_dir / DB_NAME)
+        from optimizer.statedb import open_state
+
+        opened = open_state(state_dir, DB_NAME)
+        lifecycle = cls(opened.path)
+        lifecycle.problem = opened.problem
+        return lifecycle
 
     def close(self) -> None:
         self._db.close()
@@ -110,18 +149,23 @@ class Lifecycle:
             for rec_id, workload, body, last_seen in rows:
                 if rec_id in proposed:
                     continue
-                if workload not in placements and now - last_seen < UNSEEN_EXPIRY_S:
+                rec = Recommendation.model_validate_json(body)
+                here = workload in placements
+                successors = [] if here or rec.kind == "reclaim" else _successors(plan, placements, rec)
+                if not here and not successors and now - last_seen < UNSEEN_EXPIRY_S:
                     # Not withdrawn, only not seen (a restart, a silent node, a class not yet known): kept open.
                     continue
-                rec = Recommendation.model_validate_json(body)
                 if rec.kind == "reclaim":  # released: the workload is gone
-                    done = workload not in placements
+                    done = not here
                 else:
-                    done = placements.get(workload) == rec.to_hardware
+                    done = bool(successors) or placements.get(workload) == rec.to_hardware
                 new_state = RecState.APPLIED if done else RecState.EXPIRED
                 self._db.execute(
                     "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?", (new_state, now, rec_id)
                 )
+                if done and len(successors) <= 1:  # several replicas there: which one continues it is unknown
+                    follow = successors[0] if successors else None
+                    outcomes.begin(self._db, plan.site, rec, now, follow)  # its load on the new hardware
                 resolved.append((rec, new_state))
             self._mark_waiting(plan.site)
         return resolved
@@ -194,9 +238,24 @@ class Lifecycle:
             key=lambda t: (t.site, t.recommendation.wave or 0, -t.recommendation.monthly_savings_usd),
         )
 
-    def of_workload(self, workload: str) -> tuple[Tracked, ...]:
-        """Every move ever proposed for ``workload``, in any state, newest first."""
-        return tuple(sorted(self._select("WHERE workload = ?", (workload,)), key=lambda t: -t.first_seen))
+    def of_workload(self, workload: str, site: str | None = None) -> tuple[Tracked, ...]:
+        """Every move ever proposed for ``workload`` (in ``site``, when given), in any state, newest first, with the
+        applied move that made it (a rescheduled pod continues the one a move was proposed for)."""
+        mine = "(workload = ? OR id IN (SELECT id FROM outcomes WHERE workload = ?))"
+        where, args = (
+            (f"WHERE {mine} AND site = ?", (workload, workload, site)) if site else (f"WHERE {mine}", (workload,) * 2)
+        )
+        return tuple(sorted(self._select(where, args), key=lambda t: -t.first_seen))
+
+    def outcomes(self, site: str | None = None, now: float | None = None) -> builtins.list[Outcome]:
+        """Applied actions and what was observed after them (those of the last day, if ``now`` is given)."""
+        return outcomes.following(self._db, site, now)
+
+    def outcomes_of(self, rec_ids: Iterable[str]) -> dict[str, Outcome]:
+        return outcomes.of_ids(self._db, list(rec_ids))
+
+    def save_outcomes(self, observed: builtins.list[Outcome], now: float | None = None) -> None:
+        outcomes.save(self._db, observed, time.time() if now is None else now)
 
     def _select(self, where: str, args: tuple[object, ...]) -> Iterable[Tracked]:
         query = f"SELECT site, state, first_seen, last_seen, changed, body FROM recommendations {where}"

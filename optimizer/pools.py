@@ -45,22 +45,49 @@ def build_pools(nodes: Iterable[tuple[str, str, int]], hosting: set[str], min_me
     ]
 
 
-def assign(pool: Pool, workloads: list[tuple[str, int, str | None]]) -> tuple[dict[str, str], list[str]]:
+def assign(
+    pool: Pool, workloads: list[tuple[str, int, str | None]], prefer: dict[str, str] | None = None
+) -> tuple[dict[str, str], list[str]]:
     """Concrete members for ``(id, gpus, service)`` workloads the plan sent to ``pool``: first-fit decreasing,
-    never two replicas of one service on a member. Returns the placement and the ids that did not fit."""
+    never two replicas of one service on a member; a workload with a member in ``prefer`` (where an earlier plan
+    sent it) gets that one first, unless that leaves more unplaced than packing without preferences. Returns the
+    placement and the ids that did not fit."""
+    wanted = {wid: m for wid, m in (prefer or {}).items() if m in pool.members}
+    placed, unplaced = _packed(pool, workloads, wanted)
+    if unplaced and wanted:
+        plain = _packed(pool, workloads, {})
+        if len(plain[1]) < len(unplaced):
+            return plain
+    return placed, unplaced
+
+
+def _packed(
+    pool: Pool, workloads: list[tuple[str, int, str | None]], wanted: dict[str, str]
+) -> tuple[dict[str, str], list[str]]:
     room = dict.fromkeys(pool.members, pool.room)
     services: dict[str, set[str]] = {m: set() for m in pool.members}
     placed: dict[str, str] = {}
     unplaced: list[str] = []
-    for wid, gpus, service in sorted(workloads, key=lambda w: (-w[1], w[0])):
-        member = next(
-            (m for m in pool.members if room[m] >= gpus and (service is None or service not in services[m])), None
-        )
-        if member is None:
-            unplaced.append(wid)
-            continue
+
+    def fits(member: str, gpus: int, service: str | None) -> bool:
+        return room[member] >= gpus and (service is None or service not in services[member])
+
+    def put(wid: str, member: str, gpus: int, service: str | None) -> None:
         room[member] -= gpus
         if service is not None:
             services[member].add(service)
         placed[wid] = member
+
+    ordered = sorted(workloads, key=lambda w: (-w[1], w[0]))
+    for wid, gpus, service in ordered:
+        if wid in wanted and fits(wanted[wid], gpus, service):
+            put(wid, wanted[wid], gpus, service)
+    for wid, gpus, service in ordered:
+        if wid in placed:
+            continue
+        member = next((m for m in pool.members if fits(m, gpus, service)), None)
+        if member is None:
+            unplaced.append(wid)
+            continue
+        put(wid, member, gpus, service)
     return placed, unplaced

@@ -118,8 +118,11 @@ def purchases(
     solution: Solution,
     seconds: float,
     gpus_per_node: int = GPUS_PER_NODE,
+    work: float | None = None,
 ) -> list[Purchase] | None:
-    """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to)."""
+    """What to buy for the plan ``solution`` of ``problem``, solved within ``seconds`` (None: no time to) and
+    ``work`` deterministic seconds of CP-SAT (default: the plan's own work limit), so the same plan gets the same
+    answer whenever there is time for one."""
     started = time.perf_counter()
     if seconds < MIN_SECONDS:
         return None
@@ -132,14 +135,14 @@ def purchases(
     left = seconds - (time.perf_counter() - started)
     if left < MIN_SECONDS:
         return None
-    buying = _buying(problem, solution, offered, left)
+    buying = _buying(problem, solution, offered, left, problem.work if work is None else work)
     if buying.max_moves == 0:
         return []  # the plan's other moves take the whole budget
     bought = solve(catalog, buying)
     return _purchases(catalog, problem, solution, bought, offered, gpus_per_node)
 
 
-def _buying(problem: Problem, solution: Solution, offered: list[Offer], seconds: float) -> Problem:
+def _buying(problem: Problem, solution: Solution, offered: list[Offer], seconds: float, work: float) -> Problem:
     """The plan's model with the offers, restricted to the workloads short of capacity: every other workload
     holds what the plan gives it (at best already, or with nothing to gain from a new node), which keeps the
     model a few hundred choices at fleet scale; the moves it makes come out of the budget."""
@@ -160,7 +163,9 @@ def _buying(problem: Problem, solution: Solution, offered: list[Offer], seconds:
         offers=offered,
         start={w.id: solution.placement.get(w.id, w.node) for w in problem.movable if w.id in buyers},
         time_limit_s=seconds,
+        work_limit=work,
         post_solve_share=0.0,
+        kept={},
     )
 
 

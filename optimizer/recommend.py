@@ -6,18 +6,31 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.protocol import Blocked, Plan, Recommendation, WorkloadClass, WorkloadView
+from agent.protocol import Blocked, Plan, Projection, Recommendation, WorkloadClass, WorkloadView
 from optimizer.catalog import Catalog, GpuType
-from optimizer.costs import MEMORY_HEADROOM, THROUGHPUT_BOUND, fit_problem, monthly_cost, scaled, throughput
-from optimizer.findings import cheapest_fit, detect, uncatalogued
+from optimizer.costs import (
+    MAX_PROJECTED_MEAN_UTIL,
+    MAX_PROJECTED_P95_UTIL,
+    MEMORY_HEADROOM,
+    THROUGHPUT_BOUND,
+    Demand,
+    fit_problem,
+    monthly_cost,
+    projected,
+    speedup,
+    spread,
+)
+from optimizer.findings import NODE_GPUS, Planned, cost_on, detect, uncatalogued
 from optimizer.fleet import Fleet
 from optimizer.interrupt import SolveStop
 from optimizer.ordering import Action, order
-from optimizer.planner import Movable, NodeSlot, Problem, Solution, solve
+from optimizer.planner import WORK_PER_SECOND, Kept, Movable, NodeSlot, Problem, Solution, solve
 from optimizer.purchases import purchases
 from optimizer.shares import share_units
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
@@ -37,6 +50,18 @@ class PlanSettings(BaseModel):
     min_savings_fraction: float = Field(default=0.10, ge=0, lt=1)
     move_cost_usd: float = Field(default=20.0, ge=0, description="fixed disruption cost of any move")
     time_limit: float = Field(default=10.0, gt=0, le=600)
+    work_limit: float | None = Field(
+        default=None,
+        gt=0,
+        le=600,
+        description="CP-SAT's deterministic work limit, in its deterministic seconds (default: a tenth of time_limit)",
+    )
+    keep_margin_usd: float = Field(
+        default=100.0, ge=0, description="a plan replaces an open action only if it saves this much more a month"
+    )
+    keep_margin_fraction: float = Field(
+        default=0.10, ge=0, le=10, description="... or this share of the open action's monthly saving, if more"
+    )
     pinned: list[str] = Field(default_factory=list, description="workload ids or glob patterns never moved")
     pools: bool = Field(default=True, description="solve identical nodes with free room as pools")
     reclaim_idle: bool = Field(default=True, description="release idle allocations instead of moving them")
@@ -102,19 +127,49 @@ def _reason(r: Resolved, target: GpuType) -> str:
 def _impact(catalog: Catalog, r: Resolved, target: GpuType, gpus: int | None = None) -> tuple[str, Risk]:
     """(expected performance impact, risk) of moving ``r`` to ``target`` (on ``gpus`` GPUs if resized)."""
     assert r.hardware is not None
-    d = r.w.demand if gpus is None or gpus == r.w.gpus else scaled(r.w.demand, gpus)
-    ratio = throughput(catalog, target, d) / throughput(catalog, r.hardware, d)
+    d = r.w.demand if gpus is None or gpus == r.w.gpus else spread(catalog, r.w.demand, target, gpus)
+    ratio = speedup(catalog, d, r.hardware, target)
     risk: Risk = "high" if r.w.confidence < 0.75 else "low"
     if d.workload_class is WorkloadClass.IDLE:
         return "none: the allocation is idle", risk
     if d.workload_class in THROUGHPUT_BOUND:
         impact = f"about {ratio:.1f}× the throughput" if ratio >= 1 else f"{1 - ratio:.0%} less throughput, for less"
         return impact, "high" if risk == "high" else "medium"  # a restart from the last checkpoint
-    mean, p95 = d.mean_util / ratio, d.p95_util / ratio
-    if p95 > 85 and risk == "low":
-        risk = "medium"
+    mean, p95 = projected(catalog, d, r.hardware, target)
+    measured = all(
+        f.method in ("mlperf", "reference") for g in (r.hardware, target) for f in (g.perf.compute, g.perf.memory)
+    )
+    if (p95 > 85 or d.shape is None or not measured) and risk == "low":
+        risk = "medium"  # near its limit, projected without a measured shape, or from datasheet arithmetic
     where = target.name if gpus is None or gpus == r.w.gpus else f"{gpus} × {target.name}"
     return f"utilisation about {mean:.0f} % (p95 {p95:.0f} %) on {where}", risk
+
+
+def _projection(catalog: Catalog, r: Resolved, target: GpuType, gpus: int, share: float | None = None) -> Projection:
+    """The load the action expects of ``r`` on ``gpus`` GPUs (or a ``share`` of one) of ``target``; a
+    throughput-bound job keeps its GPUs as busy as before and changes speed instead."""
+    assert r.hardware is not None
+    d = r.w.demand
+    after = spread(catalog, d, target, gpus) if gpus != d.gpus else d
+    if share is not None:
+        after = replace(after, share=share)
+    speed = speedup(catalog, d, r.hardware, target)
+    plain = speedup(catalog.with_corrections(()), d, r.hardware, target)
+    if d.workload_class in THROUGHPUT_BOUND:
+        mean, p95 = d.mean_util, d.p95_util
+    else:
+        mean, p95 = projected(catalog, after, r.hardware, target)
+    return Projection(
+        shape=d.shape,
+        speed=round(speed, 4),
+        catalog_speed=round(plain, 4),
+        gpus_before=d.gpus * d.share,
+        gpus_after=after.gpus * after.share,
+        before_mean_util=round(d.mean_util, 2),
+        before_p95_util=round(d.p95_util, 2),
+        mean_util=round(min(mean, 10_000), 2),
+        p95_util=round(min(p95, 10_000), 2),
+    )
 
 
 def _move_cost(settings: PlanSettings, r: Resolved) -> float:
@@ -123,45 +178,92 @@ def _move_cost(settings: PlanSettings, r: Resolved) -> float:
     return settings.move_cost_usd + r.w.gpus * r.w.share * r.hardware.price_per_gpu_hour * hours
 
 
+NEAR_MISS = 2.0  # a target the workload would overrun by twice or more is no candidate, not a blocked move
+
+
+def _shortfall(catalog: Catalog, d: Demand, current: GpuType, target: GpuType) -> float:
+    """How far ``d`` is from fitting ``target``: its largest need over what the target allows (> 1: too much)."""
+    memory = d.mem_mib_per_gpu / (MEMORY_HEADROOM * target.memory_gib * 1024 * d.share)
+    if d.workload_class in THROUGHPUT_BOUND or d.workload_class is WorkloadClass.IDLE:
+        return memory
+    mean, p95 = projected(catalog, d, current, target)
+    return max(memory, mean / MAX_PROJECTED_MEAN_UTIL, p95 / MAX_PROJECTED_P95_UTIL)
+
+
+def _tightest(
+    catalog: Catalog, d: Demand, current: GpuType, present: set[str], largest: dict[str, int], worth: float
+) -> tuple[GpuType, float, str | None] | None:
+    """Among the site's hardware that would save at least ``worth`` a month: the cheapest the workload fits
+    (reason None), else the one it comes closest to fitting, with what stops it there (its load, memory or NVLink,
+    on as many of those GPUs as a node holds for a service that could spread). None when no hardware in the site
+    would save that much even if the workload fitted, or it would overrun every such target ``NEAR_MISS`` times."""
+    now = monthly_cost(catalog, d, current, current)
+    fitting: list[tuple[float, str, GpuType]] = []
+    blocked: list[tuple[float, str, GpuType, str, float]] = []
+    for key in sorted(present - {current.key}):
+        target = catalog.by_key(key)
+        most = largest.get(key, NODE_GPUS)
+        cost = cost_on(catalog, d, current, target, most)
+        if cost is not None:
+            if now - cost >= worth:
+                fitting.append((cost, key, target))
+            continue
+        ideal = monthly_cost(catalog, d, current, target)  # as if it fitted at its own GPU count
+        if now - ideal < worth:
+            continue
+        spreads = d.workload_class is WorkloadClass.INFERENCE and d.share == 1 and most > d.gpus
+        widest = spread(catalog, d, target, most) if spreads else d
+        why = fit_problem(catalog, widest, current, target)
+        short = _shortfall(catalog, widest, current, target)
+        if why is not None and short < NEAR_MISS:
+            if spreads:
+                why += f" (all {most} GPUs of a node)"
+            blocked.append((short, key, target, why, now - ideal))
+    if fitting:
+        cost, _, target = min(fitting)
+        return target, now - cost, None
+    if blocked:
+        _, _, target, why, saving = min(blocked, key=lambda b: (b[0], b[1]))
+        return target, saving, why
+    return None
+
+
 def _why_stays(
     catalog: Catalog,
     snapshot: Snapshot,
     present: set[str],
+    largest: dict[str, int],
     settings: PlanSettings,
     r: Resolved,
     solution: Solution,
     moves: int,
 ) -> tuple[str, float] | None:
-    """Why a workload that would be cheaper elsewhere is not moved, and what moving it would save a month."""
+    """Why a workload that would be cheaper on other hardware of its site is not moved, and what moving it would
+    save a month. Only the site's hardware is weighed: what to buy is the purchase section's question."""
     if r.hardware is None or r.w.workload_class is WorkloadClass.UNKNOWN:
         return None
     d = r.w.demand
     now = monthly_cost(catalog, d, r.hardware, r.hardware)
     worth = max(settings.min_monthly_savings, settings.min_savings_fraction * now)
-    # Hardware the site has comes first: a catalog lists far more models than any site holds.
-    target, best = cheapest_fit(catalog, d, r.hardware, among=present)
-    saving = now - best
-    if target.key == r.hardware.key or saving < worth:
-        target, best = cheapest_fit(catalog, d, r.hardware)
-        saving = now - best
-        if target.key == r.hardware.key or saving < worth or r.w.pinned:
-            return None
+    found = _tightest(catalog, d, r.hardware, present, largest, worth)
+    if found is None:
+        return None
+    target, saving, misfit = found
     if r.w.pinned:
         return "pinned", saving
     if r.multi_node:
         return "multi-node workloads are not moved automatically", saving
     if r.w.confidence < settings.min_confidence:
         return f"class uncertain (confidence {r.w.confidence:.2f} < {settings.min_confidence:.2f})", saving
+    if misfit is not None:
+        return misfit, saving
     if r.w.id in solution.blocked:
         return solution.blocked[r.w.id], saving
-    if target.key not in present:
-        return f"no {target.name} in site {snapshot.site}", saving
     if settings.max_moves == 0:
         return "the plan allows no moves (max moves 0)", saving
     if moves >= settings.max_moves:
         return f"the plan's {settings.max_moves} moves went to bigger savings", saving
-    fits = fit_problem(catalog, d, r.hardware, target) is None
-    return (f"no free {target.name} capacity in site {snapshot.site}" if fits else "no better fit"), saving
+    return f"no free {target.name} capacity in site {snapshot.site}", saving
 
 
 def _action(r: Resolved, rec_id: str, **what: object) -> Recommendation:
@@ -219,6 +321,7 @@ def _right_size(catalog: Catalog, r: Resolved, gpus: int, saving: float) -> Reco
         risk=risk,
         kind="right_size",
         gpus_after=gpus,
+        projection=_projection(catalog, r, r.hardware, gpus),
     )
 
 
@@ -228,6 +331,8 @@ def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: in
     reason = _reason(r, target) if target.key != r.hardware.key else "makes room on its node for a move that saves more"
     if gpus < r.w.gpus:
         reason += f"; its daily peak fits {gpus} of them instead of {r.w.gpus}"
+    elif gpus > r.w.gpus:
+        reason += f"; its load and memory need {gpus} of them instead of {r.w.gpus}"
     same = "room" if target.key == r.hardware.key else ""  # a right-size in place has the plain id
     return _action(
         r,
@@ -239,7 +344,8 @@ def _move(catalog: Catalog, r: Resolved, to_node: str, target: GpuType, gpus: in
         performance_impact=impact,
         risk=risk,
         kind="move",
-        gpus_after=gpus if gpus < r.w.gpus else None,
+        gpus_after=gpus if gpus != r.w.gpus else None,
+        projection=_projection(catalog, r, target, gpus),
     )
 
 
@@ -248,7 +354,7 @@ def _consolidate(
 ) -> Recommendation:
     assert r.hardware is not None
     d = r.w.demand
-    ratio = throughput(catalog, r.hardware, d) / throughput(catalog, target, d) / share
+    ratio = 1 / speedup(catalog, d, r.hardware, target) / share
     risk: Risk = "high" if r.w.confidence < 0.75 else "medium"  # neighbours on the same GPU
     return _action(
         r,
@@ -268,6 +374,7 @@ def _consolidate(
         kind="consolidate",
         gpus_after=1 if r.w.gpus > 1 else None,
         gpu_share=share,
+        projection=_projection(catalog, r, target, 1, share),
     )
 
 
@@ -278,7 +385,7 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
         for node in w.nodes:
             room[node] -= w.gpus / len(w.nodes) * w.share
     actions = []
-    for rec in sorted(recs, key=lambda x: -x.monthly_savings_usd):
+    for rec in sorted(recs, key=lambda x: (-x.monthly_savings_usd, x.id)):
         share = rec.gpu_share or 1.0
         before = rec.gpus * (1.0 if rec.kind == "consolidate" else share)  # consolidation held whole GPUs
         kept = (rec.gpus if rec.gpus_after is None else rec.gpus_after) * share
@@ -302,15 +409,54 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
     return sorted(placed, key=lambda x: (x.wave or 0, -x.monthly_savings_usd, x.id))
 
 
+def _planned(catalog: Catalog, recommendations: list[Recommendation], solution: Solution) -> dict[str, Planned]:
+    """What the plan does with each workload it moves or resizes, for the findings to name."""
+    out = {}
+    for rec in recommendations:
+        target = hardware_of(catalog, rec.to_hardware)
+        if rec.kind == "reclaim" or target is None or rec.workload not in solution.monthly_cost:
+            continue
+        gpus = rec.gpus_after if rec.gpus_after is not None else rec.gpus
+        out[rec.workload] = Planned(target, solution.monthly_cost[rec.workload][1], gpus * (rec.gpu_share or 1.0))
+    return out
+
+
+def keep_margin(settings: PlanSettings, rec: Recommendation) -> float:
+    """How much more a month a new plan must save to replace the open action ``rec`` (docs/decisions.md)."""
+    return max(settings.keep_margin_usd, settings.keep_margin_fraction * rec.monthly_savings_usd)
+
+
+def _kept(settings: PlanSettings, movable: list[Movable], open_actions: Iterable[Recommendation]) -> dict[str, Kept]:
+    """The open actions the planner should keep, by workload: those on a workload that is still where the action
+    found it (a release is not the planner's to keep: it is decided before the solve)."""
+    where = {w.id: w.node for w in movable}
+    kept: dict[str, Kept] = {}
+    for rec in sorted(open_actions, key=lambda x: (-x.monthly_savings_usd, x.id)):
+        if rec.kind == "reclaim" or where.get(rec.workload) != rec.from_node or rec.workload in kept:
+            continue
+        kept[rec.workload] = Kept(rec.to_node, keep_margin(settings, rec))
+    return kept
+
+
 def plan_snapshot(
     snapshot: Snapshot,
     catalog: Catalog,
     settings: PlanSettings,
     now: float | None = None,
     stop: SolveStop | None = None,
+    open_actions: Iterable[Recommendation] = (),
 ) -> Plan:
-    """Plan moves for a snapshot (live or offline); ``stop`` cuts its solves short from another thread."""
+    """Plan moves for a snapshot (live or offline); ``stop`` cuts its solves short from another thread.
+    ``open_actions``: actions earlier plans proposed that are still open (new or acknowledged); each is kept
+    unless a different choice saves clearly more (``keep_margin``)."""
     started = time.perf_counter()
+    # The same snapshot in any order is the same problem, and gives the same plan.
+    snapshot = snapshot.model_copy(
+        update={
+            "nodes": sorted(snapshot.nodes, key=lambda n: n.name),
+            "workloads": sorted(snapshot.workloads, key=lambda w: w.id),
+        }
+    )
     resolved = resolve(catalog, snapshot)
     # capacity in hundredths of a GPU when some workloads hold a share of one (finer where MIG sevenths or
     # partitions' eighths need it to count exactly), else in whole GPUs
@@ -361,13 +507,17 @@ def plan_snapshot(
         units=per_gpu,
         sharing=settings.sharing,
         stop=stop,
+        kept=_kept(settings, movable, open_actions),
+        work_limit=settings.work_limit,
     )
     solution = solve(catalog, problem)
     bought = None
     if settings.buy:
-        # within the plan's time limit, less the share the solve keeps for building the plan
+        # within the plan's time limit, less the share the solve keeps for building the plan; its work limit as
+        # the plan's own solve, or in proportion to the time limit of its own
         left = settings.time_limit * (1 - problem.post_solve_share) - (time.perf_counter() - started)
-        bought = purchases(catalog, problem, solution, settings.buy_time_limit or left)
+        work = problem.work if settings.buy_time_limit is None else WORK_PER_SECOND * settings.buy_time_limit
+        bought = purchases(catalog, problem, solution, settings.buy_time_limit or left, work=work)
     node_hw = {n.name: n.hardware for n in nodes}
     for r in resolved:
         target_node = solution.placement.get(r.w.id)
@@ -397,11 +547,14 @@ def plan_snapshot(
     moved = {x.workload for x in recommendations}
     moves = sum(1 for x in recommendations if x.kind in ("move", "consolidate") and x.to_node != x.from_node)
     present = {n.hardware for n in nodes}  # catalog keys of the hardware this site has
+    largest: dict[str, int] = {}
+    for slot in nodes:
+        largest[slot.hardware] = max(largest.get(slot.hardware, 0), slot.gpus // per_gpu)
     blocked = []
     for r in resolved:
         if r.w.id in moved:
             continue
-        why = _why_stays(catalog, snapshot, present, settings, r, solution, moves)
+        why = _why_stays(catalog, snapshot, present, largest, settings, r, solution, moves)
         if why is not None and r.hardware is not None:
             blocked.append(
                 Blocked(
@@ -413,7 +566,7 @@ def plan_snapshot(
                     monthly_savings_usd=round(why[1], 2),
                 )
             )
-    blocked.sort(key=lambda b: -b.monthly_savings_usd)
+    blocked.sort(key=lambda b: (-b.monthly_savings_usd, b.workload))
     views = [
         WorkloadView(
             id=r.w.id,
@@ -443,7 +596,8 @@ def plan_snapshot(
         generated_at=time.time() if now is None else now,
         solver=report,
         workloads=views,
-        findings=detect(catalog, resolved) + uncatalogued(catalog, snapshot.nodes),
+        findings=detect(catalog, resolved, _planned(catalog, recommendations, solution), present)
+        + uncatalogued(catalog, snapshot.nodes),
         recommendations=recommendations,
         blocked=blocked,
         monthly_savings_usd=round(sum(x.monthly_savings_usd for x in recommendations), 2),
@@ -451,6 +605,13 @@ def plan_snapshot(
     )
 
 
-def build_plan(fleet: Fleet, site: str, catalog: Catalog, settings: PlanSettings, now: float | None = None) -> Plan:
+def build_plan(
+    fleet: Fleet,
+    site: str,
+    catalog: Catalog,
+    settings: PlanSettings,
+    now: float | None = None,
+    open_actions: Iterable[Recommendation] = (),
+) -> Plan:
     """Classify the site's workloads from telemetry and plan moves for the misplaced ones."""
-    return plan_snapshot(from_fleet(fleet, site, settings.pinned), catalog, settings, now)
+    return plan_snapshot(from_fleet(fleet, site, settings.pinned), catalog, settings, now, open_actions=open_actions)

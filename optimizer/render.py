@@ -133,6 +133,15 @@ def _what(r: Recommendation) -> str:
     return f"{r.from_node} [{r.from_hardware}] -> {r.to_node} [{r.to_hardware}]{size}{via}"
 
 
+def projected_load(r: Recommendation) -> str:
+    """The load an action expects per GPU on its target, as planned ("" when it projects none)."""
+    p = r.projection
+    if p is None:
+        return ""
+    shape = "shape unknown" if p.shape is None else f"memory-bound {p.shape:.0%}"
+    return f"{p.mean_util:.0f} % (p95 {p.p95_util:.0f} %) at {p.speed:.2f}× the speed; {shape}"
+
+
 def _held(r: Recommendation) -> str:
     return f"{r.gpu_share:.2g} of a GPU" if r.gpu_share is not None else f"{r.gpus} GPU"
 

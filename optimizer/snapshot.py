@@ -10,7 +10,7 @@ import fnmatch
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,6 +20,7 @@ from optimizer.classify import classify
 from optimizer.costs import Demand
 from optimizer.features import workload_features
 from optimizer.fleet import Fleet
+from optimizer.shape import measured_shape
 from optimizer.shares import MIG_SLICES, SHARE_FLOOR, layout, parts_of
 
 
@@ -54,6 +55,10 @@ class SnapshotWorkload(_Strict):
     )
     gpu_share: float | None = Field(default=None, gt=0, le=1, description="a share of its one GPU (time-slicing, MPS)")
     mig_profile: str | None = Field(default=None, pattern=r"^[1-7]g\.\d+gb$", description="a MIG slice: 1g.10gb")
+    shape: Literal["compute", "memory"] | Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None,
+        description="memory-bound share of its GPU time: compute (0), memory (1), or between; None: unknown",
+    )
 
     @model_validator(mode="after")
     def _one_share(self) -> SnapshotWorkload:
@@ -71,9 +76,18 @@ class SnapshotWorkload(_Strict):
         return 1.0 if self.gpu_share is None else self.gpu_share
 
     @property
+    def memory_share(self) -> float | None:
+        """The shape as a number: 0 compute-bound, 1 memory-bound, None unknown."""
+        if isinstance(self.shape, str):
+            return 0.0 if self.shape == "compute" else 1.0
+        return self.shape
+
+    @property
     def demand(self) -> Demand:
         p95 = self.p95_util if self.p95_util is not None else self.mean_util
-        return Demand(self.workload_class, self.gpus, self.mem_mib_per_gpu, self.mean_util, p95, self.share)
+        return Demand(
+            self.workload_class, self.gpus, self.mem_mib_per_gpu, self.mean_util, p95, self.share, self.memory_share
+        )
 
 
 class Snapshot(_Strict):
@@ -257,6 +271,7 @@ def from_fleet(
                 history_hours=round(f.history_hours, 2),
                 gpu_share=gpu_share,
                 mig_profile=profile,
+                shape=measured_shape(f),
             )
         )
     snapshot = Snapshot(site=site, nodes=nodes, workloads=workloads)

@@ -24,9 +24,11 @@ from agent.simulate import offline_windows, shift_to_now
 from collectors.scenarios import build_scenario
 from collectors.simulated import Pattern
 from optimizer.fleet import Fleet
+from optimizer.snapshot import Snapshot
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")  # the console command, as users run it
 FLEET_PREFIX = "fleetfit/v1"
+EXAMPLES = Path(__file__).resolve().parent.parent / "systemd" / "mosquitto"  # the shipped broker setup
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -294,3 +296,105 @@ def simulated_fleet(
 def recent(windows: list[Telemetry]) -> list[Telemetry]:
     """``windows`` moved in time to end now (see agent.simulate.shift_to_now)."""
     return shift_to_now(windows)
+
+
+def three_actions(site: str) -> Snapshot:
+    """A site whose plan is three actions of three kinds, their savings of different widths (catalog prices a
+    GPU-hour: H100 $2.50, L40S $0.85, L4 $0.35, A100 $1.50; 730 hours a month):
+
+    * image-gen, image generation (compute-bound) on 8 H100 at 20 % (p95 34 %), moves to the empty L40S node: an
+      L40S does 0.38 of an H100's compute-bound work, so 20 / 0.38 = 53 % (p95 89 %) there, and 8 × (2.50 -
+      0.85) × 730 = $9,636 a month. Its 40,000 MiB per GPU keep it off 4 H100s (80,000 > 90 % of 80 GiB).
+    * vision-finetune-ddp, 4-GPU training on L4 (no NVLink), moves to the empty H100 node: an H100 does 1 / 0.11
+      of an L4's compute-bound work, and 1 / 0.6 more off PCIe: 4 × 0.35 × 730 - 4 × 2.50 × 730 × 0.11 × 0.6 =
+      1,022 - 481.80 = $540.20 a month.
+    * forgotten-notebook-alloc, 4 A100 idle all day, is released: 4 × 1.50 × 730 = $4,380 a month."""
+    return Snapshot.model_validate(
+        {
+            "site": site,
+            "nodes": [
+                {"name": "h100-001", "hardware": "h100", "gpus": 8},
+                {"name": "h100-002", "hardware": "h100", "gpus": 8},
+                {"name": "l40s-001", "hardware": "l40s", "gpus": 8},
+                {"name": "l4-001", "hardware": "l4", "gpus": 8},
+                {"name": "a100-001", "hardware": "a100", "gpus": 8},
+            ],
+            "workloads": [
+                {"id": "k8s/image-gen", "name": "image-gen", "class": "inference", "nodes": ["h100-001"],
+                 "gpus": 8, "mem_mib_per_gpu": 40_000, "mean_util": 20, "p95_util": 34, "shape": "compute"},
+                {"id": "slurm/4711", "name": "vision-finetune-ddp", "class": "training", "nodes": ["l4-001"],
+                 "gpus": 4, "mem_mib_per_gpu": 20_000, "mean_util": 90, "p95_util": 93, "shape": "compute"},
+                {"id": "slurm/4712", "name": "forgotten-notebook-alloc", "class": "idle", "nodes": ["a100-001"],
+                 "gpus": 4, "mem_mib_per_gpu": 24_000, "mean_util": 0, "p95_util": 0},
+            ],
+        }
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ the shipped broker
+
+
+def shipped_config(creds: Path, directory: Path, port: int, overrides: dict[str, str] | None = None) -> Path:
+    """``systemd/mosquitto/fleetfit.conf`` as shipped, with the test's paths and port (and ``overrides``, each
+    replacing a setting's value)."""
+    config = (EXAMPLES / "fleetfit.conf").read_text()
+    config = config.replace("/etc/mosquitto/fleetfit", str(creds)).replace("/var/lib/mosquitto/", f"{directory}/")
+    config = config.replace("listener 8883", f"listener {port} 127.0.0.1")
+    lines = config.splitlines()
+    for key, value in (overrides or {}).items():
+        lines = [f"{key} {value}" if line.split(" ", 1)[0] == key else line for line in lines]
+    path = directory / "mosquitto.conf"
+    # the tests run as root with private files
+    path.write_text("\n".join(lines) + "\nuser root\nlog_type error\nlog_type warning\n")
+    return path
+
+
+@dataclass
+class Shipped:
+    """A Mosquitto with the shipped configuration, ACL and ``mint`` credentials (not started by this class)."""
+
+    server: MosquittoServer
+    credentials: Path
+    directory: Path
+
+    def settings(self, user: str, port: int | None = None) -> MqttSettings:
+        return MqttSettings(
+            host="127.0.0.1",
+            port=port or self.server.port,
+            tls=True,
+            ca_file=self.credentials / "ca.crt",
+            username=user,
+            password=(self.credentials / "clients" / user / "mqtt-password").read_text(),
+            reconnect_max_delay=1.0,
+        )
+
+    def broker(self, directory: Path, **overrides: str) -> MosquittoServer:
+        """Another Mosquitto (not started) with the shipped configuration and credentials; ``overrides`` replace
+        a setting's value (e.g. a smaller queue, so that a flood fills it in a second)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        config = shipped_config(self.credentials, directory, port, overrides)
+        return MosquittoServer("127.0.0.1", port, config, directory / "mosquitto.log")
+
+
+def shipped_broker(directory: Path, nodes: dict[str, list[str]], optimizers: tuple[str, ...] = ()) -> Shipped:
+    """Credentials minted by ``systemd/mosquitto/mint`` (a CA, the broker, the optimizer, a reader, more optimizer
+    accounts, and ``nodes`` by site) and a broker configured as shipped, in ``directory``."""
+    creds = directory / "creds"
+    mint = str(EXAMPLES / "mint")
+
+    def run(*args: str) -> None:
+        subprocess.run([mint, args[0], str(creds), *args[1:]], check=True, capture_output=True, timeout=60)
+
+    run("ca")
+    run("broker", "127.0.0.1")
+    run("optimizer")
+    for name in optimizers:
+        run("optimizer", name)
+    run("reader")
+    for site, names in nodes.items():
+        for name in names:
+            run("node", site, name)
+    port = free_port()
+    server = MosquittoServer("127.0.0.1", port, shipped_config(creds, directory, port), directory / "mosquitto.log")
+    return Shipped(server, creds, directory)

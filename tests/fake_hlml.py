@@ -1,7 +1,9 @@
 """A stand-in for habana-pyhlml's ``pyhlml.main`` on machines without a Gaudi, shaped after its source (1.24).
 
-Like the real one: errors are ``HLMLError(code)`` (NOT_SUPPORTED = 3, DRIVER_NOT_LOADED = 9, AIP_IS_LOST = 15);
-``hlmlInit`` without libhlml prints "Failed to load libhlml" to stdout and raises ``HLMLError(1)``; names, UUIDs
+Like the real one: errors are ``HLMLError(code)`` (UNINITIALIZED = 1, NOT_SUPPORTED = 3, DRIVER_NOT_LOADED = 9,
+AIP_IS_LOST = 15); ``hlmlInit`` without libhlml prints "Failed to load libhlml" to stdout and raises
+``HLMLError(1)``, with the library but no driver loaded it raises ``DRIVER_NOT_LOADED`` (``m.init_error``, which
+may be cleared later: a driver loaded after boot); calls before a successful init raise ``UNINITIALIZED``; names, UUIDs
 and versions are bytes; memory in bytes, power in mW; ``pci_device_id`` is the device id in the high 16 bits.
 ``hlmlDeviceGetUtilizationRates`` differs between releases: a struct with ``aip`` and ``memory`` (1.24), a struct
 with ``aip`` only (``hlml_utilization_t`` before the memory field), or the plain ``aip`` int (early releases).
@@ -11,6 +13,9 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, field
+
+UNINITIALIZED = 1
+DRIVER_NOT_LOADED = 9
 
 
 class HLMLError(Exception):
@@ -36,15 +41,18 @@ class FakeGaudi:
     unsupported: set[str] = field(default_factory=set)
 
 
-def make_fake_hlml(devices: list[FakeGaudi], library: bool = True, utilization: str = "aip+memory") -> types.ModuleType:
+def make_fake_hlml(
+    devices: list[FakeGaudi], library: bool = True, utilization: str = "aip+memory", init_error: int | None = None
+) -> types.ModuleType:
     """``utilization``: what the binding's utilisation call returns: "aip+memory", "aip" (a struct) or "int"."""
     m = types.ModuleType("fake_pyhlml_main")
     m.HLMLError = HLMLError  # type: ignore[attr-defined]
+    m.init_error = init_error  # type: ignore[attr-defined]
     state = {"init": False}
 
     def dev(name: str, h: FakeGaudi) -> FakeGaudi:
         if not state["init"]:
-            raise HLMLError(1)
+            raise HLMLError(UNINITIALIZED)
         if name in h.unsupported:
             raise HLMLError(3)
         return h
@@ -52,10 +60,21 @@ def make_fake_hlml(devices: list[FakeGaudi], library: bool = True, utilization: 
     def init() -> None:
         if not library:
             print("Failed to load libhlml")  # the real binding does exactly this, on stdout
-            raise HLMLError(1)
+            raise HLMLError(UNINITIALIZED)
+        if m.init_error is not None:  # type: ignore[attr-defined]
+            raise HLMLError(m.init_error)  # type: ignore[attr-defined]
         state["init"] = True
 
+    def initialised() -> None:
+        if not state["init"]:
+            raise HLMLError(UNINITIALIZED)
+
+    def count() -> int:
+        initialised()
+        return len(devices)
+
     def handle(i: int) -> FakeGaudi:
+        initialised()
         if devices[i].handle_error is not None:
             raise HLMLError(devices[i].handle_error)  # type: ignore[arg-type]
         return devices[i]
@@ -70,7 +89,7 @@ def make_fake_hlml(devices: list[FakeGaudi], library: bool = True, utilization: 
 
     m.hlmlInit = init  # type: ignore[attr-defined]
     m.hlmlShutdown = lambda: state.update(init=False)  # type: ignore[attr-defined]
-    m.hlmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
+    m.hlmlDeviceGetCount = count  # type: ignore[attr-defined]
     m.hlmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
     m.hlmlDeviceGetUtilizationRates = util  # type: ignore[attr-defined]
     m.hlmlDeviceGetName = lambda h: dev("name", h).name  # type: ignore[attr-defined]
@@ -87,5 +106,5 @@ def make_fake_hlml(devices: list[FakeGaudi], library: bool = True, utilization: 
     m.hlmlDeviceGetPowerManagementDefaultLimit = lambda h: 600_000 if dev("limit", h) else 0  # type: ignore[attr-defined]
     m.hlmlDeviceGetCurrPCIELinkGeneration = lambda h: 4 if dev("pcie", h) else 0  # type: ignore[attr-defined]
     m.hlmlDeviceGetCurrPCIELinkWidth = lambda h: 16 if dev("pcie", h) else 0  # type: ignore[attr-defined]
-    m.hlmlGetDriverVersion = lambda: b"1.18.0-ee698fb"  # type: ignore[attr-defined]
+    m.hlmlGetDriverVersion = lambda: initialised() or b"1.18.0-ee698fb"  # type: ignore[attr-defined,func-returns-value]
     return m

@@ -7,6 +7,17 @@ It fails the way the real nvidia-ml-py binding fails, because it raises the bind
 ``throwOnVersionMismatch``, so a driver without ``_v3`` raises ``NVMLLibraryMismatchError``, which is *not* an
 ``NVMLError``. Field values are the binding's ``c_nvmlFieldValue_t`` (a real C union: reading the wrong member of
 a 32-bit value returns garbage in the high bits) and utilisation samples are ``c_nvmlSample_t``.
+
+Three behaviours of the real stack that a changed value cannot model:
+
+* The binding loads ``libnvidia-ml.so.1`` once per process, at the first ``nvmlInit``, and keeps it for the
+  process's life (``nvmlShutdown`` leaves it loaded). ``m.driver`` is the kernel module's version and
+  ``m.library`` the library on disk; once the module is replaced (``m.driver`` changed after the first init, as a
+  driver upgrade that reloads the module does) every call, ``nvmlInit`` included, raises
+  ``NVML_ERROR_LIB_RM_VERSION_MISMATCH``. Only a new process (a new fake) loads the new library.
+* XID events are queued in each event set the GPU is registered with when they happen (``m.xid_queue``);
+  ``nvmlEventSetFree`` drops what its set still holds, and a freed set cannot be waited on.
+* MPS clients are listed by the MPS process calls only; the compute process calls list the MPS server.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ class FakeGpu:
     nvlink_kib_per_link: int = 0
     link_kib: dict[int, int] = field(default_factory=dict)  # per-link override of nvlink_kib_per_link
     pids: list[int] = field(default_factory=list)
+    mps_pids: list[int] = field(default_factory=list)  # MPS clients (the MPS server, if any, is one of ``pids``)
     # bytes each process holds (usedGpuMemory as the driver fills it; default (n + 1) GiB for the n-th process);
     # pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value where the driver has no figure (MIG without privileges)
     proc_memory: dict[int, int] = field(default_factory=dict)
@@ -76,34 +88,74 @@ def _raise(code: int) -> NoReturn:
     raise NVMLError(code)
 
 
+LIB_RM_VERSION_MISMATCH = pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+
+
+class FakeEventSet:
+    """One ``nvmlEventSet_t``: the GPUs registered with it and the events it holds until they are waited for."""
+
+    def __init__(self) -> None:
+        self.gpus: list[FakeGpu] = []
+        self.pending: list[tuple[FakeGpu, int]] = []
+        self.freed = False
+
+
+class XidQueue:
+    """What the driver raises: each event goes to every live event set its GPU is registered with."""
+
+    def __init__(self) -> None:
+        self.sets: list[FakeEventSet] = []
+
+    def append(self, event: tuple[FakeGpu, int]) -> None:
+        for s in self.sets:
+            if not s.freed and any(g is event[0] for g in s.gpus):
+                s.pending.append(event)
+
+    def extend(self, events: list[tuple[FakeGpu, int]]) -> None:
+        for event in events:
+            self.append(event)
+
+
 def make_fake_nvml(
     gpus: list[FakeGpu],
     init_error: int | None = None,
     process_api: str = "v3",
     driver: str = "550.54.15",
     samples_api: bool = True,
+    library: str | None = None,
 ) -> types.ModuleType:
-    """A module shaped like ``pynvml``.
+    """A module shaped like ``pynvml`` in a fresh process.
 
     ``process_api``: "v3" (R510 and newer), "v2" (older drivers, and R535 from 535.98: no ``_v3`` symbol) or
-    "none". ``m.init_error``, ``m.driver`` and each GPU's fields may be changed between calls (a driver loaded
-    after boot, a driver upgrade, a MIG reconfiguration). ``m.xid_queue`` takes (gpu, xid) pairs that the event
-    set then reports.
+    "none"; the MPS process calls follow the same symbols. ``library``: the version of libnvidia-ml.so on disk
+    (default: ``driver``; another version models packages upgraded while the old module is still loaded).
+    ``m.init_error``, ``m.driver`` (the loaded kernel module), ``m.library`` and each GPU's fields may be changed
+    between calls (a driver loaded after boot, a module reloaded after an upgrade, a MIG reconfiguration).
+    ``m.xid_queue`` takes (gpu, xid) pairs, which the event sets holding that GPU then report.
     """
     m = types.ModuleType("fake_pynvml")
     for name in dir(pynvml):  # the error classes and constants, exactly as the binding defines them
         if name.startswith(("NVMLError", "NVML_")) or name == "NVMLLibraryMismatchError":
             setattr(m, name, getattr(pynvml, name))
-    xid_queue: list[tuple[FakeGpu, int]] = []
+    xid_queue = XidQueue()
     m.xid_queue = xid_queue  # type: ignore[attr-defined]
     m.calls: list[str] = []  # type: ignore[misc]
     m.init_error = init_error  # type: ignore[attr-defined]
     m.driver = driver  # type: ignore[attr-defined]
+    m.library = library or driver  # type: ignore[attr-defined]
+    m.loaded = None  # type: ignore[attr-defined]  # the library this process loaded, at its first nvmlInit
     m.initialised = False  # type: ignore[attr-defined]
+    m.gpm_buffers = 0  # type: ignore[attr-defined]  # GPM sample buffers allocated, over the process's life
+    m.event_sets: list[FakeEventSet] = xid_queue.sets  # type: ignore[misc]
     counter = iter(range(10_000))
+
+    def mismatched() -> bool:
+        return m.loaded is not None and m.loaded != m.driver  # type: ignore[attr-defined]
 
     def guard(name: str, gpu: FakeGpu) -> None:
         m.calls.append(name)  # type: ignore[attr-defined]
+        if mismatched():
+            _raise(LIB_RM_VERSION_MISMATCH)
         if not m.initialised:  # type: ignore[attr-defined]
             _raise(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu.lost:
@@ -114,18 +166,30 @@ def make_fake_nvml(
     def nvmlInit() -> None:
         if m.init_error is not None:  # type: ignore[attr-defined]
             _raise(m.init_error)  # type: ignore[attr-defined]
+        if m.loaded is None:  # type: ignore[attr-defined]  # _LoadNvmlLibrary: once per process
+            m.loaded = m.library  # type: ignore[attr-defined]
+        if mismatched():
+            _raise(LIB_RM_VERSION_MISMATCH)
         m.initialised = True  # type: ignore[attr-defined]
 
     def nvmlShutdown() -> None:
+        if mismatched():
+            _raise(LIB_RM_VERSION_MISMATCH)
         m.initialised = False  # type: ignore[attr-defined]
 
-    def count() -> int:
+    def system(name: str) -> None:
+        m.calls.append(name)  # type: ignore[attr-defined]
+        if mismatched():
+            _raise(LIB_RM_VERSION_MISMATCH)
         if not m.initialised:  # type: ignore[attr-defined]
             _raise(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def count() -> int:
+        system("count")
         return len(gpus)
 
     def handle(i: int) -> FakeGpu:
-        m.calls.append("handle")  # type: ignore[attr-defined]
+        system("handle")
         if not 0 <= i < len(gpus):
             _raise(INVALID_ARGUMENT)
         if gpus[i].handle_error is not None:
@@ -235,6 +299,21 @@ def make_fake_nvml(
             _raise(FUNCTION_NOT_FOUND)
         return _procs(h, garbled=False)
 
+    def _mps(h: FakeGpu, garbled: bool) -> list[Any]:
+        return _procs(types.SimpleNamespace(pids=h.mps_pids, proc_memory=h.proc_memory), garbled)  # type: ignore[arg-type]
+
+    def mps_v3(h: FakeGpu) -> list[Any]:
+        guard("mps", h)
+        if process_api != "v3":
+            _raise(FUNCTION_NOT_FOUND)
+        return _mps(h, garbled=m.driver.startswith("535.") and "535.43" <= m.driver <= "535.86")  # type: ignore[attr-defined]
+
+    def mps_v2(h: FakeGpu) -> list[Any]:
+        guard("mps_v2", h)
+        if process_api == "none":
+            _raise(FUNCTION_NOT_FOUND)
+        return _mps(h, garbled=False)
+
     def physical(name: str, value: Callable[[FakeGpu], Any]) -> Any:
         """A reading of the board: NVML has none for a MIG instance, nor for a lost GPU."""
 
@@ -271,11 +350,36 @@ def make_fake_nvml(
             _raise(INVALID_ARGUMENT)
         return h.gpu_instance_id
 
-    def event_wait(event_set: object, timeout_ms: int) -> Any:
-        if not xid_queue:
+    def event_create() -> FakeEventSet:
+        system("event_create")
+        s = FakeEventSet()
+        xid_queue.sets.append(s)
+        return s
+
+    def event_register(h: FakeGpu, event_types: int, s: FakeEventSet) -> None:
+        guard("event_register", h)
+        if s.freed:
+            _raise(INVALID_ARGUMENT)
+        s.gpus.append(h)
+
+    def event_free(s: FakeEventSet) -> None:
+        system("event_free")
+        s.freed = True
+        s.pending.clear()  # what the set still held is gone with it
+
+    def event_wait(s: FakeEventSet, timeout_ms: int) -> Any:
+        system("event_wait")
+        if s.freed:
+            _raise(INVALID_ARGUMENT)
+        if not s.pending:
             _raise(pynvml.NVML_ERROR_TIMEOUT)
-        gpu, xid = xid_queue.pop(0)
+        gpu, xid = s.pending.pop(0)
         return types.SimpleNamespace(device=gpu, eventType=0x8, eventData=xid)
+
+    def gpm_alloc() -> Any:
+        system("gpm_alloc")
+        m.gpm_buffers += 1  # type: ignore[attr-defined]
+        return types.SimpleNamespace(gpu=None)
 
     def gpm_support(h: FakeGpu) -> Any:
         guard("gpm", h)
@@ -295,6 +399,7 @@ def make_fake_nvml(
         _raise(NOT_FOUND)
 
     def gpm_metrics_get(request: _MetricsGet) -> _MetricsGet:
+        system("gpm_metrics")
         gpu = request.sample2.gpu
         for slot in range(request.numMetrics):
             metric = request.metrics[slot]
@@ -305,8 +410,7 @@ def make_fake_nvml(
         return request
 
     def driver_version() -> str:
-        if not m.initialised:  # type: ignore[attr-defined]
-            _raise(pynvml.NVML_ERROR_UNINITIALIZED)
+        system("driver_version")
         return m.driver  # type: ignore[attr-defined,no-any-return]
 
     m.nvmlInit = nvmlInit  # type: ignore[attr-defined]
@@ -329,17 +433,17 @@ def make_fake_nvml(
     m.nvmlDeviceGetMaxPcieLinkGeneration = physical("pcie_gen", lambda h: 5)  # type: ignore[attr-defined]
     m.nvmlDeviceGetMaxPcieLinkWidth = physical("pcie_width", lambda h: 16)  # type: ignore[attr-defined]
     m.nvmlDeviceGetMigMode = mig_mode  # type: ignore[attr-defined]
-    m.nvmlDeviceGetMaxMigDeviceCount = lambda h: len(h.mig)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMaxMigDeviceCount = lambda h: guard("mig_count", h) or len(h.mig)  # type: ignore[attr-defined,func-returns-value]
     m.nvmlDeviceGetMigDeviceHandleByIndex = mig_handle  # type: ignore[attr-defined]
     m.nvmlDeviceGetGpuInstanceId = gi_id  # type: ignore[attr-defined]
-    m.nvmlEventSetCreate = object  # type: ignore[attr-defined]
-    m.nvmlEventSetFree = lambda s: None  # type: ignore[attr-defined]
-    m.nvmlDeviceRegisterEvents = lambda h, types_, s: None  # type: ignore[attr-defined]
+    m.nvmlEventSetCreate = event_create  # type: ignore[attr-defined]
+    m.nvmlEventSetFree = event_free  # type: ignore[attr-defined]
+    m.nvmlDeviceRegisterEvents = event_register  # type: ignore[attr-defined]
     m.nvmlEventSetWait_v2 = event_wait  # type: ignore[attr-defined]
     m.nvmlDeviceGetTotalEccErrors = physical("ecc", lambda h: h.ecc_uncorrected)  # type: ignore[attr-defined]
     m.nvmlDeviceGetRemappedRows = physical("remapped", lambda h: (0, h.remapped_rows, 0, 0))  # type: ignore[attr-defined]
     m.nvmlGpmQueryDeviceSupport = gpm_support  # type: ignore[attr-defined]
-    m.nvmlGpmSampleAlloc = lambda: types.SimpleNamespace(gpu=None)  # type: ignore[attr-defined]
+    m.nvmlGpmSampleAlloc = gpm_alloc  # type: ignore[attr-defined]
     m.nvmlGpmSampleFree = lambda s: None  # type: ignore[attr-defined]
     m.nvmlGpmSampleGet = gpm_sample_get  # type: ignore[attr-defined]
     m.nvmlGpmMigSampleGet = gpm_mig_sample_get  # type: ignore[attr-defined]
@@ -350,6 +454,9 @@ def make_fake_nvml(
     m.nvmlDeviceGetComputeRunningProcesses_v3 = procs_v3  # type: ignore[attr-defined]
     m.nvmlDeviceGetComputeRunningProcesses_v2 = procs_v2  # type: ignore[attr-defined]
     m.nvmlDeviceGetComputeRunningProcesses = pynvml.throwOnVersionMismatch(procs_v3)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMPSComputeRunningProcesses_v3 = mps_v3  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMPSComputeRunningProcesses_v2 = mps_v2  # type: ignore[attr-defined]
+    m.nvmlDeviceGetMPSComputeRunningProcesses = pynvml.throwOnVersionMismatch(mps_v3)  # type: ignore[attr-defined]
     m.nvmlSystemGetDriverVersion = driver_version  # type: ignore[attr-defined]
-    m.nvmlSystemGetCudaDriverVersion = lambda: 12040  # type: ignore[attr-defined]
+    m.nvmlSystemGetCudaDriverVersion = lambda: system("cuda") or 12040  # type: ignore[attr-defined,func-returns-value]
     return m

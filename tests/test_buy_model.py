@@ -24,13 +24,16 @@ MONTH = 730
 
 
 def _fleet(services: int, l40s_free: int = 0, gpus: int = 8) -> dict[str, Any]:
-    """``services`` chat services of ``gpus`` H100s each, quiet enough for L40S (32 % mean, p95 50 %: no fewer
-    H100s carry them), beside an L40S node a pinned job fills and ``l40s_free`` empty L40S nodes."""
+    """``services`` image-generation services of ``gpus`` H100s each, beside an L40S node a pinned job fills and
+    ``l40s_free`` empty L40S nodes. Diffusion serving is compute-bound, where an L40S does 0.38 of an H100's
+    work: 20 % (p95 34 %) of an H100 is 20 / 0.38 = 53 % (p95 89 %) of an L40S, inside the 60 % / 95 % limits,
+    and 40,000 MiB per GPU fit 90 % of its 48 GiB (44,237 MiB). No fewer H100s carry them: half as many would
+    hold 80,000 MiB each, over 90 % of 80 GiB (73,728 MiB)."""
     nodes = [{"name": f"h100-0{i}", "hardware": "h100", "gpus": 8} for i in range(1, services + 1)]
     nodes += [{"name": f"l40s-0{i}", "hardware": "l40s", "gpus": 8} for i in range(1, l40s_free + 2)]
     workloads: list[dict[str, Any]] = [
-        {"id": f"chat-{i}", "name": f"chat-{i}", "class": "inference", "nodes": [f"h100-0{i}"], "gpus": gpus,
-         "mem_mib_per_gpu": 30000, "mean_util": 32, "p95_util": 50}
+        {"id": f"image-{i}", "name": f"image-{i}", "class": "inference", "nodes": [f"h100-0{i}"], "gpus": gpus,
+         "mem_mib_per_gpu": 40000, "mean_util": 20, "p95_util": 34, "shape": "compute"}
         for i in range(1, services + 1)
     ]  # fmt: skip
     workloads.append(
@@ -50,7 +53,7 @@ def test_moves_blocked_for_l40s_buy_l40s_nodes_that_pay_back() -> None:
     assert plan.purchases is not None
     (purchase,) = plan.purchases
     assert (purchase.hardware, purchase.nodes, purchase.gpus_per_node) == ("L40S 48GB", 3, 8)
-    assert purchase.workloads == ["chat-1", "chat-2", "chat-3"]
+    assert purchase.workloads == ["image-1", "image-2", "image-3"]
     assert purchase.monthly_cost_usd == pytest.approx(3 * 8 * 0.85 * MONTH)
     # each service frees the 8 H100s it holds
     assert purchase.monthly_savings_usd == pytest.approx(3 * 8 * 2.50 * MONTH)
@@ -101,16 +104,17 @@ def test_a_purchase_that_never_pays_is_not_suggested() -> None:
 
 def test_the_model_buys_a_node_only_when_what_it_unlocks_exceeds_its_price() -> None:
     catalog = load_catalog()
-    demand = Demand(WorkloadClass.INFERENCE, 4, 30000, 32, 50)  # two replicas of one service, 4 H100s each
+    # two replicas of one compute-bound service, 4 H100s each; 4 L40S carry either (see _fleet)
+    demand = Demand(WorkloadClass.INFERENCE, 4, 40000, 20, 34, shape=0.0)
     problem = Problem(
         nodes=[NodeSlot("h100-01", "h100", 8), NodeSlot("h100-02", "h100", 8)],
         fixed_usage={},
-        movable=[Movable(f"chat-{i}", f"h100-0{i}", demand, 20.0, "chat") for i in (1, 2)],
+        movable=[Movable(f"image-{i}", f"h100-0{i}", demand, 20.0, "image") for i in (1, 2)],
     )
     names = ("new-l40s-001", "new-l40s-002", "new-l40s-003")
 
     def bought(price: float) -> list[str]:
-        offer = Offer("l40s", 8, price, names, frozenset({"chat-1", "chat-2"}))
+        offer = Offer("l40s", 8, price, names, frozenset({"image-1", "image-2"}))
         solution = solve(catalog, replace(problem, offers=[offer]))
         return sorted(node for node in solution.placement.values() if node.startswith("new-"))
 
@@ -149,10 +153,10 @@ CHAIN = {
     "nodes": [{"name": "h100-01", "hardware": "h100", "gpus": 8}, {"name": "l40s-01", "hardware": "l40s", "gpus": 8},
               {"name": "l4-01", "hardware": "l4", "gpus": 8}],
     "workloads": [
-        {"id": "chat", "name": "chat-serving", "class": "inference", "nodes": ["h100-01"], "gpus": 8,
-         "mem_mib_per_gpu": 30000, "mean_util": 32, "p95_util": 50},
+        {"id": "image", "name": "image-gen", "class": "inference", "nodes": ["h100-01"], "gpus": 8,
+         "mem_mib_per_gpu": 40000, "mean_util": 20, "p95_util": 34, "shape": "compute"},
         {"id": "tts", "name": "tts-api", "class": "inference", "nodes": ["l40s-01"], "gpus": 8,
-         "mem_mib_per_gpu": 10000, "mean_util": 12, "p95_util": 20, "history_hours": 1},
+         "mem_mib_per_gpu": 10000, "mean_util": 12, "p95_util": 20, "history_hours": 1, "shape": "compute"},
         {"id": "ddp", "name": "vision-ddp", "class": "training", "nodes": ["l4-01"], "gpus": 8,
          "mem_mib_per_gpu": 10000, "mean_util": 90, "pinned": True},
     ],
@@ -160,20 +164,22 @@ CHAIN = {
 
 
 def test_one_cheap_node_that_frees_room_for_a_chain_beats_two() -> None:
-    """chat-serving wants the L40S that tts-api holds, and tts-api wants an L4: one new L4 node serves both."""
+    """image-gen wants the L40S that tts-api holds, and tts-api wants an L4: one new L4 node serves both. Both
+    are compute-bound: image-gen as in _fleet; tts-api on 8 L4 at 12 × 0.38 / 0.11 = 41 % (p95 20 × 0.38 / 0.11
+    = 69 %), while 4 L4 would reach 83 %; an hour of history does not let it shrink in place."""
     plan = _plan(CHAIN)
     assert plan.recommendations == [] and {b.workload: b.reason for b in plan.blocked} == {
-        "chat": "no free L40S 48GB capacity in site eu-1",
+        "image": "no free L40S 48GB capacity in site eu-1",
         "tts": "no free L4 24GB capacity in site eu-1",
         "ddp": "pinned",
     }
     assert plan.purchases is not None
     (purchase,) = plan.purchases
     assert (purchase.hardware, purchase.nodes, purchase.workloads) == ("L4 24GB", 1, ["tts"])
-    # tts-api frees its 8 L40S, and chat-serving its 8 H100 by moving into them
+    # tts-api frees its 8 L40S, and image-gen its 8 H100 by moving into them
     assert purchase.monthly_savings_usd == pytest.approx((8 * 0.85 + 8 * 2.50 - 8 * 0.85) * MONTH)
     catalog = load_catalog()
     bigger = with_additions(Snapshot.model_validate(CHAIN), [Addition(catalog.by_key("l4"), 8, 1)])
     after = plan_snapshot(bigger, catalog, PlanSettings())
     moves = {r.workload: (r.to_node, r.wave) for r in after.recommendations}
-    assert moves == {"tts": ("new-l4-001", 1), "chat": ("l40s-01", 2)}
+    assert moves == {"tts": ("new-l4-001", 1), "image": ("l40s-01", 2)}

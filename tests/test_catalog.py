@@ -57,6 +57,35 @@ def test_the_data_centre_gpus_in_service_are_catalogued_with_their_pci_ids() -> 
     assert CATALOG.lookup("NVIDIA L40G") is None  # near names are not guessed
 
 
+@pytest.mark.parametrize(
+    ("reported", "pci_id", "key", "memory_gib"),
+    [
+        ("Tesla V100-PCIE-16GB", "0x1db410de", "v100_pcie_16gb", 16),  # not the 32 GB card
+        ("Tesla V100-PCIE-16GB", None, "v100_pcie_16gb", 16),
+        ("AMD MI300X-O", "0x74b51002", "mi300x", 192),  # the SR-IOV function, as amdsmi up to ROCm 6.3 names it
+        ("AMD MI300X-O", None, "mi300x", 192),
+        ("AMD Instinct MI300X VF", None, "mi300x", 192),
+        ("AMD Instinct MI250X", "0x74081002", "mi250x", 64),  # ROCm lists each of the module's two dies
+    ],
+)
+def test_what_the_tools_report_per_device_is_what_the_entry_describes(
+    reported: str, pci_id: str | None, key: str, memory_gib: int
+) -> None:
+    entry = CATALOG.lookup(reported, pci_id)
+    assert entry is not None and (entry.key, entry.memory_gib) == (key, memory_gib)
+
+
+def test_an_mi250x_die_costs_and_moves_data_as_half_its_module() -> None:
+    # The datasheet's module: 128 GB, 3.2768 TB/s, 383 TFLOPS BF16; street ~$12,000 -> $1.00 an hour
+    # (x 2.2 / 26 280 h). A die is half of each.
+    die = CATALOG.by_key("mi250x")
+    assert (die.memory_gib, die.bandwidth_tbps, die.price_per_gpu_hour) == (64, pytest.approx(1.6384), 0.5)
+    assert die.datasheet.bf16_tflops == pytest.approx(383 / 2)
+    full = CATALOG.by_key("v100_pcie")
+    half = CATALOG.by_key("v100_pcie_16gb")
+    assert half.price_per_gpu_hour < full.price_per_gpu_hour and half.memory_gib == full.memory_gib / 2
+
+
 def test_a_catalog_claiming_one_name_twice_is_refused(tmp_path: Path) -> None:
     text = (Path(__file__).resolve().parent.parent / "optimizer" / "data" / "catalog.toml").read_text()
     text = text.replace('match = ["NVIDIA L40"]', 'match = ["NVIDIA L40", "NVIDIA L4"]')

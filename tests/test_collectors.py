@@ -77,6 +77,22 @@ def test_cgroup_paths_map_to_workloads() -> None:
     assert owner_from_cgroup("/user.slice/user-1000.slice/session-3.scope") is None
 
 
+def test_user_services_are_workloads_of_their_own() -> None:
+    # `systemctl --user start jupyter`: the service runs under the user's systemd instance, user@1000.service
+    user = "/user.slice/user-1000.slice/user@1000.service/app.slice/jupyter.service"
+    assert owner_from_cgroup(user) == (
+        "systemd/user@1000.service/jupyter.service",
+        WorkloadKind.SYSTEMD_UNIT,
+        "jupyter.service (user 1000)",
+    )
+    other = owner_from_cgroup("/user.slice/user-1001.slice/user@1001.service/app.slice/jupyter.service")
+    assert other is not None and other[0] == "systemd/user@1001.service/jupyter.service"  # not merged across users
+    templated = owner_from_cgroup("/user.slice/user-1000.slice/user@1000.service/app.slice/app-train@7.service")
+    assert templated is not None and templated[0] == "systemd/user@1000.service/app-train@7.service"
+    manager = owner_from_cgroup("/user.slice/user-1000.slice/user@1000.service/init.scope")
+    assert manager is not None and manager[0] == "systemd/user@1000.service"
+
+
 def _proc(root: Path, pid: int, cgroup: str, comm: str, pgid: int) -> None:
     d = root / str(pid)
     d.mkdir(parents=True)

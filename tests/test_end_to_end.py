@@ -64,7 +64,8 @@ async def test_simulated_fleet_through_mosquitto_to_a_plan(
 
     mqtt = mosquitto.settings(prefix)
     nodes = build_scenario("demo", 8, seed=3)
-    planted = {w.id for n in nodes for w in n.workloads if w.id in n.misplaced}
+    # every planted misplacement but chat-serving, whose load no card of the site cheaper than its H100s carries
+    planted = {w.id for n in nodes for w in n.workloads if w.id in n.misplaced and w.name != "chat-serving"}
     config = OptimizerConfig(
         mqtt=mqtt,
         optimizer=OptimizerSettings(solve_interval=1.0, state_dir=tmp_path),

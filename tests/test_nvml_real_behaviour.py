@@ -40,6 +40,12 @@ def _open(gpus: list[FakeGpu], root: Path, clock: Clock | None = None, **kw: obj
     return collector
 
 
+def _open_nvml(nvml: object, root: Path, clock: Clock | None = None) -> NvmlGpuCollector:
+    collector = open_gpu_collector(nvml, Attributor(root, node="n1"), clock or Clock())  # type: ignore[arg-type]
+    assert isinstance(collector, NvmlGpuCollector)
+    return collector
+
+
 def _gpu_stat(samples_per_tick: list[list[Sample]], index: int, field: str) -> list[float]:
     """Per-second values of one GPU field as the agent's window builder computes them."""
     builder = WindowBuilder("n1", "s1", 1)
@@ -90,6 +96,23 @@ def test_garbled_pids_of_535_drivers_are_avoided(tmp_path: Path) -> None:
     collector = _open([FakeGpu(pids=[100, 200])], tmp_path, driver="535.54.03")
     assert [w.id for w in collector.workloads()] == ["slurm/7", "slurm/8"]
     assert collector.invalid_pids == 0
+
+
+@pytest.mark.parametrize("process_api", ["v3", "v2"])
+def test_mps_clients_are_attributed_to_their_own_pods(tmp_path: Path, process_api: str) -> None:
+    # With MPS the compute process call lists the MPS server only; the clients come from the MPS process call.
+    _proc(tmp_path, 50, "/system.slice/nvidia-mps.service", "nvidia-cuda-mps")
+    _proc(tmp_path, 101, "/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-00000000000a/c1")
+    _proc(tmp_path, 102, "/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-00000000000b/c2")
+    memory = {50: 32 * 2**20, 101: 4 * 2**30, 102: 12 * 2**30}
+    gpu = FakeGpu(pids=[50], mps_pids=[101, 102], proc_memory=memory)
+    collector = _open([gpu], tmp_path, process_api=process_api)
+    found = {w.id: (w.gpus, w.gpu_mem_mib) for w in collector.workloads()}
+    assert found == {
+        "k8s/0a1b2c3d-0000-4000-8000-00000000000a": ([0], [4096.0]),
+        "k8s/0a1b2c3d-0000-4000-8000-00000000000b": ([0], [12288.0]),
+        "systemd/nvidia-mps.service": ([0], [32.0]),
+    }
 
 
 def test_pids_not_in_proc_are_dropped_and_counted(tmp_path: Path) -> None:
@@ -159,7 +182,7 @@ def test_no_driver_library_disables_the_collector(tmp_path: Path) -> None:
     assert isinstance(open_gpu_collector(nvml, Attributor(tmp_path)), NullGpuCollector)
 
 
-def test_a_mig_reconfiguration_and_a_driver_upgrade_are_seen(tmp_path: Path) -> None:
+def test_a_mig_reconfiguration_is_seen(tmp_path: Path) -> None:
     clock = Clock()
     gpus = [FakeGpu()]
     nvml = make_fake_nvml(gpus)
@@ -172,13 +195,110 @@ def test_a_mig_reconfiguration_and_a_driver_upgrade_are_seen(tmp_path: Path) -> 
     inv = collector.inventory()
     assert [(g.parent, g.mig_profile) for g in inv.gpus] == [(None, None), (0, "1g.10gb")]
     assert collector.generation == 1
-    nvml.driver = "560.35.03"  # type: ignore[attr-defined]
     clock.now += RESCAN_S
     collector.sample()
-    assert collector.inventory().driver_version == "560.35.03" and collector.generation == 2
+    assert collector.generation == 1  # nothing changed: no new birth
+
+
+def test_a_driver_replaced_under_the_agent_asks_for_a_restart_which_reads_the_new_driver(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpus = [FakeGpu(), FakeGpu()]
+    nvml = make_fake_nvml(gpus, driver="550.54.15")
+    collector = _open_nvml(nvml, tmp_path)
+    assert collector.restart_required is None and collector.sample()[0].gauges["util"] == 90
+    nvml.driver = nvml.library = "560.35.03"  # type: ignore[attr-defined]  # packages upgraded, module reloaded
+    with caplog.at_level("ERROR", logger="collectors.gpu"):
+        collector.sample()  # within one tick: every call now fails
+    assert collector.restart_required is not None and "restart" in collector.restart_required
+    assert len(caplog.records) == 1 and "replaced" in caplog.records[0].getMessage()
+    assert "fleetfit_agent_gpu_library_mismatch 1" in render(collector.metrics())
+    assert "restart" in (collector.inventory().gpu_unavailable or "")
+    with pytest.raises(pynvml.NVMLError) as raised:  # the premise: this process cannot repair itself
+        nvml.nvmlInit()  # type: ignore[attr-defined]
+    assert raised.value.value == pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH
+    # A new process loads the library on disk, which matches the module now.
+    restarted = _open_nvml(make_fake_nvml(gpus, driver="560.35.03"), tmp_path)
+    assert restarted.inventory().driver_version == "560.35.03" and len(restarted.inventory().gpus) == 2
+    assert restarted.restart_required is None
+
+
+def test_a_mismatch_from_the_start_is_waited_out_not_restarted(tmp_path: Path) -> None:
+    # New packages on disk, the old module still loaded (no reboot yet): a restart would load the same library.
+    clock = Clock()
+    nvml = make_fake_nvml([FakeGpu()], driver="550.54.15", library="560.35.03")
+    collector = _open_nvml(nvml, tmp_path, clock)
+    assert collector.restart_required is None
+    assert "mismatch" in (collector.inventory().gpu_unavailable or "")
     clock.now += RESCAN_S
-    collector.sample()
-    assert collector.generation == 2  # nothing changed: no new birth
+    assert collector.sample() == [] and collector.restart_required is None
+    nvml.driver = "560.35.03"  # type: ignore[attr-defined]  # the new module is loaded
+    clock.now += RESCAN_S
+    assert collector.sample()[0].gauges["util"] == 90
+    assert collector.inventory().driver_version == "560.35.03" and collector.generation == 1
+
+
+def test_a_failed_gpu_is_retried_alone_and_the_others_keep_their_state(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    healthy = FakeGpu(nvlink_links=2, gpm={2: 50.0})
+    failed = FakeGpu(handle_error=pynvml.NVML_ERROR_NO_PERMISSION)
+    nvml = make_fake_nvml([healthy, failed])
+    collector = _open_nvml(nvml, tmp_path, clock)
+    buffers, sets = nvml.gpm_buffers, len(nvml.event_sets)  # type: ignore[attr-defined]
+    ticks = []
+    with caplog.at_level("INFO", logger="collectors.gpu"):
+        for t in range(8):
+            if t in (2, 4):
+                clock.now += RESCAN_S  # the failed GPU is tried again, and fails again
+            if t == 6:
+                failed.handle_error = None
+                nvml.xid_queue.append((healthy, 79))  # type: ignore[attr-defined]  # raised just before the re-read
+                clock.now += RESCAN_S
+            ticks.append(collector.sample())
+            healthy.pcie_tx += 1_000_000
+            healthy.nvlink_kib_per_link += 10
+    assert [s.key for s in ticks[-1]] == ["0", "1"] and collector.generation == 1
+    # GPU 0 went through three layout checks without a counter reset, a new GPM reader or a new event set
+    mean, peak = _gpu_stat(ticks, 0, "pcie_tx_bps")
+    assert mean == peak == 1_000_000
+    mean, peak = _gpu_stat(ticks, 0, "nvlink_tx_bps")
+    assert mean == peak == 2 * 10 * 1024
+    assert collector.counter_resets == 0
+    assert nvml.gpm_buffers == buffers and len(nvml.event_sets) == sets  # type: ignore[attr-defined]
+    # the XID raised before the re-read was counted, not freed with the event set
+    assert ticks[6][0].counters["xid_events"] == 1 and ticks[6][0].latest["last_xid"] == 79
+    said = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert said == [said[0]] and "GPU 1" in said[0]  # once, not at every retry
+
+
+def test_nvlink_links_trained_after_the_agent_started_are_read_and_announced(tmp_path: Path) -> None:
+    clock = Clock()
+    gpu = FakeGpu(nvlink_links=18, down_links=set(range(18)), nvswitch=True)  # the fabric manager is not done
+    collector = _open_nvml(make_fake_nvml([gpu]), tmp_path, clock)
+    (before,) = collector.inventory().gpus
+    assert (before.nvlink_links, before.nvswitch) == (0, None)
+    gpu.down_links = set()
+    clock.now += RESCAN_S
+    ticks = []
+    for _ in range(4):
+        ticks.append(collector.sample())
+        gpu.nvlink_kib_per_link += 10
+    (after,) = collector.inventory().gpus
+    assert (after.nvlink_links, after.nvswitch, collector.generation) == (18, True, 1)  # a new birth says so
+    mean, _ = _gpu_stat(ticks, 0, "nvlink_tx_bps")
+    assert mean == pytest.approx(18 * 10 * 1024, rel=1e-3)
+    # a link that goes down later keeps its bytes in the total: no reset, no drop to zero
+    gpu.down_links = {17}
+    clock.now += RESCAN_S
+    ticks = []
+    for _ in range(4):
+        ticks.append(collector.sample())
+        gpu.nvlink_kib_per_link += 10
+    mean, _ = _gpu_stat(ticks, 0, "nvlink_tx_bps")
+    assert mean == pytest.approx(17 * 10 * 1024, rel=1e-3) and collector.inventory().gpus[0].nvlink_links == 17
+    assert collector.counter_resets == 0 and collector.generation == 2
 
 
 # ---------------------------------------------------------------- NVLink

@@ -25,7 +25,16 @@ from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
 EPS = 1e-6
 
 
-def _w(wid: str, cls: str, node: str, gpus: int, util: float, mem: float, p95: float | None = None) -> SnapshotWorkload:
+def _w(
+    wid: str,
+    cls: str,
+    node: str,
+    gpus: int,
+    util: float,
+    mem: float,
+    p95: float | None = None,
+    shape: str | None = None,
+) -> SnapshotWorkload:
     return SnapshotWorkload.model_validate(
         {
             "id": wid,
@@ -37,6 +46,7 @@ def _w(wid: str, cls: str, node: str, gpus: int, util: float, mem: float, p95: f
             "mem_mib_per_gpu": mem,
             "mean_util": util,
             "p95_util": p95 if p95 is not None else min(100.0, util * 1.6),
+            "shape": shape,
         }
     )
 
@@ -98,6 +108,12 @@ def replay(snapshot: Snapshot, plan: Plan) -> list[int]:
 
 
 def _chain_snapshot() -> Snapshot:
+    """image-gen wants the L40S node tts-api fills, tts-api wants the L4 node where vision-ddp holds 4 of 8 GPUs,
+    and vision-ddp wants the free H100 node. Both services are compute-bound (diffusion and speech synthesis
+    models), so the catalog's compute figures apply (H100 1, L40S 0.38, L4 0.11): image-gen on 8 L40S runs at
+    20 / 0.38 = 53 % (p95 34 / 0.38 = 89 %), tts-api on 8 L4 at 12 × 0.38 / 0.11 = 41 % (p95 20 × 0.38 / 0.11 =
+    69 %), both under the 60 % mean and 95 % p95 limits. An LLM chat service in image-gen's place would not move:
+    memory-bound, an L40S does 0.28 of an H100's work, and 24 % would become 86 %."""
     return Snapshot(
         site="eu-1",
         nodes=[
@@ -107,8 +123,8 @@ def _chain_snapshot() -> Snapshot:
             SnapshotNode(name="h100-02", hardware="h100", gpus=8),
         ],
         workloads=[
-            _w("chat-serving", "inference", "h100-01", 8, 24, 36_000, p95=41),
-            _w("tts-api", "inference", "l40s-01", 8, 12, 16_000, p95=20),
+            _w("image-gen", "inference", "h100-01", 8, 20, 36_000, p95=34, shape="compute"),
+            _w("tts-api", "inference", "l40s-01", 8, 12, 16_000, p95=20, shape="compute"),
             _w("vision-ddp", "training", "l4-01", 4, 85, 18_000),
         ],
     )
@@ -118,11 +134,16 @@ def test_the_chain_of_three_moves_is_ordered() -> None:
     snapshot = _chain_snapshot()
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(right_size=False))
     by_name = {r.workload_name: r for r in plan.recommendations}
-    vision, tts, chat = by_name["vision-ddp"], by_name["tts-api"], by_name["chat-serving"]
-    assert (vision.to_node, tts.to_node, chat.to_node) == ("h100-02", "l4-01", "l40s-01")
-    assert (vision.wave, tts.wave, chat.wave) == (1, 2, 3)
-    assert (vision.after, tts.after, chat.after) == ([], [vision.id], [tts.id])
-    assert [r.workload_name for r in plan.recommendations] == ["vision-ddp", "tts-api", "chat-serving"]
+    vision, tts, image = by_name["vision-ddp"], by_name["tts-api"], by_name["image-gen"]
+    assert (vision.to_node, tts.to_node, image.to_node) == ("h100-02", "l4-01", "l40s-01")
+    assert (vision.wave, tts.wave, image.wave) == (1, 2, 3)
+    assert (vision.after, tts.after, image.after) == ([], [vision.id], [tts.id])
+    assert [r.workload_name for r in plan.recommendations] == ["vision-ddp", "tts-api", "image-gen"]
+    assert image.projection is not None and tts.projection is not None
+    assert (image.projection.mean_util, image.projection.p95_util) == pytest.approx((20 / 0.38, 34 / 0.38), abs=0.01)
+    assert (tts.projection.mean_util, tts.projection.p95_util) == pytest.approx(
+        (12 * 0.38 / 0.11, 20 * 0.38 / 0.11), abs=0.01
+    )
     assert replay(snapshot, plan) == [1, 2, 3]
 
 
@@ -134,14 +155,17 @@ def test_two_moves_into_each_others_place_are_a_swap() -> None:
             SnapshotNode(name="l40s-01", hardware="l40s", gpus=8),
         ],
         workloads=[
-            _w("chat-serving", "inference", "h100-01", 8, 24, 36_000, p95=41),
+            # compute-bound serving: 8 L40S carry it at 20 / 0.38 = 53 % (p95 34 / 0.38 = 89 %)
+            _w("image-gen", "inference", "h100-01", 8, 20, 36_000, p95=34, shape="compute"),
+            # shape unknown: judged at the end less favourable to the H100, 1 / 0.38 = 2.6× an L40S, and
+            # 1 / 0.6 more for leaving PCIe: 8 × 2.50 × 730 / 4.39 = $3,329 a month against 8 × 0.85 × 730 = $4,964
             _w("pretrain", "training", "l40s-01", 8, 90, 40_000),
         ],
     )
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings(right_size=False))
-    chat, train = sorted(plan.recommendations, key=lambda r: r.workload_name)
-    assert (chat.to_node, train.to_node) == ("l40s-01", "h100-01")
-    assert chat.swap == [train.id] and train.swap == [chat.id] and chat.wave == train.wave == 1
+    image, train = sorted(plan.recommendations, key=lambda r: r.workload_name)
+    assert (image.to_node, train.to_node) == ("l40s-01", "h100-01")
+    assert image.swap == [train.id] and train.swap == [image.id] and image.wave == train.wave == 1
     replay(snapshot, plan)
 
 
@@ -207,12 +231,12 @@ def test_dismissing_a_move_marks_what_waits_for_it(tmp_path: Path) -> None:
     life.record(plan, placements)
     life.set_state(by_name["vision-ddp"].id, RecState.DISMISSED)
     marks = {t.recommendation.workload_name: t.recommendation.blocked_by for t in life.list()}
-    # tts-api waits for vision-ddp directly, chat-serving through tts-api
-    assert marks == {"tts-api": [by_name["vision-ddp"].id], "chat-serving": [by_name["vision-ddp"].id]}
+    # tts-api waits for vision-ddp directly, image-gen through tts-api
+    assert marks == {"tts-api": [by_name["vision-ddp"].id], "image-gen": [by_name["vision-ddp"].id]}
     life.record(plan, placements)  # the next plan proposes the same moves: the marks stay
     assert all(t.recommendation.blocked_by for t in life.list())
     life.set_state(by_name["vision-ddp"].id, RecState.NEW)  # reopened
-    assert [t.recommendation.workload_name for t in life.list()] == ["vision-ddp", "tts-api", "chat-serving"]
+    assert [t.recommendation.workload_name for t in life.list()] == ["vision-ddp", "tts-api", "image-gen"]
     assert not any(t.recommendation.blocked_by for t in life.list())
 
 
@@ -220,7 +244,7 @@ def test_plan_command_lists_actions_wave_by_wave_with_the_bound() -> None:
     example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "chain.json"
     out = subprocess.run([FLEETFIT, "plan", str(example)], capture_output=True, timeout=60, check=True).stdout.decode()
     listed = [line.split()[1:3] for line in out.splitlines() if re.match(r"^\s+\d+\. ", line)]
-    assert listed[-2:] == [["move", "tts-api"], ["move", "chat-serving"]]  # the chain's tail, in order
+    assert listed[-2:] == [["move", "tts-api"], ["move", "image-gen"]]  # the chain's tail, in order
     assert {tuple(x) for x in listed[:3]} == {
         ("reclaim", "forgotten-alloc"),
         ("right-size", "rerank-api"),
@@ -252,15 +276,22 @@ def test_generic_webhook_lists_actions_in_order_with_kind_and_wave() -> None:
     by_name = {m["workload_name"]: m for m in firing}
     assert by_name["forgotten-alloc"]["kind"] == "reclaim" and by_name["forgotten-alloc"]["gpus_after"] == 0
     assert by_name["rerank-api"]["kind"] == "right_size"
-    assert by_name["chat-serving"]["after"] == [by_name["tts-api"]["id"]]
+    assert by_name["image-gen"]["after"] == [by_name["tts-api"]["id"]]
 
 
 def test_shares_of_gpus_pack_onto_one_gpu_and_replay_within_capacity() -> None:
     nodes = [SnapshotNode(name="h100-01", hardware="h100", gpus=8), SnapshotNode(name="l4-01", hardware="l4", gpus=8)]
+    # Embedding and OCR models are compute-bound: an L4 does 0.11 of an H100's work. An embedding service at 1.5 %
+    # of its H100 (p95 2.4 %) would hold 1.5 / 0.11 / 0.25 = 55 % of a quarter L4 (p95 2.4 / 0.11 / 0.25 = 87 %);
+    # the OCR slice at 0.9 % (p95 1.44 %) 0.9 / 0.11 × 7 = 57 % of a seventh (p95 1.44 / 0.11 × 7 = 92 %), and its
+    # 3,000 MiB fit 90 % of a seventh of 24 GiB (3,160 MiB): room is all it lacks.
     shared = [
-        _w(f"embed-{i}", "inference", "h100-01", 1, 2.0, 4_000).model_copy(update={"gpu_share": 0.25}) for i in range(4)
+        _w(f"embed-{i}", "inference", "h100-01", 1, 1.5, 4_000, shape="compute").model_copy(update={"gpu_share": 0.25})
+        for i in range(4)
     ]
-    sliced = _w("ocr", "inference", "h100-01", 1, 2.0, 4_000).model_copy(update={"mig_profile": "1g.10gb"})
+    sliced = _w("ocr", "inference", "h100-01", 1, 0.9, 3_000, shape="compute").model_copy(
+        update={"mig_profile": "1g.10gb"}
+    )
     full = [_w(f"l4-job-{i}", "batch_inference", "l4-01", 1, 85, 10_000) for i in range(7)]  # one L4 left
     snapshot = Snapshot(site="s", nodes=nodes, workloads=[*shared, sliced, *full])
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
@@ -269,6 +300,8 @@ def test_shares_of_gpus_pack_onto_one_gpu_and_replay_within_capacity() -> None:
     assert sorted(moved) == [f"embed-{i}" for i in range(4)]
     assert all(r.gpu_share == 0.25 for r in moved.values())
     assert moved["embed-0"].monthly_savings_usd == pytest.approx(0.25 * (2.50 - 0.35) * 730, abs=0.01)
+    # it would save (2.50 - 0.35) × 730 / 7 = $224 a month there, over the $100 minimum
+    assert {b.workload_name: b.reason for b in plan.blocked} == {"ocr": "no free L4 24GB capacity in site s"}
     replay(snapshot, plan)
     with pytest.raises(ValueError, match="needs gpus 1"):
         SnapshotWorkload.model_validate({**shared[0].model_dump(by_alias=True), "gpus": 2})
@@ -276,7 +309,9 @@ def test_shares_of_gpus_pack_onto_one_gpu_and_replay_within_capacity() -> None:
 
 def test_small_services_consolidate_onto_shared_gpus_only_where_allowed() -> None:
     nodes = [SnapshotNode(name="h100-01", hardware="h100", gpus=8), SnapshotNode(name="l4-01", hardware="l4", gpus=8)]
-    services = [_w(f"api-{i}", "inference", "h100-01", 1, 2.0, 4_000) for i in range(3)]
+    # small encoder APIs (compute-bound: an L4 does 0.11 of an H100's work) at 1.5 % of an H100, p95 2.4 %: a
+    # quarter of an L4 carries each at 1.5 / 0.11 / 0.25 = 55 % (p95 2.4 / 0.11 / 0.25 = 87 %)
+    services = [_w(f"api-{i}", "inference", "h100-01", 1, 1.5, 4_000, shape="compute") for i in range(3)]
     full = [_w(f"l4-job-{i}", "batch_inference", "l4-01", 1, 85, 10_000) for i in range(7)]  # one L4 left
     snapshot = Snapshot(site="s", nodes=nodes, workloads=[*services, *full])
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())

@@ -64,6 +64,12 @@ def test_units_keep_the_essentials() -> None:
         "LoadCredential=mqtt-password:",
     ):
         assert line in agent, line
+    # NVLink links come up when the fabric manager has trained them; the agent starts after it where it exists
+    (after,) = [line for line in agent.splitlines() if line.startswith("After=")]
+    assert "nvidia-fabricmanager.service" in after.split("=", 1)[1].split()
+    # The agent exits to reload a replaced GPU driver's library: restarted, but never in a fast loop
+    limits = dict(line.split("=", 1) for line in agent.splitlines() if line.startswith(("StartLimit", "RestartSec")))
+    assert int(limits["StartLimitBurst"]) * int(limits["RestartSec"]) < int(limits["StartLimitIntervalSec"])
     optimizer = (UNITS / "fleetfit-optimizer.service").read_text()
     for line in ("DynamicUser=yes", "StateDirectory=fleetfit-optimizer", "PrivateDevices=yes", "Restart=on-failure"):
         assert line in optimizer, line

@@ -1,12 +1,15 @@
-"""Grouping and scheduling: each plan's moves become notices per receiver and site, gathered for
-``group_wait``, posted once (the journal remembers), repeated after ``repeat_interval`` while nobody has
-acknowledged them, and followed by a resolved notice when the move is applied or expires."""
+"""Grouping and scheduling: each plan's moves become notices per receiver and site once they have settled
+(proposed by ``settle_plans`` consecutive plans over ``settle_seconds`` at least: a move a plan soon withdraws is
+never posted), gathered for ``group_wait``, posted once (the journal remembers), repeated after
+``repeat_interval`` while nobody has acknowledged them, and followed by a resolved notice when a posted move is
+applied or expires."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from agent.protocol import Plan, Recommendation
 from optimizer.alerts.delivery import Webhook
-from optimizer.alerts.journal import Journal
+from optimizer.alerts.journal import Journal, Settling
 from optimizer.alerts.notice import Item, Notice, Status
 from optimizer.alerts.payloads import render
 from optimizer.alerts.settings import AlertSettings, ReceiverSettings
@@ -46,6 +49,9 @@ class Alerter:
         self.clock = clock
         self.notices_sent = 0
         self.notices_failed = 0
+        self.journal_error: str | None = None  # why the alert log was last not written
+        # posts not yet in the alert log (its disk was full): written at the next chance, in order
+        self._unjournaled: list[tuple[str, str, list[str], list[str], float]] = []
         self._pending: dict[tuple[str, str], _Group] = {}
         self._wake = asyncio.Event()
 
@@ -71,8 +77,10 @@ class Alerter:
     ) -> None:
         """Fold a site's new plan in. ``states`` holds each proposed move's lifecycle state; ``resolved`` the
         moves this plan applied or expired."""
+        self._journal()  # posts the alert log could not take before
         now = self.clock()
         resolved = list(resolved)
+        settling = self.journal.proposed(plan.site, [r.id for r in plan.recommendations], plan.generated_at, now)
         for webhook in self.webhooks.values():
             receiver = webhook.receiver
             items: list[Item] = []
@@ -81,6 +89,8 @@ class Alerter:
                     continue
                 sent = self.journal.sent(receiver.name, rec.id)
                 if sent is None or sent.resolved_sent is not None:
+                    if not self._settled(settling[rec.id], now):
+                        continue  # not yet: a later plan may still withdraw it
                     status = Status.NEW
                 elif self.settings.repeat_interval and now - sent.last_sent >= self.settings.repeat_interval:
                     status = Status.REMINDER
@@ -94,6 +104,12 @@ class Alerter:
                 status = Status.APPLIED if state == RecState.APPLIED else Status.EXPIRED
                 items.append(Item(rec, status, self.settings.severity(rec.monthly_savings_usd)))
             self._enqueue(receiver.name, plan, items)
+
+    def _settled(self, settling: Settling, now: float) -> bool:
+        return (
+            settling.plans >= self.settings.settle_plans
+            and now - settling.first_proposed >= self.settings.settle_seconds
+        )
 
     def _enqueue(self, receiver: str, plan: Plan, items: list[Item]) -> None:
         key = (receiver, plan.site)
@@ -134,13 +150,32 @@ class Alerter:
         now = self.clock()
         firing = [i.id for i in notice.items if not i.status.resolved]
         done = [i.id for i in notice.items if i.status.resolved]
-        if firing:
-            self.journal.mark_firing(group.receiver, group.site, firing, now)
-        if done:
-            self.journal.mark_resolved(group.receiver, done, now)
+        self._unjournaled.append((group.receiver, group.site, firing, done, now))
+        self._journal()
         self.notices_sent += 1
         log.info("alert to %s: %s", group.receiver, notice.title())
         return True
+
+    def _journal(self) -> None:
+        """Write what was posted into the alert log. A full disk must not stop the alerts: what cannot be written
+        is kept and written with the next post or plan (until then a restart may post it again)."""
+        while self._unjournaled:
+            receiver, site, firing, done, at = self._unjournaled[0]
+            try:
+                if firing:
+                    self.journal.mark_firing(receiver, site, firing, at)
+                if done:
+                    self.journal.mark_resolved(receiver, done, at)
+            except sqlite3.Error as exc:
+                if self.journal_error is None:
+                    log.error("alert log not written (%s): a restart may post these moves again", exc)
+                self.journal_error = f"cannot write the alert log: {exc}"
+                del self._unjournaled[:-1000]  # bounded: the oldest posts are the least likely to come again
+                return
+            self._unjournaled.pop(0)
+        if self.journal_error is not None:
+            log.warning("alert log written again")
+            self.journal_error = None
 
     def _due(self, everything: bool = False) -> list[_Group]:
         now = time.monotonic()

@@ -1,4 +1,5 @@
-"""The alert log in SQLite: what each receiver was told, so a restarted optimizer never posts twice."""
+"""The alert log in SQLite: what each receiver was told, so a restarted optimizer never posts twice, and since when
+each site's moves have been proposed without a break, so a move is posted only once it has settled."""
 
 from __future__ import annotations
 
@@ -16,7 +17,23 @@ CREATE TABLE IF NOT EXISTS alert_log (
     resolved_sent REAL,
     PRIMARY KEY (receiver, rec_id)
 );
+CREATE TABLE IF NOT EXISTS alert_settling (
+    site TEXT NOT NULL,
+    rec_id TEXT NOT NULL,
+    first_proposed REAL NOT NULL,
+    last_plan REAL NOT NULL,
+    plans INTEGER NOT NULL,
+    PRIMARY KEY (site, rec_id)
+);
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Settling:
+    """How long a move has been proposed without a break: since when, and by how many plans."""
+
+    first_proposed: float
+    plans: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +74,32 @@ class Journal:
                 "UPDATE alert_log SET resolved_sent = ? WHERE receiver = ? AND rec_id = ?",
                 [(now, receiver, rec_id) for rec_id in rec_ids],
             )
+
+    def proposed(self, site: str, rec_ids: list[str], generated_at: float, now: float) -> dict[str, Settling]:
+        """Fold in a plan of ``site`` (made at ``generated_at``) that proposes ``rec_ids``: a move it proposes
+        counts one more plan (the same plan twice counts once), a move it no longer proposes starts again from
+        nothing if it comes back. Returns how long each proposed move has been proposed."""
+        wanted = set(rec_ids)
+        with self._db:
+            rows = self._db.execute(
+                "SELECT rec_id, first_proposed, last_plan, plans FROM alert_settling WHERE site = ?", (site,)
+            ).fetchall()
+            known = {rec_id: (first, last, plans) for rec_id, first, last, plans in rows}
+            self._db.executemany(
+                "DELETE FROM alert_settling WHERE site = ? AND rec_id = ?",
+                [(site, rec_id) for rec_id in known if rec_id not in wanted],
+            )
+            out: dict[str, Settling] = {}
+            updates = []
+            for rec_id in sorted(wanted):
+                first, last, plans = known.get(rec_id, (now, float("-inf"), 0))
+                if generated_at > last:
+                    last, plans = generated_at, plans + 1
+                updates.append((site, rec_id, first, last, plans))
+                out[rec_id] = Settling(first, plans)
+            self._db.executemany(
+                "INSERT INTO alert_settling (site, rec_id, first_proposed, last_plan, plans) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(site, rec_id) DO UPDATE SET last_plan = excluded.last_plan, plans = excluded.plans",
+                updates,
+            )
+        return out

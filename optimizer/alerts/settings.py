@@ -78,6 +78,12 @@ class AlertSettings(Section):
     repeat_interval: float = Field(
         default=86_400.0, ge=0, description="seconds before an unacknowledged move is posted again; 0: never"
     )
+    settle_seconds: float = Field(
+        default=300.0, ge=0, le=86_400, description="seconds a new move must stay proposed before it is posted"
+    )
+    settle_plans: int = Field(
+        default=2, ge=1, le=1_000, description="consecutive plans that must propose a new move before it is posted"
+    )
     warning_usd: float = Field(default=1_000.0, ge=0, description="monthly saving from which a move is a warning")
     critical_usd: float = Field(default=10_000.0, ge=0, description="monthly saving from which it is critical")
     max_attempts: int = Field(default=6, ge=1, le=50)

@@ -11,7 +11,8 @@ from aiohttp import web
 
 from optimizer.config import ApiSettings
 from optimizer.lifecycle import OPEN, Lifecycle, LifecycleError, RecState, Tracked
-from optimizer.report import UNATTRIBUTED, owners_of
+from optimizer.outcomes import Outcome
+from optimizer.report import UNATTRIBUTED, site_owners
 from optimizer.service import Optimizer
 
 log = logging.getLogger(__name__)
@@ -19,14 +20,16 @@ log = logging.getLogger(__name__)
 ACTIONS = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
 
 
-def tracked_json(t: Tracked, owners: dict[str, str]) -> dict[str, object]:
+def tracked_json(t: Tracked, owners: dict[tuple[str, str], str], outcome: Outcome | None = None) -> dict[str, object]:
+    """A recommendation with its state, owner and, once applied, the load observed against the projection."""
     return {
         **t.recommendation.model_dump(mode="json"),
-        "owner": owners.get(t.recommendation.workload, UNATTRIBUTED),
+        "owner": owners.get((t.site, t.recommendation.workload), UNATTRIBUTED),
         "site": t.site,
         "state": t.state.value,
         "first_seen": t.first_seen,
         "last_seen": t.last_seen,
+        "outcome": outcome.as_json() if outcome is not None else None,
     }
 
 
@@ -55,15 +58,16 @@ class JsonApi:
             states = list(OPEN)
         site = request.query.get("site")
 
-        def query(db: Lifecycle) -> list[Tracked]:
-            return db.list(site, states)
+        def query(db: Lifecycle) -> tuple[list[Tracked], dict[str, Outcome]]:
+            rows = db.list(site, states)
+            return rows, db.outcomes_of(t.recommendation.id for t in rows if t.state is RecState.APPLIED)
 
         try:
-            tracked = await tracker.read(query)
+            tracked, outcomes = await tracker.read(query)
         except sqlite3.Error as exc:
             raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
-        owners = owners_of(self.optimizer.fleet)
-        return web.json_response([tracked_json(t, owners) for t in tracked])
+        owners = site_owners(self.optimizer.fleet)
+        return web.json_response([tracked_json(t, owners, outcomes.get(t.recommendation.id)) for t in tracked])
 
     async def plans(self, request: web.Request) -> web.Response:
         """Each site's current plan as published (the protocol's ``Plan``: actions, blocked moves, purchases)."""
@@ -71,10 +75,10 @@ class JsonApi:
         return web.json_response([p for p in self._plans() if site is None or p["site"] == site])
 
     async def workloads(self, request: web.Request) -> web.Response:
-        owners = owners_of(self.optimizer.fleet)
+        owners = site_owners(self.optimizer.fleet)
         return web.json_response(
             [
-                dict(w, site=p["site"], owner=owners.get(str(w["id"]), UNATTRIBUTED))
+                dict(w, site=p["site"], owner=owners.get((str(p["site"]), str(w["id"])), UNATTRIBUTED))
                 for p in self._plans()
                 for w in p["workloads"]  # type: ignore[attr-defined]
             ]
@@ -111,6 +115,8 @@ class JsonApi:
         given = request.headers.get("Authorization", "")
         if token is None:
             raise web.HTTPForbidden(text="state changes are disabled: no API token is configured\n")
+        if not given.isascii():  # a bearer token is ASCII; anything else is no credential at all
+            raise web.HTTPBadRequest(text="the Authorization header is not ASCII\n")
         if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
             raise web.HTTPUnauthorized(
                 text="a valid bearer token is required\n", headers={"WWW-Authenticate": "Bearer"}

@@ -19,7 +19,9 @@ from aiohttp import web
 
 from agent.protocol import Plan, Recommendation, WorkloadClass
 from optimizer.lifecycle import OPEN, Lifecycle, RecState, Tracked
-from optimizer.report import UNATTRIBUTED, By, live_showback, owners_of
+from optimizer.outcomes import Outcome
+from optimizer.render import projected_load
+from optimizer.report import UNATTRIBUTED, By, live_showback, owners_of, site_owners
 from optimizer.service import Optimizer
 from optimizer.web.charts import bar_chart, line_chart
 from optimizer.web.views import ACTIONS, Overview, Trend, action, overview, unblock
@@ -69,8 +71,14 @@ def table(
     )
 
 
-def workload_link(workload: str, name: str) -> str:
-    return f'<a href="/workload?{urlencode({"id": workload})}">{esc(name or workload)}</a>'
+def _observed(outcome: Outcome | None) -> str:
+    return outcome.describe() if outcome is not None else ""
+
+
+def workload_link(workload: str, name: str, site: str | None = None) -> str:
+    """A link to a workload's page; ids are a site's own, so the link names the site."""
+    query = {"id": workload} | ({"site": site} if site else {})
+    return f'<a href="/workload?{urlencode(query)}">{esc(name or workload)}</a>'
 
 
 def cards(items: list[tuple[str, str, str]]) -> str:
@@ -156,7 +164,7 @@ class Console:
         savings = sum(r.monthly_savings_usd for p in plans for r in p.recommendations if r.id in open_ids)
         moves = sum(1 for p in plans for r in p.recommendations if r.id in open_ids)
         waste = sum(view.waste_by_kind.values())
-        findings = sorted((f for p in plans for f in p.findings), key=lambda f: -f.wasted_usd_per_hour)
+        findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
         body = [
             cards(
                 [
@@ -173,10 +181,10 @@ class Console:
             body.append('<p class="empty">No plan yet: the first comes one solve interval after telemetry arrives.</p>')
         if findings:
             top = "".join(
-                f"<li>{workload_link(f.workload, f.workload_name)} on {esc(', '.join(f.nodes))} "
+                f"<li>{workload_link(f.workload, f.workload_name, site)} on {esc(', '.join(f.nodes))} "
                 f"[{esc(f.hardware)}]: {esc(f.kind.value.replace('_', ' '))}, {money(f.wasted_usd_per_hour, 2)}/hour"
                 f" — {esc(f.detail)}</li>"
-                for f in findings[:5]
+                for site, f in findings[:5]
             )
             body.append(
                 f'<section><h2>Biggest problems</h2><ol id="problems">{top}</ol>'
@@ -256,15 +264,15 @@ class Console:
         ]
         # execution order: the plan's order per site; moves no longer planned after them, biggest first
         selected.sort(key=lambda x: (x[0], order.get(x[1].id, 10**6), -x[1].monthly_savings_usd))
-        owners = owners_of(self.optimizer.fleet)
+        owners = site_owners(self.optimizer.fleet)
         rows = []
         for n, (site, r, state) in enumerate(selected, 1):
             rows.append(
                 [
                     str(order.get(r.id, "–")) if r.id in order else "–",
                     esc(site),
-                    workload_link(r.workload, r.workload_name),
-                    esc(owners.get(r.workload, UNATTRIBUTED)),
+                    workload_link(r.workload, r.workload_name, site),
+                    esc(owners.get((site, r.workload), UNATTRIBUTED)),
                     esc(r.workload_class.value),
                     f"{esc(r.from_node)} <small>[{esc(r.from_hardware)}]</small>",
                     f"{esc(r.to_node)} <small>[{esc(r.to_hardware)}]</small>",
@@ -315,13 +323,13 @@ class Console:
 
     async def findings(self, request: web.Request) -> web.Response:
         plans = self._plans()
-        owners = owners_of(self.optimizer.fleet)
+        owners = site_owners(self.optimizer.fleet)
         findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
         f_rows = [
             [
                 esc(site),
-                workload_link(f.workload, f.workload_name),
-                esc(owners.get(f.workload, UNATTRIBUTED)),
+                workload_link(f.workload, f.workload_name, site),
+                esc(owners.get((site, f.workload), UNATTRIBUTED)),
                 esc(f.kind.value.replace("_", " ")),
                 f"{esc(', '.join(f.nodes))} <small>[{esc(f.hardware)}]</small>",
                 money(f.wasted_usd_per_hour, 2),
@@ -334,7 +342,7 @@ class Console:
         b_rows = [
             [
                 esc(site),
-                workload_link(b.workload, b.workload_name),
+                workload_link(b.workload, b.workload_name, site),
                 f"{esc(b.node)} <small>[{esc(b.hardware)}]</small>",
                 esc(b.reason),
                 esc(unblock(b.reason)),
@@ -370,7 +378,8 @@ class Console:
 
     async def workload(self, request: web.Request) -> web.Response:
         wid = request.query.get("id", "")
-        found = [(p, w) for p in self._plans() for w in p.workloads if w.id == wid]
+        want_site = request.query.get("site")
+        found = [(p, w) for p in self._plans() for w in p.workloads if w.id == wid and want_site in (None, p.site)]
         if not found:
             raise web.HTTPNotFound(
                 text=layout("Workload not found", "", f"<p>No workload {esc(wid[:200])} in the current plans.</p>"),
@@ -395,11 +404,12 @@ class Console:
         mine: tuple[Tracked, ...] = ()
         if tracker is not None:
 
-            def query(db: Lifecycle) -> tuple[Tracked, ...]:
-                return db.of_workload(wid)
+            def query(db: Lifecycle) -> tuple[tuple[Tracked, ...], dict[str, Outcome]]:
+                rows = db.of_workload(wid, plan.site)
+                return rows, db.outcomes_of(t.recommendation.id for t in rows)
 
             try:
-                mine = await tracker.read(query)
+                mine, outcomes = await tracker.read(query)
             except sqlite3.Error as exc:
                 raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
         rec_rows = [
@@ -410,12 +420,22 @@ class Console:
                 f"<small>[{esc(t.recommendation.to_hardware)}]</small>",
                 money(t.recommendation.monthly_savings_usd),
                 f'<span class="state" data-state="{esc(t.state.value)}">{esc(t.state.value)}</span>',
+                esc(projected_load(t.recommendation)),
+                esc(_observed(outcomes.get(t.recommendation.id))),
             ]
             for t in mine
         ]
         if tracker is None:
             rec_rows = [
-                ["now", "now", f"{esc(r.from_node)} → {esc(r.to_node)}", money(r.monthly_savings_usd), "new"]
+                [
+                    "now",
+                    "now",
+                    f"{esc(r.from_node)} → {esc(r.to_node)}",
+                    money(r.monthly_savings_usd),
+                    "new",
+                    esc(projected_load(r)),
+                    "",
+                ]
                 for r in plan.recommendations
                 if r.workload == wid
             ]
@@ -449,7 +469,7 @@ class Console:
         body.append(
             table(
                 "Moves proposed for this workload",
-                ["first proposed", "last change", "move", "saving/month", "state"],
+                ["first proposed", "last change", "move", "saving/month", "state", "projected load", "observed load"],
                 rec_rows,
                 "history",
                 numeric=(3,),
@@ -464,7 +484,7 @@ class Console:
         by_raw = request.query.get("by", "owner")
         by: By = by_raw if by_raw in ("owner", "site", "hardware") else "owner"  # type: ignore[assignment]
         rows = live_showback(
-            self._plans(), owners_of(self.optimizer.fleet), self.optimizer.catalog, await self._open_ids(), by
+            self._plans(), site_owners(self.optimizer.fleet), self.optimizer.catalog, await self._open_ids(), by
         )
         classes = [c.value for c in WorkloadClass if any(r.gpus.get(c.value) for r in rows)]  # those in use
         kinds = sorted({k for r in rows for k in r.wasted_usd})
