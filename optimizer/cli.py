@@ -265,7 +265,7 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     from agent.config import ConfigError, load_config
     from optimizer.config import OptimizerConfig
     from optimizer.lifecycle import DB_NAME, OPEN, Lifecycle, LifecycleError, RecState
-    from optimizer.render import csv_cell, printable
+    from optimizer.render import action_fields, csv_cell, numbered, render_listing
 
     try:
         state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
@@ -287,10 +287,15 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except sqlite3.Error as exc:
         return _fail(f"{state_dir / DB_NAME}: {exc}")
+    open_numbers = {
+        site: numbered(t.recommendation for t in rows if t.site == site and t.state in OPEN)
+        for site in {t.site for t in rows}
+    }
     if args.format == "json":
         out = [
             {
                 **t.recommendation.model_dump(mode="json"),
+                **action_fields(t.recommendation, open_numbers[t.site]),
                 "site": t.site,
                 "state": t.state.value,
                 "first_seen": t.first_seen,
@@ -300,52 +305,40 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(out, indent=2))
     elif args.format == "csv":
+        columns = ["id", "state", "site", "number", "wave", "waits", "kind", "action", "workload", "class"]
+        columns += ["from_node", "from_hardware", "to_node", "to_hardware", "gpus", "gpus_after"]
+        columns += ["monthly_savings_usd", "risk", "reason"]
         writer = csv.writer(sys.stdout)
-        writer.writerow(
-            [
-                "id",
-                "state",
-                "site",
-                "workload",
-                "class",
-                "from_node",
-                "from_hardware",
-                "to_node",
-                "to_hardware",
-                "monthly_savings_usd",
-                "risk",
-                "reason",
-            ]
-        )
+        writer.writerow(columns)
         for t in rows:
             r = t.recommendation
+            fields = action_fields(r, open_numbers[t.site])
             row: list[object] = [
                 r.id,
                 t.state.value,
                 t.site,
+                fields["number"],
+                r.wave,
+                fields["waits"],
+                fields["kind"],
+                fields["action"],
                 r.workload_name,
                 r.workload_class.value,
                 r.from_node,
                 r.from_hardware,
                 r.to_node,
                 r.to_hardware,
+                r.gpus,
+                r.gpus_after,
                 r.monthly_savings_usd,
                 r.risk,
                 r.reason,
             ]
             writer.writerow([csv_cell(v) for v in row])
+    elif not rows:
+        print("no recommendations" + ("" if args.all else " open (see --all)"))
     else:
-        if not rows:
-            print("no recommendations" + ("" if args.all else " open (see --all)"))
-        for t in rows:
-            r = t.recommendation
-            move = f"{r.from_node} -> {r.to_node} [{r.to_hardware}]"
-            print(
-                printable(
-                    f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {move[:56]:56} "
-                    f"{f'${r.monthly_savings_usd:,.0f}':>9}/month  risk {r.risk}"
-                )
-            )
+        print(render_listing([(t.site, t.state.value, t.recommendation) for t in rows]))
     return 0
 
 
@@ -657,7 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("recommendations", help="list recommendations; acknowledge, dismiss or reopen one")
     p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"], help="a decision on recommendation ID")
-    p.add_argument("id", nargs="?", help="the recommendation's id (first column of the list)")
+    p.add_argument("id", nargs="?", help="the recommendation's id (the ID column of the list)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--all", action="store_true", help="include dismissed, applied and expired ones")
     p.add_argument("--site", help="only this site's recommendations")

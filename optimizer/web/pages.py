@@ -20,11 +20,23 @@ from aiohttp import web
 from agent.protocol import Plan, Recommendation, WorkloadClass
 from optimizer.lifecycle import OPEN, Lifecycle, RecState, Tracked
 from optimizer.outcomes import Outcome
-from optimizer.render import projected_load
+from optimizer.render import (
+    KINDS,
+    action_text,
+    change,
+    kind_of,
+    kind_word,
+    numbered,
+    order_key,
+    projected_load,
+    total_text,
+    waits,
+    waves_of,
+)
 from optimizer.report import UNATTRIBUTED, By, live_showback, owners_of
 from optimizer.service import Optimizer
 from optimizer.web.charts import bar_chart, line_chart
-from optimizer.web.views import ACTIONS, Overview, Trend, action, overview, unblock
+from optimizer.web.views import Overview, Trend, overview, unblock
 
 MAX_ROWS = 200  # rows per table; the JSON API has the rest
 NAV = (("/", "Overview"), ("/recommendations", "Recommendations"), ("/findings", "Findings"), ("/owners", "Owners"))
@@ -230,13 +242,11 @@ class Console:
 
     async def recommendations(self, request: web.Request) -> web.Response:
         q = request.query
-        want_site, want_class, want_action = q.get("site", ""), q.get("class", ""), q.get("action", "")
+        want_site, want_class, want_kind = q.get("site", ""), q.get("class", ""), q.get("action", "")
         want_state = q.get("state", "open")
         plans = self._plans()
-        order: dict[str, int] = {}
-        for p in plans:
-            for i, r in enumerate(p.recommendations, 1):
-                order[r.id] = i
+        # each site's plan numbers its actions in the order to carry them out; `after` refers to those numbers
+        numbers = {p.site: numbered(p.recommendations) for p in plans}
         states = [s.value for s in RecState]
         if want_state == "open":
             wanted_states = {s.value for s in OPEN}
@@ -250,7 +260,6 @@ class Console:
             rows_src = [(p.site, r, RecState.NEW.value) for p in plans for r in p.recommendations]
         else:
             rows_src = [(t.site, t.recommendation, t.state.value) for t in tracked]
-        catalog = self.optimizer.catalog
         sites = sorted({s for s, _, _ in rows_src} | {p.site for p in plans})
         selected = [
             (site, r, state)
@@ -258,59 +267,49 @@ class Console:
             if state in wanted_states
             and (not want_site or site == want_site)
             and (not want_class or r.workload_class.value == want_class)
-            and (not want_action or action(catalog, r) == want_action)
+            and (not want_kind or kind_of(r) == want_kind)
         ]
-        # execution order: the plan's order per site; moves no longer planned after them, biggest first
-        selected.sort(key=lambda x: (x[0], order.get(x[1].id, 10**6), -x[1].monthly_savings_usd))
+        # execution order: the plan's order per site; actions no longer planned after them, in their own order
+        unplanned = 10**6
+        selected.sort(key=lambda x: (x[0], numbers.get(x[0], {}).get(x[1].id, unplanned), order_key(x[1])))
         owners = owners_of(self.optimizer.fleet)
         rows = []
         for n, (site, r, state) in enumerate(selected, 1):
+            number = numbers.get(site, {})
             rows.append(
                 [
-                    str(order.get(r.id, "–")) if r.id in order else "–",
+                    str(number[r.id]) if r.id in number else "–",
+                    str(r.wave) if r.id in number and r.wave is not None else "–",
+                    esc(waits(r, number)) if r.id in number else "",
                     esc(site),
-                    workload_link(r.workload, r.workload_name),
+                    f"{esc(kind_word(r.kind))} {workload_link(r.workload, r.workload_name)}: {esc(change(r))}",
                     esc(owners.get(r.workload, UNATTRIBUTED)),
                     esc(r.workload_class.value),
-                    f"{esc(r.from_node)} <small>[{esc(r.from_hardware)}]</small>",
-                    f"{esc(r.to_node)} <small>[{esc(r.to_hardware)}]</small>",
-                    esc(action(catalog, r)),
                     money(r.monthly_savings_usd),
                     esc(r.risk),
                     f'<span class="state" data-state="{esc(state)}">{esc(state)}</span>',
                     _buttons(r, state, n),
                 ]
             )
-        total = sum(r.monthly_savings_usd for _, r, _ in selected)
+        recs = [r for _, r, _ in selected]
         body = [
-            _filters(sites, want_site, want_class, want_action, want_state),
+            _filters(sites, want_site, want_class, want_kind, want_state),
             _token_box(),
-            f'<p id="summary">{len(selected)} recommendation(s) shown, {money(total)}/month in all. '
-            "Acknowledge a move you will carry out, dismiss one you will not; the state lasts across plans.</p>",
+            f'<p id="summary">{len(selected)} action(s) shown, in {waves_of(recs)} wave(s), '
+            f"{esc(total_text(recs, money))} in all. The actions of a wave can be carried out in parallel; one that "
+            "names another (after #2) waits for it. Acknowledge an action you will carry out, dismiss one you will "
+            "not; the state lasts across plans.</p>",
             '<p id="status" role="status" aria-live="polite"></p>',
             table(
-                "Recommended moves in execution order",
-                [
-                    "#",
-                    "site",
-                    "workload",
-                    "owner",
-                    "class",
-                    "from",
-                    "to",
-                    "action",
-                    "saving/month",
-                    "risk",
-                    "state",
-                    "decide",
-                ],
+                "Recommended actions in the order to carry them out",
+                ["#", "wave", "after", "site", "action", "owner", "class", "saving/month", "risk", "state", "decide"],
                 rows,
                 "recommendations",
-                numeric=(0, 8),
+                numeric=(0, 1, 7),
             ),
         ]
         details = "".join(
-            f"<li><strong>{esc(r.workload_name)}</strong>: {esc(r.reason)}. Impact: {esc(r.performance_impact)}.</li>"
+            f"<li><strong>{esc(action_text(r))}</strong>: {esc(r.reason)}. Impact: {esc(r.performance_impact)}.</li>"
             for _, r, _ in selected[:MAX_ROWS]
         )
         if details:
@@ -413,8 +412,7 @@ class Console:
             [
                 esc(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.first_seen))),
                 esc(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.changed))),
-                f"{esc(t.recommendation.from_node)} → {esc(t.recommendation.to_node)} "
-                f"<small>[{esc(t.recommendation.to_hardware)}]</small>",
+                esc(action_text(t.recommendation)),
                 money(t.recommendation.monthly_savings_usd),
                 f'<span class="state" data-state="{esc(t.state.value)}">{esc(t.state.value)}</span>',
                 esc(projected_load(t.recommendation)),
@@ -427,7 +425,7 @@ class Console:
                 [
                     "now",
                     "now",
-                    f"{esc(r.from_node)} → {esc(r.to_node)}",
+                    esc(action_text(r)),
                     money(r.monthly_savings_usd),
                     "new",
                     esc(projected_load(r)),
@@ -465,8 +463,8 @@ class Console:
         body.append("</section><section><h2>Recommendation history</h2>")
         body.append(
             table(
-                "Moves proposed for this workload",
-                ["first proposed", "last change", "move", "saving/month", "state", "projected load", "observed load"],
+                "Actions proposed for this workload",
+                ["first proposed", "last change", "action", "saving/month", "state", "projected load", "observed load"],
                 rec_rows,
                 "history",
                 numeric=(3,),
@@ -552,9 +550,14 @@ def _buttons(r: Recommendation, state: str, n: int) -> str:
     )
 
 
-def _select(name: str, label: str, options: list[str], chosen: str, any_label: str = "any") -> str:
+def _select(
+    name: str, label: str, options: list[str], chosen: str, any_label: str = "any", labels: dict[str, str] | None = None
+) -> str:
+    shown = labels or {}
     opts = f'<option value="">{any_label}</option>' if any_label else ""
-    opts += "".join(f'<option value="{esc(o)}"{" selected" if o == chosen else ""}>{esc(o)}</option>' for o in options)
+    opts += "".join(
+        f'<option value="{esc(o)}"{" selected" if o == chosen else ""}>{esc(shown.get(o, o))}</option>' for o in options
+    )
     return f'<label>{esc(label)} <select name="{name}" id="filter-{name}">{opts}</select></label>'
 
 
@@ -564,7 +567,7 @@ def _filters(sites: list[str], site: str, cls: str, act: str, state: str) -> str
         '<form class="filters" method="get" action="/recommendations" aria-label="Filter recommendations">'
         + _select("site", "Site", sites, site)
         + _select("class", "Class", [c.value for c in WorkloadClass], cls)
-        + _select("action", "Action", list(ACTIONS), act)
+        + _select("action", "Action", list(KINDS), act, labels=KINDS)
         + _select("state", "State", states, state, any_label="")
         + '<button type="submit">Filter</button></form>'
     )
