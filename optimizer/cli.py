@@ -147,8 +147,22 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _me() -> str:
+    """How to run this ``fleetfit`` again from the same directory: its name when the shell finds this one by it."""
+    import shutil
+
+    found = shutil.which("fleetfit")
+    given = sys.argv[0] if sys.argv and sys.argv[0].endswith("fleetfit") else ""
+    if not given or (found and Path(found).resolve() == Path(given).resolve()):
+        return "fleetfit"
+    return given
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import shlex
+
     from optimizer.demo import DemoOptions, run_demo
+    from optimizer.demostate import DemoState, DemoStateError, default_dir
     from optimizer.render import render_json, render_table
 
     if args.nodes < 8:
@@ -166,25 +180,58 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         console=not args.no_console,
         console_port=args.port,
         keep_serving=args.keep_serving,
+        state_dir=args.state_dir,
     )
     printer = _plan_printer(args.format)
+    # on stdout with the table; with --format json stdout carries only the plan
+    out = sys.stderr if args.format == "json" else sys.stdout
+    where: list[DemoState] = []
+
+    def show_state() -> None:
+        state = where[0]
+        if state.kept:
+            kept = "kept after the run, until the next demo"
+        else:
+            kept = f"removed when the run ends: another demo holds {default_dir()}"
+        print(f"state: {state.path} ({kept}); from another terminal:", file=out)
+        for command in ("recommendations", "report"):
+            print(f"  {_me()} {command} --state-dir {shlex.quote(str(state.path))}", file=out)
+        out.flush()
+
+    def state_ready(state: DemoState) -> None:
+        where.append(state)
+        if not options.console:  # else after the console's address, which comes first
+            show_state()
 
     def console_ready(url: str, token: str) -> None:
-        # on stdout with the table; with --format json stdout carries only the plan
-        out = sys.stderr if args.format == "json" else sys.stdout
         print(f"console: {url}  (token for its buttons: {token})", file=out, flush=True)
+        show_state()
+
+    def show_final(plan: Plan) -> None:
+        if args.format == "json":
+            print(render_json(plan), flush=True)
+        else:
+            print("final plan:")
+            print(render_table(plan), flush=True)
+
+    final_shown: list[Plan] = []
+
+    def final_ready(plan: Plan) -> None:  # with --keep-serving: shown now, while the console stays up
+        final_shown.append(plan)
+        show_final(plan)
 
     try:
-        plan = asyncio.run(run_demo(options, on_plan=printer, on_console=console_ready))
+        plan = asyncio.run(
+            run_demo(options, on_plan=printer, on_console=console_ready, on_state=state_ready, on_final=final_ready)
+        )
     except asyncio.CancelledError:  # a second SIGINT/SIGTERM
         return _fail("demo interrupted")
+    except DemoStateError as exc:
+        return _fail(str(exc))
     if plan is None:
         return _fail("no plan was produced: no telemetry reached the optimizer")
-    if args.format == "json":
-        print(render_json(plan))
-    else:
-        print("final plan:")
-        print(render_table(plan))
+    if not final_shown:
+        show_final(plan)
     return 0
 
 
@@ -268,7 +315,7 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     from optimizer.render import action_fields, csv_cell, numbered, render_listing
 
     try:
-        state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
+        state_dir = _state_dir(args, load_config(OptimizerConfig, args.config).optimizer.state_dir)
     except ConfigError as exc:
         return _fail(str(exc))
     if not (state_dir / DB_NAME).exists():
@@ -342,6 +389,24 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state_dir(args: argparse.Namespace, configured: Path) -> Path:
+    """The state directory to read: ``--state-dir``, else the config's. Given neither, where the optimizer's default
+    holds no state but a demo's directory does, the demo's, with a line on stderr that says so."""
+    from optimizer.demostate import demo_running, last_demo_dir
+    from optimizer.lifecycle import DB_NAME
+
+    if args.state_dir is not None:
+        return Path(args.state_dir)
+    if args.config is not None or (configured / DB_NAME).exists():
+        return configured
+    demo = last_demo_dir()
+    if demo is None:
+        return configured
+    which = "the running demo's" if demo_running(demo) else "the last demo's"
+    print(f"fleetfit: no optimizer state in {configured}: reading {which}, in {demo}", file=sys.stderr)
+    return demo
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     import sqlite3
 
@@ -352,7 +417,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since)
         config = load_config(OptimizerConfig, args.config) if args.config or args.post or not args.state_dir else None
-        state_dir: Path = args.state_dir or (config.optimizer.state_dir if config else Path("."))
+        state_dir = _state_dir(args, config.optimizer.state_dir if config else Path("."))
         if args.post:
             return _post_report(state_dir, since, args.by, args.post, config)
         print(run_report(state_dir, since, args.by, args.format))
@@ -625,6 +690,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=cliargs.port, default=0, help="the console's port on 127.0.0.1 (default: a free one)")
     p.add_argument("--keep-serving", action="store_true", help="after the run, keep the console up until Ctrl-C")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep the run's recommendation states and ledger here (default: $XDG_STATE_HOME/fleetfit/demo, "
+        "~/.local/state/fleetfit/demo), for `fleetfit recommendations` and `fleetfit report`",
+    )
     p.add_argument("--no-console", action="store_true", help="serve no console")
     p.add_argument(
         "--alert-webhook",
