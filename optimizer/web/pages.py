@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from agent.protocol import Plan, Recommendation, WorkloadClass
+from agent.protocol import Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.lifecycle import OPEN, Lifecycle, RecState, Tracked
 from optimizer.outcomes import Outcome
 from optimizer.render import (
@@ -160,12 +160,15 @@ class Console:
 
     async def _current_overview(self) -> Overview:
         """Recomputed once per plan, off the loop (the first time, the trend walks every workload's day of
-        digests: most of a second at 5,000 workloads). Until the new one is ready the previous plan's is shown."""
-        self._refreshed()
-        if self._overview is not None:
-            return self._overview[1]
-        assert self._refresh is not None
-        return await asyncio.shield(self._refresh)
+        digests: most of a second at 5,000 workloads). Until the new one is ready the previous plan's is shown,
+        but never one made before the first plan (no nodes, no GPUs, nothing wasted) beside a plan's savings."""
+        while True:
+            key = self._refreshed()
+            kept = self._overview
+            if kept is not None and (kept[0] == key or kept[0][0] > 0 or key[0] == 0):
+                return kept[1]
+            assert self._refresh is not None
+            await asyncio.shield(self._refresh)  # then kept, by its done callback, before this resumes
 
     async def overview(self, request: web.Request) -> web.Response:
         plans = self._plans()
@@ -374,14 +377,11 @@ class Console:
     # ------------------------------------------------------------------ workload detail
 
     async def workload(self, request: web.Request) -> web.Response:
-        wid = request.query.get("id", "")
-        found = [(p, w) for p in self._plans() for w in p.workloads if w.id == wid]
-        if not found:
-            raise web.HTTPNotFound(
-                text=layout("Workload not found", "", f"<p>No workload {esc(wid[:200])} in the current plans.</p>"),
-                content_type="text/html",
-            )
+        found = self._find_workload(request)
+        if len(found) > 1:
+            return self._page("Workloads of that name", "", _choices(found))
         plan, w = found[0]
+        wid = w.id
         owners = owners_of(self.optimizer.fleet, plan.site)
         history = []
         for node in w.nodes:
@@ -443,6 +443,7 @@ class Console:
             ("Hardware", f"{w.gpus} × {esc(w.hardware)} on {esc(', '.join(w.nodes))}"),
             ("Mean utilisation", f"{w.mean_util:.0f} %"),
             ("Id", f"<code>{esc(w.id)}</code>"),
+            ("This page", f'<code id="address">/workload?{esc(urlencode({"site": plan.site, "name": w.name}))}</code>'),
         ]
         body = [
             "<dl class=facts>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>",
@@ -472,6 +473,30 @@ class Console:
         )
         body.append("</section>")
         return self._page(w.name or w.id, "", "".join(body))
+
+    def _find_workload(self, request: web.Request) -> list[tuple[Plan, WorkloadView]]:
+        """The workloads ``/workload`` names: by ``id`` (as links and the API give it) or by ``name`` (what people
+        call it; an ``id`` that is no workload's is tried as a name too), in ``site`` when given. HTTP 404 with
+        how to ask when none is."""
+        q = request.query
+        wid, name, site = q.get("id", ""), q.get("name", ""), q.get("site", "")
+        plans = [p for p in self._plans() if not site or p.site == site]
+        found = [(p, w) for p in plans for w in p.workloads if w.id == wid] if wid else []
+        if not found and (name or wid):
+            found = [(p, w) for p in plans for w in p.workloads if w.name == (name or wid)]
+        if found:
+            return found
+        asked = ", ".join(f"{k} {esc(v[:200])}" for k, v in (("site", site), ("id", wid), ("name", name)) if v)
+        raise web.HTTPNotFound(
+            text=layout(
+                "Workload not found",
+                "",
+                f"<p>No workload with {asked or 'no id or name'} in the current plans. A workload's page is "
+                "<code>/workload?site=SITE&amp;name=NAME</code> (its name, as the plans show it) or "
+                "<code>/workload?site=SITE&amp;id=ID</code> (its id, as <code>/api/v1/workloads</code> lists it).</p>",
+            ),
+            content_type="text/html",
+        )
 
     # ------------------------------------------------------------------ owners
 
@@ -532,6 +557,16 @@ class Console:
             + "</section></div>"
         )
         return self._page(f"GPU use per {by}", "/owners", body)
+
+
+def _choices(found: list[tuple[Plan, WorkloadView]]) -> str:
+    """Several workloads answer to one name (replicas of a service, or the same name in several sites)."""
+    items = "".join(
+        f"<li>{workload_link(w.id, w.name)} in site {esc(p.site)}: {w.gpus} × {esc(w.hardware)} on "
+        f"{esc(', '.join(w.nodes))} (<code>{esc(w.id)}</code>)</li>"
+        for p, w in found[:MAX_ROWS]
+    )
+    return f'<p>{len(found)} workloads answer to that name:</p><ul id="choices">{items}</ul>'
 
 
 def _buttons(r: Recommendation, state: str, n: int) -> str:
