@@ -24,7 +24,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetfit")
 
 # Modules a GPU node's (agent-only) install leaves out, and the extra that brings each.
-EXTRAS = {"ortools": "optimizer", "aiohttp": "optimizer", "influxdb_client": "optimizer", "amqtt": "demo"}
+EXTRAS = {
+    "ortools": "optimizer",
+    "aiohttp": "optimizer",
+    "influxdb_client": "optimizer",
+    "numpy": "optimizer",
+    "amqtt": "demo",
+}
+# The commands that run on the optimizer's side, and the extra each needs; `agent` and `simulate` need none.
+COMMAND_EXTRAS = {
+    "optimizer": "optimizer",
+    "demo": "demo",
+    "plan": "optimizer",
+    "classify": "optimizer",
+    "recommendations": "optimizer",
+    "report": "optimizer",
+    "catalog": "optimizer",
+    "alerts": "optimizer",
+}
+OWN_PACKAGES = ("agent", "collectors", "optimizer")
 
 
 def _setup_logging(level: str) -> None:
@@ -850,11 +868,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
-        if top not in EXTRAS:
+        extra = COMMAND_EXTRAS.get(args.command) or EXTRAS.get(top)
+        if not top or top in OWN_PACKAGES or extra is None:
             raise
-        extra = "demo" if args.command == "demo" else EXTRAS[top]
         return _fail(
-            f"`fleetfit {args.command}` needs {top}, which this install left out: pip install 'fleetfit[{extra}]'"
+            f"`fleetfit {args.command}` needs the {extra}'s packages ({top} is not installed): "
+            f"pip install 'fleetfit[{extra}]'"
         )
     except BrokenPipeError:  # the reader left (`fleetfit classify … | head -1`): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)
