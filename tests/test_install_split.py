@@ -3,10 +3,14 @@ the commands that need them say which extra to install."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZER_ONLY = ("ortools", "aiohttp", "amqtt", "influxdb_client", "numpy")
@@ -107,3 +111,33 @@ def test_every_optimizer_command_without_its_extra_says_in_one_line_what_to_inst
         assert done.stderr.endswith("pip install 'fleetfit[optimizer]'\n"), (command, done.stderr)
     demo = _without_extras("demo", "--duration", "1")
     assert demo.returncode == 2 and demo.stderr.endswith("pip install 'fleetfit[demo]'\n")
+
+
+@pytest.mark.slow
+def test_installing_the_package_prints_no_warning(tmp_path: Path) -> None:
+    """`make demo` installs the package (editable, --quiet) before anything else: the build says nothing (no
+    deprecated license table, no package missing from the list, no editable-install caveat), and a wheel holds
+    the console's files and the catalog. Lines pip prints about its own configuration on this machine (a
+    find-links location that does not exist) are not the build's."""
+    tree = tmp_path / "src"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True, timeout=120)
+    pip = [str(tmp_path / "venv" / "bin" / "python"), "-m", "pip"]
+    # as the Makefile does: a current pip shows what the build backend warns about, an old one hides it
+    subprocess.run([*pip, "install", "--quiet", "--upgrade", "pip"], capture_output=True, check=True, timeout=300)
+    for command in (
+        ["install", "--quiet", "--no-deps", "-e", str(tree)],
+        ["wheel", "--quiet", "--no-deps", "-w", str(tmp_path / "dist"), str(tree)],
+    ):
+        done = subprocess.run([*pip, *command], capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        said = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("WARNING: Location")]
+        assert not [line for line in said if "warning" in line.lower()], "\n".join(said[:40])
+    (wheel,) = (tmp_path / "dist").glob("fleetfit-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    assert {
+        "optimizer/web/static/console.css",
+        "optimizer/web/static/console.js",
+        "optimizer/data/catalog.toml",
+    } <= names
