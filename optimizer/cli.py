@@ -601,6 +601,7 @@ def _raise_open_files_limit() -> None:
 
 
 def _cmd_classify(args: argparse.Namespace) -> int:
+    from optimizer.classify import MIN_WINDOWS
     from optimizer.offline import RecordingError, classify_all, load_file, load_labels, render_score, score
 
     try:
@@ -620,10 +621,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     results = classify_all(rec)
     if not results:
-        return _fail(
-            f"{args.file}: no workload found in {rec.lines} line(s) ({rec.rejected} rejected); "
-            "expected telemetry windows as JSON lines, as `fleetfit simulate --record` writes them"
-        )
+        return _fail(rec.nothing_found(args.file))
     if args.format == "json":
         rows = [
             {
@@ -647,6 +645,13 @@ def _cmd_classify(args: argparse.Namespace) -> int:
                 f" {r.result.confidence:.2f}{mark}"
             )
             print(f"    {'; '.join(r.result.evidence[:3])}")
+    short = sum(1 for r in results if r.features.windows < MIN_WINDOWS)
+    if short:
+        print(
+            f"{short} workload(s) seen in fewer than {MIN_WINDOWS} windows cannot be classified: record more "
+            f"(`fleetfit agent --once --jsonl` writes one window a run; append {MIN_WINDOWS} or more to one file)",
+            file=sys.stderr,
+        )
     labelled = [(r.truth, r.result.workload_class) for r in results if r.truth is not None]
     if labelled:
         print(render_score(score(labelled)), file=sys.stderr if args.format == "json" else sys.stdout)
@@ -655,18 +660,50 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------ main
 
+DEFAULT_STATE_DIR = "/var/lib/fleetfit-optimizer"  # OptimizerSettings.state_dir, which imports the optimizer's packages
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetfit")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """A command group given without its verb (`fleetfit alerts`): its help, on stderr, and status 2."""
+
+    def show(args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    return show
+
 
 def build_parser() -> argparse.ArgumentParser:
     from collectors.scenarios import SCENARIOS
 
-    parser = cliargs.Parser(prog="fleetfit", description="Find AI workloads on the wrong GPU hardware.")
+    parser = cliargs.Parser(
+        prog="fleetfit",
+        description="Find AI workloads on the wrong GPU hardware, and say where they should go. `fleetfit demo` "
+        "shows it on a simulated fleet; `fleetfit COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetfit {_version()}")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (stderr)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     scenarios = ", ".join(SCENARIOS)
 
-    p = sub.add_parser("agent", help="per-node telemetry daemon")
+    p = sub.add_parser(
+        "agent",
+        help="per-node telemetry daemon",
+        description="Sample this node's GPUs, NICs, disks and host every second, attribute GPUs to workloads, and "
+        "publish a window of telemetry every 10 s to the broker (spooled on disk while it is unreachable). Runs "
+        "under systemd (systemd/fleetfit-agent.service); --once prints one window and exits.",
+    )
     p.add_argument("--config", type=Path, help="the agent's TOML config (default: built-in settings)")
     p.add_argument("--once", action="store_true", help="print one window as JSON and exit")
     p.add_argument("--jsonl", action="store_true", help="with --once: one JSON line, as `classify` reads back")
@@ -680,7 +717,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_agent)
 
-    p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan, serve the console")
+    p = sub.add_parser(
+        "optimizer",
+        help="central daemon: ingest, classify, plan, serve the console",
+        description="Take every node's telemetry from the broker, classify each workload, plan each site's moves "
+        "every solve interval, keep their states, post them to chat, and serve the console and the HTTP API "
+        "(127.0.0.1:8470 by default). Runs under systemd (systemd/fleetfit-optimizer.service).",
+    )
     p.add_argument("--config", type=Path, help="the optimizer's TOML config (default: built-in settings)")
     p.set_defaults(func=_cmd_optimizer)
 
@@ -730,32 +773,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("alerts", help="chat alert hooks")
-    alerts = p.add_subparsers(dest="alerts_command", required=True)
-    t = alerts.add_parser("test", help="send a sample message to one receiver")
+    p = sub.add_parser(
+        "alerts",
+        help="chat alert hooks",
+        description="The optimizer's chat receivers ([[alerts.receivers]] in its config: Slack, Mattermost, Teams, "
+        "a generic webhook).",
+    )
+    alerts = p.add_subparsers(dest="alerts_command", metavar="{test}")
+    p.set_defaults(func=_group_help(p))
+    t = alerts.add_parser(
+        "test",
+        help="send a sample message to one receiver",
+        description="Send a made-up recommendation to one receiver of --config, to check its URL and its channel.",
+    )
     t.add_argument("--receiver", required=True, help="the receiver's name in [[alerts.receivers]]")
     t.add_argument("--config", type=Path, help="the optimizer's config")
     t.set_defaults(func=_cmd_alerts)
 
-    p = sub.add_parser("recommendations", help="list recommendations; acknowledge, dismiss or reopen one")
+    p = sub.add_parser(
+        "recommendations",
+        help="list recommendations; acknowledge, dismiss or reopen one",
+        description="The optimizer's recommended actions per site, numbered in the order to carry them out (wave "
+        "by wave; an action waits for those it names), with their state; or a person's decision on one. Reads "
+        "the optimizer's state directory.",
+    )
     p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"], help="a decision on recommendation ID")
     p.add_argument("id", nargs="?", help="the recommendation's id (the ID column of the list)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--all", action="store_true", help="include dismissed, applied and expired ones")
     p.add_argument("--site", help="only this site's recommendations")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
-    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help=f"the optimizer's state directory (default: --config's [optimizer] state_dir, else {DEFAULT_STATE_DIR}; "
+        "given neither option, a demo's ($XDG_STATE_HOME/fleetfit/demo) when the optimizer's holds no state)",
+    )
     p.set_defaults(func=_cmd_recommendations)
 
     p = sub.add_parser(
         "report",
         help="showback: GPU-hours by class, $ held, $ wasted by finding kind and open savings per owner",
+        description="Sum the optimizer's ledger: every plan charges the time since the previous one (the time the "
+        "optimizer watched; replayed history is not charged) to each workload's owner, site or hardware.",
     )
     p.add_argument("--by", choices=["owner", "site", "hardware"], default="owner", help="group by (default owner)")
     p.add_argument("--since", default="7d", help="7d, 24h, 90m, 2w or a date YYYY-MM-DD (UTC; default 7d)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
-    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help=f"the optimizer's state directory (default: --config's [optimizer] state_dir, else {DEFAULT_STATE_DIR}; "
+        "given neither option, a demo's ($XDG_STATE_HOME/fleetfit/demo) when the optimizer's holds no state)",
+    )
     p.add_argument(
         "--post",
         metavar="RECEIVER",
@@ -776,7 +847,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, help="the optimizer's state directory (learned corrections)")
     p.set_defaults(func=_cmd_catalog)
 
-    p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
+    p = sub.add_parser(
+        "classify",
+        help="classify recorded telemetry; scores itself when labels are present",
+        description="Classify the workloads in recorded telemetry windows (fleetfit simulate --record, or fleetfit "
+        "agent --once --jsonl appended several times: a class needs at least three windows of a workload). With "
+        "labels it prints a confusion matrix and macro-F1.",
+    )
     p.add_argument(
         "file", type=Path, metavar="FILE.jsonl", help="windows as JSON lines (simulate --record, agent --once --jsonl)"
     )
@@ -790,7 +867,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_classify)
 
-    p = sub.add_parser("plan", help="plan offline from a fleet snapshot (docs/snapshot.md)")
+    p = sub.add_parser(
+        "plan",
+        help="plan offline from a fleet snapshot (docs/snapshot.md)",
+        description="Plan moves for a documented fleet snapshot, as the optimizer plans a live site: the actions in "
+        "the order to carry them out, what each saves, blocked moves with why, what buying capacity returns, and "
+        "how far the plan is from the best possible.",
+    )
     p.add_argument("fleet", type=Path, metavar="FLEET.json", help="a fleet snapshot (docs/snapshot.md)")
     p.add_argument("--time-limit", type=cliargs.positive_float, default=10.0, help="solver seconds (default 10)")
     p.add_argument("--max-moves", type=cliargs.non_negative_int, default=20, help="most moves in the plan (default 20)")
@@ -810,7 +893,12 @@ def build_parser() -> argparse.ArgumentParser:
     buying.add_argument("--no-buy", action="store_true", help="leave the purchase section out (a faster plan)")
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("simulate", help="run simulated agents against a broker")
+    p = sub.add_parser(
+        "simulate",
+        help="run simulated agents against a broker",
+        description="Simulated nodes of known hardware running workloads of known patterns (docs/simulator.md), "
+        "publishing over MQTT as real agents do; --record keeps every window with its ground truth.",
+    )
     p.add_argument(
         "--broker",
         required=True,

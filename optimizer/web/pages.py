@@ -83,8 +83,11 @@ def table(
     )
 
 
-def _observed(outcome: Outcome | None) -> str:
-    return outcome.describe() if outcome is not None else ""
+def _observed(outcome: Outcome | None, projected: str) -> str:
+    """What was seen after an action was applied; an action with a projection that is not applied yet says so."""
+    if outcome is not None:
+        return outcome.describe()
+    return "not applied yet" if projected else ""
 
 
 def workload_link(workload: str, name: str) -> str:
@@ -416,7 +419,7 @@ class Console:
                 money(t.recommendation.monthly_savings_usd),
                 f'<span class="state" data-state="{esc(t.state.value)}">{esc(t.state.value)}</span>',
                 esc(projected_load(t.recommendation)),
-                esc(_observed(outcomes.get(t.recommendation.id))),
+                esc(_observed(outcomes.get(t.recommendation.id), projected_load(t.recommendation))),
             ]
             for t in mine
         ]
