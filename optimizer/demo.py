@@ -11,12 +11,13 @@ thinned to one 10 s window per 10-minute digest (agent.simulate.past_windows), s
 of a day for every node would take minutes. The busiest part of the day, the services' daily peak, is where the
 live run starts, and comes in full.
 
-Chat receivers get one message each, when the run ends: the final plan's moves that the plan before it proposed
-too. The demo's plans change while its history is still arriving (classes firm up as windows come in, a day of
-history turns a move of an idle allocation into its release), far faster than a deployment's, whose plans come a
-minute apart from telemetry that has been arriving all along; posting as the run goes would post moves a later
-plan withdraws. So the demo gathers for the whole run (``group_wait``) and posts after its final plan, which no
-later plan can withdraw, only the moves that plan confirms (``settle_plans``: 2, no minimum time)."""
+Chat receivers get one message each, when the run ends: the final plan's actions, all of them, as the terminal
+and the console list them. The demo's plans change while its history is still arriving (classes firm up as
+windows come in, a day of history turns a move of an idle allocation into its release), far faster than a
+deployment's, whose plans come a minute apart from telemetry that has been arriving all along; posting as the run
+goes would post moves a later plan withdraws. So the demo gathers for the whole run (``group_wait``; each plan
+drops from the gathering message what it no longer proposes) and posts after its final plan, which no later plan
+can withdraw (``settle_plans``: 1, no minimum time)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 DEMO_SITE = "demo"
 DEMO_FLUSH_TIMEOUT = 5.0  # seconds the demo's last alerts may take at the end: an unreachable hook must not hold it
 DEMO_GROUP_WAIT = 3600.0  # longer than any run: the demo posts once, after its final plan (see above)
-DEMO_SETTLE_PLANS = 2  # the final plan's moves are posted if the plan before it proposed them too
+DEMO_SETTLE_PLANS = 1  # the final plan's actions are posted, all of them: no later plan withdraws one
 DEMO_HISTORY = 25.5 * 3600.0  # a day and a bit: the digests must span the 24 h that releasing and resizing wait for
 
 
