@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-from agent.protocol import DEFAULT_PREFIX, Ident
+from agent.protocol import DEFAULT_PREFIX, MIN_SAMPLE_INTERVAL, Ident
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
 
 ENV_PREFIX = "FLEETFIT_"
@@ -91,10 +91,16 @@ class AgentSettings(Section):
     node: Ident = Field(default_factory=lambda: socket.gethostname().split(".")[0])
     site: Ident = "default"
     publish_interval: float = Field(default=10.0, ge=1.0, le=3600.0)
-    sample_interval: float = Field(default=1.0, ge=0.1, le=60.0)
+    sample_interval: float = Field(default=1.0, ge=MIN_SAMPLE_INTERVAL, le=60.0)
     state_dir: Path = Path("/var/lib/fleetfit-agent")
     spool_max_windows: int = Field(default=8640, ge=1, description="windows kept while the broker is away")
     spool_max_mb: float = Field(default=256, gt=0, description="disk the spool may use")
+    sent_keep_mb: float = Field(
+        default=64,
+        ge=0,
+        description="disk for windows already acknowledged by the broker, kept in case the optimizer asks for them "
+        "again (the broker dropped them from a full queue); 0: none kept",
+    )
     fabric_interfaces: list[str] = Field(default_factory=lambda: list(DEFAULT_FABRIC_PATTERNS))
     mounts: list[str] = Field(default_factory=list, description="mount points whose usage each window reports")
     shutdown_timeout: float = Field(default=5.0, gt=0, le=120)

@@ -1,6 +1,6 @@
 """MQTT plumbing shared by the agent and the optimizer: client construction from settings, and the agent's
 publishing link (birth and state on every connect, the last will, queued windows at QoS 1, reconnect with
-jittered exponential backoff)."""
+jittered exponential backoff, windows sent again when the optimizer asks for ones it never received)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from agent.protocol import (
     NODE_TOPIC_KINDS,
     Birth,
     NodeStatus,
+    Resend,
     State,
     TopicKind,
     encode,
     node_topic,
+    resend_topic,
 )
 from agent.spool import WindowQueue
 
@@ -75,6 +77,28 @@ def make_client(
     )
 
 
+def _raise_if_cancelled() -> None:
+    """Python 3.11's asyncio.wait_for (inside aiomqtt's publish) swallows a cancellation that arrives as the
+    acknowledgement does; the task is still marked cancelling, and a loop must end there rather than wait on."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def stop_tasks(tasks: set[asyncio.Task[None]] | list[asyncio.Task[None]], every: float = 0.5) -> None:
+    """Cancel ``tasks`` and wait until each has ended, cancelling again any that swallowed the cancellation."""
+    for task in tasks:
+        task.cancel()
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=every)
+        for task in pending:
+            task.cancel()
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: an error of a task being stopped is no news
+
+
 class Link:
     """Keeps one node's MQTT session up and drains its window queue into it.
 
@@ -102,9 +126,14 @@ class Link:
         self._clock = clock
         self.queue = queue
         self._topics = {k: node_topic(settings.prefix, site, node, k) for k in NODE_TOPIC_KINDS}
+        self._resend_topic = resend_topic(settings.prefix, site, node)
+        # The broker binds client ids to accounts (use_username_as_clientid): the id is the username, which is the
+        # node's own name, so no node can take over another's session.
+        self.client_id = settings.username or node
         self.connected = asyncio.Event()
         self.published = 0
         self.connects = 0
+        self.resent = 0  # windows queued again because the optimizer asked for them
         self.last_error: str | None = None  # why the latest connection attempt failed or was lost
         self._backoff = Backoff(cap=settings.reconnect_max_delay)
         self._client: aiomqtt.Client | None = None
@@ -135,31 +164,73 @@ class Link:
         return encode(State(node=self._node, session=self._session, status=status, timestamp=self._clock()))
 
     async def run(self) -> None:
-        """Connect, publish, reconnect on failure; runs until cancelled."""
+        """Connect, publish, reconnect on failure, whatever the failure (a broker gone, a CA file unreadable for a
+        moment); runs until cancelled."""
         will = aiomqtt.Will(self._topics[TopicKind.STATE], self._state(NodeStatus.OFFLINE), qos=1, retain=True)
         while True:
             try:
-                async with make_client(self._settings, f"fleetfit-agent-{self._node}", will) as client:
+                async with make_client(self._settings, self.client_id, will) as client:
                     self._client = client
                     await client.publish(self._topics[TopicKind.BIRTH], encode(self._birth()), qos=1, retain=True)
                     await client.publish(
                         self._topics[TopicKind.STATE], self._state(NodeStatus.ONLINE), qos=1, retain=True
                     )
+                    await client.subscribe(self._resend_topic, qos=1)
                     self.connects += 1
                     self._backoff.reset()
                     self.connected.set()
                     log.info("connected to %s:%d as %s", self._settings.host, self._settings.port, self._node)
-                    await self._drain(client)
-            except aiomqtt.MqttError as exc:
-                self.last_error = str(exc)
+                    await self._serve(client)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.last_error = str(exc) or type(exc).__name__
                 delay = self._backoff.next_delay()
-                if self.connected.is_set():
-                    log.warning("broker connection lost (%s); %d window(s) queued", exc, len(self.queue))
+                if not isinstance(exc, aiomqtt.MqttError | OSError):
+                    log.exception("broker link failed; retrying in %.1f s", delay)
+                elif not isinstance(exc, aiomqtt.MqttError):  # the agent's own side: a CA or key file unreadable
+                    log.warning("cannot connect to the broker (%s); retrying in %.1f s", self.last_error, delay)
+                elif self.connected.is_set():
+                    log.warning("broker connection lost (%s); %d window(s) queued", self.last_error, len(self.queue))
                 else:
-                    log.info("broker unreachable (%s); retrying in %.1f s", exc, delay)
+                    log.info("broker unreachable (%s); retrying in %.1f s", self.last_error, delay)
                 self.connected.clear()
                 self._client = None
                 await asyncio.sleep(delay)
+
+    async def _serve(self, client: aiomqtt.Client) -> None:
+        """Drain the queue and listen for requests until either ends: a connection that drops while the queue is
+        empty is noticed by the listener at once, not at the next window."""
+        tasks = {
+            asyncio.create_task(self._drain(client), name=f"drain-{self._node}"),
+            asyncio.create_task(self._listen(client), name=f"resend-{self._node}"),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await stop_tasks(tasks)
+        for task in done:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
+        raise aiomqtt.MqttError("the connection ended")
+
+    async def _listen(self, client: aiomqtt.Client) -> None:
+        """Queue again the windows the optimizer asks for (the only messages this node may read)."""
+        async for message in client.messages:
+            payload = message.payload
+            if str(message.topic) != self._resend_topic or not isinstance(payload, bytes | bytearray):
+                continue
+            try:
+                request = Resend.model_validate_json(payload)
+            except ValueError as exc:
+                log.warning("ignoring a malformed resend request: %s", str(exc).splitlines()[0])
+                continue
+            if request.node != self._node:
+                continue
+            count = self.queue.resend(request.windows)
+            self.resent += count
+            asked = sum(last - first + 1 for _, first, last in request.windows)
+            log.info("the optimizer missed %d window(s); %d still kept are sent again", asked, count)
 
     async def _drain(self, client: aiomqtt.Client) -> None:
         while True:
@@ -173,6 +244,7 @@ class Link:
             await client.publish(self._topics[TopicKind.TELEMETRY], payload, qos=1)
             self.queue.pop(token)
             self.published += 1
+            _raise_if_cancelled()
 
     async def say_goodbye(self) -> None:
         """Publish the retained ``offline`` state on a clean shutdown (the will covers unclean ones)."""

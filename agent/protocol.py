@@ -9,18 +9,20 @@ Topics, under a configurable prefix (default ``fleetfit/v1``):
 * ``{prefix}/{site}/{node}/state``      ``online`` / ``offline`` (the last will), retained, QoS 1
 * ``{prefix}/{site}/{node}/telemetry``  one window, QoS 1
 * ``{prefix}/{site}/recommendations``   the optimizer's current plan, retained, QoS 1
+* ``{prefix}/{site}/{node}/resend``     the optimizer asks a node for windows that never reached it, QoS 1
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
 from types import MethodType
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
 from pydantic_core import CoreSchema, core_schema
@@ -43,6 +45,13 @@ Quantity = Annotated[float, Field(allow_inf_nan=False)]
 FLOAT32_MAX = 3.4028234663852886e38  # the optimizer keeps per-second series as float32
 MAX_GPU_INDEX = 63  # a birth lists at most 64 devices (physical GPUs and MIG instances)
 LATEST_TIMESTAMP = 9.0e9  # seconds; nanoseconds past this overflow the int64 a time-series store keeps
+# Sessions and sequence numbers: an agent counts starts and windows; 2**53 is where JSON readers (JavaScript,
+# float parsers) stop telling integers apart, and far beyond any count an agent reaches.
+MAX_COUNTER = 2**53
+# The shortest sampling interval an agent may be configured with (agent.sample_interval): a window holds at
+# most its length divided by this, plus the samples at both of its ends.
+MIN_SAMPLE_INTERVAL = 0.1
+Count = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
 PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active")
 HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
 # What a stats array summarises is never negative, and the optimizer keeps some of it as float32.
@@ -53,6 +62,17 @@ Spread = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 # attribute of a pydantic model costs twice a dict lookup: BaseModel defines __getattr__).
 _gpu_checked = itemgetter("index", *PERCENT_FIELDS, "util_series")
 _host_checked = itemgetter(*HOST_PERCENT_FIELDS)
+
+
+# Control characters (C0, DEL, C1), zero-width and bidirectional overrides: names end up in terminals, chat
+# messages and spreadsheets, where these hide or rewrite text. A process can give itself any name (prctl), so the
+# agent strips them from what it reads, and the optimizer drops a field that still holds one.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+
+
+def printable(text: str) -> str:
+    """``text`` without control, zero-width and bidirectional-override characters."""
+    return CONTROL.sub("", text)
 
 
 def _check_percent(section: BaseModel, names: tuple[str, ...]) -> None:
@@ -92,6 +112,7 @@ class TopicKind(StrEnum):
     STATE = "state"
     TELEMETRY = "telemetry"
     RECOMMENDATIONS = "recommendations"
+    RESEND = "resend"  # optimizer to node: windows it never received
 
 
 NODE_TOPIC_KINDS = (TopicKind.BIRTH, TopicKind.STATE, TopicKind.TELEMETRY)
@@ -129,6 +150,11 @@ def node_topic(prefix: str, site: str, node: str, kind: TopicKind) -> str:
 
 def recommendations_topic(prefix: str, site: str) -> str:
     return str(Topic(prefix, _check_ident(site, "site"), None, TopicKind.RECOMMENDATIONS))
+
+
+def resend_topic(prefix: str, site: str, node: str) -> str:
+    """The topic on which the optimizer asks ``node`` for windows that never reached it (the node reads it)."""
+    return str(Topic(prefix, _check_ident(site, "site"), _check_ident(node, "node"), TopicKind.RESEND))
 
 
 def subscription_filters(prefix: str, shared_group: str | None = None) -> list[str]:
@@ -225,7 +251,7 @@ class Birth(_Model):
     schema_: Literal[1, 2] = Field(default=2, alias="schema")
     node: Ident
     site: Ident
-    session: int = Field(ge=0, description="increments on every agent start")
+    session: Count = Field(description="increments on every agent start")
     agent_version: str = Field(max_length=32)
     hostname: str = Field(max_length=255)
     timestamp: Quantity
@@ -268,7 +294,7 @@ class NodeStatus(StrEnum):
 class State(_Model):
     schema_: Literal[1, 2] = Field(default=2, alias="schema")
     node: Ident
-    session: int = Field(ge=0)
+    session: Count
     status: NodeStatus
     timestamp: Quantity
 
@@ -439,6 +465,11 @@ class WorkloadRef(_Model):
         default=None, description="Kubernetes namespace, Slurm account or systemd unit: the team that pays"
     )
     owner_user: OwnerName | None = Field(default=None, description="Slurm user who submitted the job")
+    owner_claimed: bool | None = Field(
+        default=None,
+        description="true: `owner` comes from the workload's own environment (SLURM_JOB_ACCOUNT), which its user can "
+        "set, and no source the scheduler owns confirmed it; showback keeps it apart from the team's confirmed use",
+    )
     # Shared GPUs (schema 2): what its processes pin on each GPU, so tenants of one GPU share it by memory held.
     gpu_mem_mib: list[Annotated[Quantity, Field(ge=0, le=2**24)] | None] | None = Field(
         default=None,
@@ -467,8 +498,8 @@ class Telemetry(_Model):
     schema_: Literal[1, 2] = Field(default=2, alias="schema")
     node: Ident
     site: Ident
-    session: int = Field(ge=0)
-    seq: int = Field(ge=0, description="increments per window within a session")
+    session: Count
+    seq: Count = Field(description="increments per window within a session")
     start: Quantity
     end: Quantity
     samples: int = Field(ge=0, description="1 Hz samples that went into the window")
@@ -492,9 +523,12 @@ class Telemetry(_Model):
                 raise ValueError("window end precedes its start")
             _check_timestamp("start", start)
             _check_timestamp("end", end)
+        samples = self.samples
+        if samples > (end - start) / MIN_SAMPLE_INTERVAL + 2:
+            # what the optimizer keeps of a window grows with its samples: they are bounded by its length
+            raise ValueError(f"samples: {samples} in a window of {end - start:g} s")
         gpus = self.gpus
         if gpus:
-            samples = self.samples
             indices = set()
             for g in gpus:
                 index, util, mem, sm, tensor, dram, util_series = _gpu_checked(g.__dict__)
@@ -668,6 +702,29 @@ class Plan(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
+# ------------------------------------------------------------------------------------------------ resend
+
+MAX_RESEND_RANGES = 64
+
+
+class Resend(_Model):
+    """The optimizer's request for windows it never received (a gap in a node's sequence numbers: the broker
+    dropped them from a full queue, or they were lost on the way). The node publishes again what it still has of
+    each (session, first seq, last seq) range."""
+
+    schema_: Literal[2] = Field(default=2, alias="schema")
+    node: Ident
+    windows: list[tuple[Count, Count, Count]] = Field(default_factory=list, max_length=MAX_RESEND_RANGES)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> Resend:
+        if any(first > last or last - first > 100_000 for _, first, last in self.windows):
+            raise ValueError("windows: each range runs from its first to its last seq, at most 100,000 long")
+        return self
+
+
 # ------------------------------------------------------------------------------------------- encoding
 
 Message = Birth | State | Telemetry | Plan
@@ -680,18 +737,109 @@ _MODELS: dict[TopicKind, type[Birth] | type[State] | type[Telemetry] | type[Plan
 }
 
 
-def encode(message: Message) -> bytes:
+def encode(message: Message | Resend) -> bytes:
     """Serialise a message for the wire (compact JSON, schema field included)."""
     return message.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
-def decode(kind: TopicKind, payload: bytes | bytearray) -> Message:
-    """Validate ``payload`` as the model for ``kind``; raise ProtocolError with a reason label otherwise."""
+# Text fields of a window that can be left out when they are bad (a control character, too long, not the
+# pattern), so that one tenant's process name does not cost the node's whole window. How each is left out:
+# "field" deletes it, "item" drops the list entry that holds it (a NIC, disk, mount or workload is nothing without
+# its name or id), "blank" empties it. "*" stands for a list index.
+_DROPPABLE: dict[tuple[str, ...], str] = {
+    ("gpu_unavailable",): "field",
+    ("gpus", "*", "workload"): "field",
+    ("nics", "*", "name"): "item",
+    ("disks", "*", "name"): "item",
+    ("mounts", "*", "path"): "item",
+    ("workloads", "*", "id"): "item",
+    ("workloads", "*", "name"): "blank",
+    ("workloads", "*", "hint"): "field",
+    ("workloads", "*", "program"): "field",
+    ("workloads", "*", "sched_step"): "field",
+    ("workloads", "*", "owner"): "field",
+    ("workloads", "*", "owner_user"): "field",
+}
+DroppedField = tuple[str, str]  # (field, e.g. "workloads.hint"; reason: "control_character" or "schema")
+
+
+def _droppable(loc: tuple[int | str, ...]) -> tuple[tuple[int | str, ...], str] | None:
+    """The droppable field ``loc`` points into (its own location and how it goes), or None."""
+    for pattern, how in _DROPPABLE.items():
+        n = len(pattern)
+        if len(loc) >= n and all(
+            (p == "*" and isinstance(v, int)) or p == v for p, v in zip(pattern, loc, strict=False)
+        ):
+            return loc[:n], how
+    return None
+
+
+def _field_name(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc if not isinstance(p, int))
+
+
+def _apply_drops(raw: dict[str, Any], drops: list[tuple[tuple[int | str, ...], str]]) -> None:
+    """Leave out each field in ``drops``; list entries last to first, so the indices stay right."""
+    items: dict[tuple[int | str, ...], set[int]] = {}
+    for loc, how in drops:
+        parent: Any = raw
+        for part in loc[:-1]:
+            parent = parent[part]
+        if how == "item":
+            items.setdefault(loc[:-2], set()).add(int(loc[-2]))
+        elif how == "blank":
+            parent[loc[-1]] = ""
+        else:
+            parent.pop(loc[-1], None)
+    for where, indices in items.items():
+        container: Any = raw
+        for part in where:
+            container = container[part]
+        for index in sorted(indices, reverse=True):
+            del container[index]
+
+
+def _control_drops(raw: dict[str, Any]) -> list[tuple[tuple[int | str, ...], str]]:
+    """The droppable text fields of a raw window that hold a control character."""
+    found: list[tuple[tuple[int | str, ...], str]] = []
+
+    def walk(value: Any, pattern: tuple[str, ...], loc: tuple[int | str, ...], how: str) -> None:
+        if not pattern:
+            if isinstance(value, str) and CONTROL.search(value):
+                found.append((loc, how))
+            return
+        head, rest = pattern[0], pattern[1:]
+        if head == "*":
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    walk(item, rest, (*loc, i), how)
+        elif isinstance(value, dict) and head in value:
+            walk(value[head], rest, (*loc, head), how)
+
+    for pattern, how in _DROPPABLE.items():
+        walk(raw, pattern, (), how)
+    return found
+
+
+def _clean_bytes(payload: bytes | bytearray) -> bool:
+    """No control character can hide in ``payload``: JSON refuses raw control bytes, so only escapes, DEL and
+    non-ASCII text need a look."""
+    return payload.isascii() and b"\\u" not in payload and b"\x7f" not in payload
+
+
+def decode(kind: TopicKind, payload: bytes | bytearray, dropped: list[DroppedField] | None = None) -> Message:
+    """Validate ``payload`` as the model for ``kind``; raise ProtocolError with a reason label otherwise.
+
+    With ``dropped`` (a list), a window's bad text fields (a control character, or not what the schema allows:
+    see ``_DROPPABLE``) are left out rather than the window refused, and each is appended as (field, reason)."""
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ProtocolError("oversize", f"{len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+    lenient = dropped is not None and kind is TopicKind.TELEMETRY
     try:
         # The fast path, JSON parsed and validated in one pass by pydantic-core; a failure is diagnosed below.
-        return _MODELS[kind].model_validate_json(payload)
+        message = _MODELS[kind].model_validate_json(payload)
+        if not lenient or _clean_bytes(payload):
+            return message
     except ValidationError:
         pass
     try:
@@ -705,9 +853,25 @@ def decode(kind: TopicKind, payload: bytes | bytearray) -> Message:
         raise ProtocolError(
             "unknown_schema", f"schema version {version!r}, this build speaks {', '.join(map(str, ACCEPTED_SCHEMAS))}"
         )
-    try:
-        return _MODELS[kind].model_validate(raw)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "payload"
-        raise ProtocolError("schema", f"{where}: {first['msg']} ({exc.error_count()} error(s))") from None
+    if lenient:
+        assert dropped is not None
+        drops = _control_drops(raw)
+        _apply_drops(raw, drops)
+        dropped.extend((_field_name(loc), "control_character") for loc, _ in drops)
+    for attempt in range(3):
+        try:
+            return _MODELS[kind].model_validate(raw)
+        except ValidationError as exc:
+            errors = exc.errors()
+            if lenient and attempt < 2:
+                assert dropped is not None
+                fixes = [_droppable(tuple(e["loc"])) for e in errors]
+                if all(f is not None for f in fixes):
+                    unique = list(dict.fromkeys(f for f in fixes if f is not None))
+                    _apply_drops(raw, unique)
+                    dropped.extend((_field_name(loc), "schema") for loc, _ in unique)
+                    continue
+            first = errors[0]
+            where = ".".join(str(p) for p in first["loc"]) or "payload"
+            raise ProtocolError("schema", f"{where}: {first['msg']} ({exc.error_count()} error(s))") from None
+    raise AssertionError("unreachable")  # the loop returns or raises

@@ -16,7 +16,7 @@ from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig, AgentSettings
 from agent.metrics import Family, MetricsServer, counter, gauge, labelled
-from agent.mqtt import Link
+from agent.mqtt import Link, stop_tasks
 from agent.notify import Notifier
 from agent.pacing import Pacer
 from agent.protocol import Birth, Telemetry, encode
@@ -36,14 +36,19 @@ def open_spool(settings: AgentSettings) -> WindowQueue:
     a directory, no permission), so that the agent still samples and publishes."""
     directory = settings.state_dir / "spool"
     try:
-        return DiskSpool(directory, settings.spool_max_windows, int(settings.spool_max_mb * 2**20))
+        return DiskSpool(
+            directory,
+            settings.spool_max_windows,
+            int(settings.spool_max_mb * 2**20),
+            int(settings.sent_keep_mb * 2**20),
+        )
     except OSError as exc:
         log.error(
             "cannot use the spool in %s (%s); windows are held in memory and lost on a restart",
             directory,
             exc.strerror or exc,
         )
-        return MemoryQueue(settings.spool_max_windows)
+        return MemoryQueue(settings.spool_max_windows, keep_sent=360)
 
 
 class Agent:
@@ -65,7 +70,9 @@ class Agent:
         self.hostname = hostname or socket.gethostname()
         self.builder = WindowBuilder(self.settings.node, self.settings.site, session)
         self.queue = queue if queue is not None else open_spool(self.settings)
-        self.pacer = Pacer(self.settings.pace, self.settings.publish_burst, self.clock)
+        # the bucket outlives a restart where the spool does: a restart loop must not hand out a fresh burst each time
+        pacing = self.queue.directory.parent / "pacing.json" if isinstance(self.queue, DiskSpool) else None
+        self.pacer = Pacer(self.settings.pace, self.settings.publish_burst, self.clock, pacing)
         self.link = Link(
             config.mqtt,
             self.settings.site,
@@ -94,6 +101,8 @@ class Agent:
         self._failing: set[str] = set()
         self._window_start = self.clock.wall()
         self._generation = sum(getattr(c, "generation", 0) for c in self.collectors)
+        self._link_task: asyncio.Task[None] | None = None
+        self.link_died: str | None = None  # why the link task ended (it never should): the watchdog stops
 
     # ------------------------------------------------------------------ collection
 
@@ -200,7 +209,8 @@ class Agent:
             self.tick()
             if k == 0:
                 self.notifier.ready()
-            self.notifier.watchdog(time.monotonic())
+            if self._link_alive():
+                self.notifier.watchdog(time.monotonic())
             now = self.clock.monotonic()
             if now >= window_end - interval / 2:
                 try:
@@ -217,6 +227,20 @@ class Agent:
                 k += skipped
                 due = t0 + k * interval
             await self.clock.sleep_until(due)
+
+    def _link_alive(self) -> bool:
+        """Whether the link task runs. One that ended (it retries every failure, so only a bug ends it) is told
+        once, and the watchdog is no longer pinged: systemd restarts the agent, whose spool keeps the windows."""
+        task = self._link_task
+        if task is None or not task.done():
+            return True
+        if self.link_died is None:
+            error = None if task.cancelled() else task.exception()
+            self.link_died = "cancelled" if error is None else repr(error)
+            log.error(
+                "the broker link stopped (%s): no window is published; the watchdog restarts the agent", self.link_died
+            )
+        return False
 
     def self_metrics(self) -> list[Family]:
         link, queue = self.link, self.queue
@@ -239,6 +263,11 @@ class Agent:
                 "Windows held back to stay under the optimizer's per-node rate (a spool replay).",
                 self.pacer.waits,
             ),
+            counter(
+                "fleetfit_agent_windows_resent_total",
+                "Windows published again because the optimizer never received them (a full broker queue).",
+                link.resent,
+            ),
             counter("fleetfit_agent_collector_errors_total", "Collector failures.", self.collector_errors),
             counter("fleetfit_agent_counter_resets_total", "Counter resets seen.", self.builder.counter_resets),
             gauge("fleetfit_agent_broker_connected", "1 while connected to the broker.", link.connected.is_set()),
@@ -250,7 +279,7 @@ class Agent:
 
     async def run(self) -> None:
         """Run until ``should_exit`` is set, then flush the open window and leave cleanly."""
-        link_task = asyncio.create_task(self.link.run(), name=f"link-{self.settings.node}")
+        link_task = self._link_task = asyncio.create_task(self.link.run(), name=f"link-{self.settings.node}")
         sampler = asyncio.create_task(self.sample_loop(), name=f"sampler-{self.settings.node}")
         if self.metrics is not None:
             try:
@@ -263,14 +292,17 @@ class Agent:
         finally:
             self.notifier.stopping()
             sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await sampler
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # it died (and the watchdog stopped being pinged): the windows still go out
+                log.exception("the sampling loop had stopped")
             self._enqueue(self.close_window())
             await self._drain(self.settings.shutdown_timeout)
             await self.link.say_goodbye()
-            link_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await link_task
+            await stop_tasks([link_task])  # (a link that died has been told of)
+            self.pacer.save()
             for c in self.collectors:
                 c.close()
             if self.metrics is not None:
@@ -292,7 +324,7 @@ class Agent:
         """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""
         if len(self.queue) and self.link.connected.is_set():
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: wait_for can swallow a cancellation (3.11)
-                async with asyncio.timeout(limit):
+                async with asyncio.timeout(limit / self.clock.scale):  # the agent's seconds (simulated ones too)
                     await self.queue.empty.wait()
         if len(self.queue):
             log.info("%d window(s) stay queued for the next start", len(self.queue))

@@ -8,6 +8,11 @@ At the cap the oldest windows are dropped and counted.
 A full or failing disk never stops sampling: a write that fails (``ENOSPC``, ``EIO``, ...) is counted by reason,
 logged once per episode, and answered by dropping the oldest window to make room; when even that does not help
 the new window is dropped (counted). Writes succeed again by themselves once space is freed.
+
+A window the broker acknowledged is kept a while longer among the sent ones (bounded): the broker acknowledges
+what it took, not what reached the optimizer, and drops messages for a subscriber whose queue is full. When the
+optimizer finds a gap in a node's sequence numbers it asks for those windows (``resend``), and they go back into
+the queue.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import os
+import re
 from collections import deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +33,31 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".window"
 WRITE_ATTEMPTS = 3  # each failed attempt drops the oldest window to make room
+RESEND_MAX = 10_000  # windows put back into the queue per request
+_IDENTITY = re.compile(rb'"session":(\d+),"seq":(\d+)')
+Key = tuple[int, int]  # (session, seq)
+Ranges = Iterable[tuple[int, int, int]]  # (session, first seq, last seq)
+
+
+def window_key(payload: bytes) -> Key | None:
+    """(session, seq) of an encoded window; None when it holds none."""
+    m = _IDENTITY.search(payload, 0, 512)  # encode() writes them first, after the node and site
+    if m is not None:
+        return int(m.group(1)), int(m.group(2))
+    try:
+        raw = json.loads(payload)
+        return int(raw["session"]), int(raw["seq"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _wanted(ranges: Ranges) -> list[Key]:
+    out: list[Key] = []
+    for session, first, last in ranges:
+        out.extend((session, seq) for seq in range(first, min(last, first + RESEND_MAX) + 1))
+        if len(out) >= RESEND_MAX:
+            break
+    return out[:RESEND_MAX]
 
 
 class ShortWrite(OSError):
@@ -65,7 +98,13 @@ class WindowQueue(Protocol):
         ...
 
     def pop(self, token: int) -> None:
-        """Let the window go once the broker acknowledged it (no-op if it was dropped meanwhile)."""
+        """Let the window go once the broker acknowledged it (no-op if it was dropped meanwhile); it is kept among
+        the sent windows, in case the optimizer asks for it again."""
+        ...
+
+    def resend(self, ranges: Ranges) -> int:
+        """Queue again the sent windows in the (session, first seq, last seq) ``ranges`` that are still kept;
+        how many."""
         ...
 
     async def wait(self) -> None:
@@ -101,11 +140,13 @@ class _Signals:
 class MemoryQueue(_Signals):
     """Bounded in-memory queue."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, keep_sent: int = 0) -> None:
         super().__init__()
         self.capacity = capacity
         self._items: deque[tuple[int, bytes]] = deque()
         self._next = 0
+        self._sent: dict[Key, bytes] = {}  # in the order sent: dicts keep insertion order
+        self._keep = keep_sent
 
     def __len__(self) -> int:
         return len(self._items)
@@ -123,19 +164,40 @@ class MemoryQueue(_Signals):
 
     def pop(self, token: int) -> None:
         if self._items and self._items[0][0] == token:
-            self._items.popleft()
+            _, payload = self._items.popleft()
+            key = window_key(payload)
+            if key is not None and self._keep:
+                self._sent[key] = payload
+                while len(self._sent) > self._keep:
+                    del self._sent[next(iter(self._sent))]
         self._update(len(self._items))
+
+    def resend(self, ranges: Ranges) -> int:
+        count = 0
+        for key in _wanted(ranges):
+            payload = self._sent.pop(key, None)
+            if payload is not None:
+                self.put(payload)
+                count += 1
+        return count
 
 
 class DiskSpool(_Signals):
     """One file per window in ``directory``, named by a sequence number that orders them across restarts."""
 
-    def __init__(self, directory: Path, max_windows: int, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_windows: int, max_bytes: int, keep_sent_bytes: int = 0) -> None:
         super().__init__()
         self.directory = directory
         self.max_windows = max_windows
         self.max_bytes = max_bytes
         directory.mkdir(parents=True, exist_ok=True)
+        # windows the broker acknowledged, named by (session, seq), oldest first
+        self.sent_directory = directory.parent / "sent"
+        self._keep_bytes = keep_sent_bytes
+        self._sent: dict[Key, int] = {}
+        self._sent_bytes = 0
+        if keep_sent_bytes:
+            self._load_sent()
         for stale in directory.glob("*.tmp"):
             stale.unlink(missing_ok=True)  # a write interrupted by a crash: the window was never complete
         self._files: deque[tuple[int, int]] = deque()  # (number, size)
@@ -249,6 +311,69 @@ class DiskSpool(_Signals):
 
     def pop(self, token: int) -> None:
         if self._files and self._files[0][0] == token:
+            if self._keep_bytes and self._head is not None and self._head[0] == token:
+                self._keep(token, self._head[1])
             self._remove_oldest()
         self._head = None
         self._update(len(self._files))
+
+    def _sent_path(self, key: Key) -> Path:
+        return self.sent_directory / f"{key[0]:020d}-{key[1]:020d}{SUFFIX}"
+
+    def _load_sent(self) -> None:
+        try:
+            self.sent_directory.mkdir(exist_ok=True)
+            paths = sorted(self.sent_directory.glob(f"*{SUFFIX}"))
+        except OSError as exc:
+            log.warning("cannot keep sent windows in %s: %s", self.sent_directory, exc.strerror or exc)
+            self._keep_bytes = 0
+            return
+        for path in paths:
+            session, _, seq = path.stem.partition("-")
+            try:
+                size = path.stat().st_size
+                key = (int(session), int(seq))
+            except (ValueError, OSError):
+                continue
+            self._sent[key] = size
+            self._sent_bytes += size
+        self._trim_sent()
+
+    def _keep(self, number: int, payload: bytes) -> None:
+        """Move an acknowledged window among the sent ones (a rename: no copy, no fsync)."""
+        key = window_key(payload)
+        if key is None:
+            return
+        try:
+            os.replace(self._path(number), self._sent_path(key))
+        except OSError as exc:
+            log.debug("sent window %d not kept: %s", number, exc)
+            return
+        self._sent_bytes += len(payload) - self._sent.pop(key, 0)
+        self._sent[key] = len(payload)
+        self._trim_sent()
+
+    def _trim_sent(self) -> None:
+        while self._sent and (self._sent_bytes > self._keep_bytes or len(self._sent) > self.max_windows):
+            oldest = next(iter(self._sent))  # the longest sent: what the optimizer is least likely to ask for
+            self._sent_bytes -= self._sent.pop(oldest)
+            with contextlib.suppress(OSError):
+                self._sent_path(oldest).unlink(missing_ok=True)
+
+    def resend(self, ranges: Ranges) -> int:
+        count = 0
+        for key in _wanted(ranges):
+            if key not in self._sent:
+                continue
+            path = self._sent_path(key)
+            try:
+                payload = path.read_bytes()
+            except OSError:
+                payload = b""
+            self._sent_bytes -= self._sent.pop(key)
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
+            if payload:
+                self.put(payload)
+                count += 1
+        return count

@@ -32,10 +32,9 @@ from agent.protocol import TopicKind, encode, node_topic
 from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerSettings
-from optimizer.fleet import Fleet, IngestLimits
-from optimizer.inventory import inventory_check
-from optimizer.service import tune_gc
+from optimizer.config import OptimizerConfig
+from optimizer.fleet import Fleet
+from optimizer.service import ingest_limits, tune_gc
 
 PREFIX = "fleetfit/v1"
 SITE = "bench"
@@ -97,15 +96,8 @@ def streams(nodes: int, minutes: float) -> tuple[list[Message], list[Message], l
 
 def live_fleet(clock: SimClock) -> Fleet:
     """A fleet with the live optimizer's default limits."""
-    s = OptimizerSettings()
-    limits = IngestLimits(
-        clock_skew=s.max_clock_skew,
-        window_rate=s.node_window_rate,
-        window_burst=s.node_window_burst,
-        workloads_per_node=s.max_workloads_per_node,
-        inventory=inventory_check(load_catalog(), s.max_gpus_per_node),
-    )
-    return Fleet(PREFIX, s.horizon_windows, limits, clock=clock)
+    config = OptimizerConfig()
+    return Fleet(PREFIX, config.optimizer.horizon_windows, ingest_limits(config, load_catalog()), clock=clock)
 
 
 def run(births: list[Message], stream: list[Message]) -> tuple[float, Fleet]:

@@ -56,7 +56,7 @@ class PidResolver:
         ``memory``: bytes each process holds on a device ((device index, PID) → the vendor's figure, None where it
         is not available); each workload then reports what its processes hold on each of its GPUs."""
         owners: dict[str, tuple[WorkloadKind, str, str | None, set[int]]] = {}
-        teams: dict[str, tuple[str | None, str | None]] = {}
+        teams: dict[str, tuple[str | None, str | None, bool | None]] = {}
         held: dict[str, dict[int, float | None]] = {}
         for index, pids in pids_by_device:
             for pid in dict.fromkeys(pids):  # a PID listed twice on one device holds its memory once
@@ -82,6 +82,7 @@ class PidResolver:
                 hint=hint,
                 owner=teams[wid][0],
                 owner_user=teams[wid][1],
+                owner_claimed=teams[wid][2],
                 gpu_mem_mib=_figures(held.get(wid), sorted(gpus)),
             )
             for wid, (kind, name, hint, gpus) in sorted(owners.items())

@@ -12,7 +12,10 @@
 
 Cost: a handful of small reads per workload per window, one fd scan (bounded) for host-namespace processes, and
 each network namespace's TCP table once per ``socket_interval`` (10 minutes): the kernel walks its whole
-connection hash to produce it, which takes milliseconds on a large host.
+connection hash to produce it, which takes milliseconds on a large host, and a busy server's table can hold
+hundreds of thousands of sockets (60,000 in TIME_WAIT took 1.9 s to parse whole). So the agent reads it on a
+thread of its own, never on the sampling loop, line by line, keeping only listening sockets and connections to
+ports below the ephemeral range (at most ``MAX_SOCKETS_KEPT``, from the first ``MAX_TABLE_LINES`` lines).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,31 +37,41 @@ INTERPRETERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|node|ruby|perl|j
 SOCKET_INTERVAL_S = 600.0  # how often a network namespace's TCP table is read again
 RENDEZVOUS_PORTS = frozenset({29400, 29500})  # torchrun's c10d store and PyTorch's MASTER_PORT default
 MAX_FDS = 4096
+MAX_TABLE_LINES = 1_000_000  # lines of one TCP table read at most
+MAX_SOCKETS_KEPT = 65_536  # sockets of one table kept at most
 TCP_LISTEN, TCP_ESTABLISHED = "0A", "01"
+_WANTED_STATES = (b"0A", b"01")
 _STEP = re.compile(r"/step_([A-Za-z0-9]+)(?:/|$)")
 _PRINTABLE = re.compile(r"[^A-Za-z0-9._:+@-]")
 
 
 def program_of(cmdline: bytes) -> str | None:
-    """The program a command line runs, without its arguments."""
-    argv = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
-    if not argv:
+    """The program a command line runs, without its arguments or environment assignments, whatever separates
+    them: a process may rewrite its command line into one string with spaces (setproctitle), and ``env`` puts
+    ``NAME=value`` before the program."""
+    argv = [word for arg in cmdline.split(b"\0") for word in arg.decode(errors="replace").split()]
+    name: str | None = None
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if "=" in word and not word.startswith("-"):
+            continue  # NAME=value: an environment assignment (env, a shell's prefix)
+        if name is not None and word.startswith("-"):
+            if word == "-m" and i < len(argv):
+                name = argv[i]  # python -m module
+                break
+            if word.startswith("-m") and len(word) > 2 and name.startswith("python"):
+                name = word[2:]
+                break
+            if word in ("-c", "-"):
+                break
+            continue  # an interpreter's own option
+        name = os.path.basename(word)
+        if not INTERPRETERS.match(name):
+            break  # the program itself; what follows are its arguments
+    if name is None or "=" in name:
         return None
-    name = os.path.basename(argv[0])
-    if INTERPRETERS.match(name):
-        rest = iter(argv[1:])
-        for arg in rest:
-            if arg == "-m":
-                name = next(rest, name)
-                break
-            if arg.startswith("-m") and len(arg) > 2:
-                name = arg[2:]
-                break
-            if arg in ("-c", "-"):
-                break
-            if not arg.startswith("-"):
-                name = os.path.basename(arg)
-                break
     cleaned = _PRINTABLE.sub("", name)[:64]
     return cleaned or None
 
@@ -70,17 +84,30 @@ class _Socket:
     inode: str
 
 
-def _sockets(text: str) -> Iterable[_Socket]:
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10:
-            continue
-        local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
-        try:
-            port = int(local.rsplit(":", 1)[1], 16)
-        except (IndexError, ValueError):
-            continue
-        yield _Socket(port, remote.rsplit(":", 1)[0], state, inode)
+def read_table(path: Path, below_port: int) -> list[_Socket]:
+    """The listening and established sockets of a /proc/PID/net/tcp table whose local port is below
+    ``below_port``, read line by line (bounded: ``MAX_TABLE_LINES`` read, ``MAX_SOCKETS_KEPT`` kept). The rest,
+    TIME_WAIT above all, is skipped without being parsed."""
+    kept: list[_Socket] = []
+    try:
+        with path.open("rb") as table:
+            table.readline()  # the header
+            for count, line in enumerate(table):
+                if count >= MAX_TABLE_LINES or len(kept) >= MAX_SOCKETS_KEPT:
+                    break
+                fields = line.split(None, 10)
+                if len(fields) < 10 or fields[3] not in _WANTED_STATES:
+                    continue
+                try:
+                    port = int(fields[1].rsplit(b":", 1)[1], 16)
+                except (IndexError, ValueError):
+                    continue
+                if port < below_port:
+                    remote = fields[2].rsplit(b":", 1)[0].decode()
+                    kept.append(_Socket(port, remote, fields[3].decode(), fields[9].decode()))
+    except OSError:
+        pass
+    return kept
 
 
 class WorkloadFacts:
@@ -91,11 +118,16 @@ class WorkloadFacts:
         procfs_root: Path = Path("/proc"),
         clock: Callable[[], float] = time.monotonic,
         socket_interval: float = SOCKET_INTERVAL_S,
+        background: bool = False,
     ) -> None:
+        """``background``: read TCP tables on a thread of their own (the agent); a window then carries what the
+        latest finished read found. Without, they are read when asked (tests, one-shot runs)."""
         self._proc = procfs_root
         self._clock = clock
         self._socket_interval = socket_interval
         self._tables: dict[str, tuple[float, list[_Socket]]] = {}  # network namespace → (read at, its sockets)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetfit-tcp") if background else None
+        self._reading: dict[str, Future[list[_Socket]]] = {}
         self._held: dict[int, tuple[float, set[str]]] = {}  # pid → (read at, the socket inodes it holds)
         self._identities: dict[int, dict[str, object]] = {}
         # The host's network namespace is PID 1's where the agent sees host PIDs: an agent pod with hostPID but
@@ -135,6 +167,7 @@ class WorkloadFacts:
             del self._net[gone]
         if len(self._tables) > 4 * max(len(refs), 8):  # namespaces of pods long gone
             self._tables.clear()
+            self._reading = {k: f for k, f in self._reading.items() if not f.done()}
         seen = {p for group in pids.values() for p in group}
         for pid in [p for p in self._identities if p not in seen]:  # a pid may be reused by another program
             del self._identities[pid]
@@ -176,9 +209,28 @@ class WorkloadFacts:
         cached = self._tables.get(key)
         if cached is not None and now - cached[0] < self._socket_interval:
             return cached[1]
-        sockets = [s for name in ("tcp", "tcp6") for s in _sockets(self._read(f"{pid}/net/{name}") or "")]
-        self._tables[key] = (now, sockets)
-        return sockets
+        if self._pool is None:
+            sockets = self._read_tables(pid)
+            self._tables[key] = (now, sockets)
+            return sockets
+        reading = self._reading.get(key)
+        if reading is None:
+            self._reading[key] = self._pool.submit(self._read_tables, pid)
+        elif reading.done():
+            del self._reading[key]
+            sockets = reading.result() if reading.exception() is None else []
+            self._tables[key] = (now, sockets)
+            return sockets
+        return cached[1] if cached is not None else []  # until the read in progress is done
+
+    def _read_tables(self, pid: int) -> list[_Socket]:
+        return [
+            s for name in ("tcp", "tcp6") for s in read_table(self._proc / str(pid) / "net" / name, self._ephemeral)
+        ]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _server(self, pids: list[int], netns: str | None, own_namespace: bool) -> dict[str, object]:
         sockets = self._table(pids[0], netns)
@@ -249,7 +301,7 @@ class WithFacts:
     def __init__(self, inner: Collector, attributor: Attributor, facts: WorkloadFacts | None = None) -> None:
         self._inner = inner
         self._attributor = attributor
-        self._facts = facts or WorkloadFacts()
+        self._facts = facts or WorkloadFacts(background=True)
         self.name = inner.name
 
     def inventory(self) -> Inventory:
@@ -264,6 +316,7 @@ class WithFacts:
 
     def close(self) -> None:
         self._inner.close()
+        self._facts.close()
 
     def __getattr__(self, name: str) -> object:
         # What a collector may offer beyond the protocol (its hardware generation, its self-metrics).

@@ -136,32 +136,37 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     import sqlite3
 
     from agent.config import ConfigError, load_config
+    from agent.notify import Notifier
     from optimizer.alerts.alerter import Alerter
     from optimizer.catalog import CatalogError, load_catalog
     from optimizer.config import OptimizerConfig
+    from optimizer.inventory import InventoryError
     from optimizer.lifecycle import Lifecycle
     from optimizer.service import Optimizer, serve
 
     try:
         config = load_config(OptimizerConfig, args.config)
         catalog = load_catalog(config.optimizer.catalog)
-        lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir)
-        alerter = Alerter.in_state_dir(config.alerts, config.optimizer.state_dir) if config.alerts.receivers else None
+        lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir, repair=True)
+        # the alert log lives beside the states, wherever they had to go
+        alerter = Alerter.in_state_dir(config.alerts, lifecycle.path.parent) if config.alerts.receivers else None
         optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, alerter=alerter)
         if config.api.listen:
             from optimizer.web.app import WebServer
 
             optimizer.attach(WebServer(optimizer, config.api))
-    except (ConfigError, CatalogError) as exc:
+    except (ConfigError, CatalogError, InventoryError) as exc:
         return _fail(str(exc))
     except UnicodeDecodeError:
         return _fail(f"catalog {config.optimizer.catalog}: not a text file (a catalog is TOML)")
     except (OSError, sqlite3.Error) as exc:
         return _fail(f"state directory {config.optimizer.state_dir}: {exc}")
     try:
-        asyncio.run(serve(optimizer))
+        asyncio.run(serve(optimizer, Notifier()))
     except asyncio.CancelledError:  # a second SIGINT/SIGTERM
         return _fail("optimizer interrupted before a clean shutdown")
+    if optimizer.failed is not None:
+        return _fail(f"optimizer stopped: {optimizer.failed}")
     return 0
 
 

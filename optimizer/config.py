@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from agent.config import MqttSettings, Section, secret_or_file
+from agent.protocol import Ident
 from optimizer.alerts.settings import AlertSettings
 from optimizer.recommend import PlanSettings
 from optimizer.store import StoreSettings
@@ -21,6 +22,14 @@ class ApiSettings(BaseModel):
     port: int = Field(default=8470, ge=0, le=65535)
     token: SecretStr | None = Field(default=None, description="bearer token for state changes (FLEETFIT_API_TOKEN)")
     token_file: Path | None = Field(default=None, description="file holding the bearer token (a credential)")
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="names the API is reached by, beyond its listen address, localhost and (listening on every "
+        "address) this machine's names and addresses: a request naming another Host is refused (DNS rebinding)",
+    )
+    header_timeout: float = Field(default=10.0, gt=0, le=600, description="seconds a client has to send a request")
+    request_timeout: float = Field(default=30.0, gt=0, le=600, description="seconds to read and answer one request")
+    max_connections: int = Field(default=512, ge=8, le=60_000, description="open connections at most")
 
     @model_validator(mode="after")
     def _token_file(self) -> ApiSettings:
@@ -45,12 +54,33 @@ class OptimizerSettings(Section):
     max_clock_skew: float = Field(
         default=86_400.0, gt=0, description="seconds a window may lie behind or ahead of now (a birth: ahead)"
     )
-    node_window_rate: float = Field(
-        default=1.0,
-        gt=0,
-        description="windows a second one node may send, sustained: above an agent's paced replay (0.9)",
+    node_replay_seconds: float = Field(
+        default=86_400.0,
+        ge=60,
+        description="seconds of window time one node may deliver at once: its spool replayed after an outage, or "
+        "what the broker kept for an optimizer that was away. Windows are limited by the time they cover, never by "
+        "when they arrive (the agent's spool holds a day at its defaults)",
     )
-    node_window_burst: int = Field(default=360, ge=1, description="windows one node may send at once (spool replay)")
+    node_time_rate: float = Field(
+        default=1.25, gt=1.0, description="seconds of window time one node may deliver a second, sustained (above 1)"
+    )
+    node_refusal_burst: int = Field(
+        default=360, ge=1, description="messages of one node refused at once before its next ones are refused unread"
+    )
+    node_refusal_rate: float = Field(default=1.0, gt=0, description="refusals a second one node may earn, sustained")
+    node_birth_burst: int = Field(
+        default=30, ge=2, description="births and states one node may send at once (one of each per connection)"
+    )
+    node_birth_rate: float = Field(default=0.2, gt=0, description="births and states a second, sustained")
+    node_window_rate: float | None = Field(
+        default=None, description="no longer used: windows are limited by the time they cover (node_replay_seconds)"
+    )
+    node_window_burst: int | None = Field(default=None, description="no longer used (see node_window_rate)")
+    request_resends: bool = Field(
+        default=True,
+        description="ask a node for windows missing from its sequence (dropped by a full broker queue); needs each "
+        "node's windows to reach one optimizer (no round-robin shared subscription)",
+    )
     max_workloads_per_node: int = Field(
         default=32, ge=1, le=10_000, description="distinct workloads within the horizon"
     )
@@ -62,6 +92,16 @@ class OptimizerSettings(Section):
     )
 
 
+class SiteSettings(Section):
+    """One site (``[sites.NAME]``)."""
+
+    inventory: Path | None = Field(
+        default=None,
+        description="CSV (node,hardware,gpus) from the site's inventory of record: nodes are planned "
+        "from it, and a node that claims other or more GPUs is flagged",
+    )
+
+
 class OptimizerConfig(Section):
     optimizer: OptimizerSettings = Field(default_factory=OptimizerSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
@@ -70,3 +110,4 @@ class OptimizerConfig(Section):
     api: ApiSettings = Field(default_factory=ApiSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     prices: dict[str, float] = Field(default_factory=dict, description="price per GPU-hour by catalog key")
+    sites: dict[Ident, SiteSettings] = Field(default_factory=dict, description="per-site settings, by site id")

@@ -155,7 +155,7 @@ async def _run(
                 horizon_windows=60,
                 state_dir=state_dir,
                 # simulated time runs faster: windows come more often and their timestamps run ahead of now
-                node_window_rate=OptimizerSettings().node_window_rate * max(1.0, options.time_scale),
+                node_time_rate=OptimizerSettings().node_time_rate * max(1.0, options.time_scale),
                 max_clock_skew=86_400.0 * max(1.0, options.time_scale),
             ),
             plan=PlanSettings(time_limit=5.0),

@@ -8,7 +8,6 @@ and a bounded history of telemetry windows.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -16,7 +15,10 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from agent.protocol import (
+    CONTROL,
+    MAX_RESEND_RANGES,
     Birth,
+    DroppedField,
     NodeStatus,
     ProtocolError,
     State,
@@ -34,7 +36,14 @@ from optimizer.history import History
 log = logging.getLogger(__name__)
 
 SESSIONS_TRACKED = 8  # sessions per node whose sequence numbers are remembered
-LOGGED_PER_REASON = 20  # rejections logged one by one per reason; after that every 1000th
+# Rejections logged one by one per node and reason (per reason for messages that name no node); after that every
+# 1000th. Per node, so that one node's flood never spends the budget that would have told of another's refusals.
+LOGGED_PER_NODE = 5
+LOGGED_PER_REASON = 20
+MISSING_TRACKED = 20_000  # windows per node awaited from a gap in its sequence numbers
+# A window is charged at least this many seconds of its node's budget: the shortest window an agent closes
+# (agent.publish_interval).
+MIN_WINDOW_SECONDS = 1.0
 # A topic level the optimizer publishes under: a node of that name could forge a site's retained plan.
 RESERVED_NODE_NAMES = frozenset({"recommendations"})
 # Kinds of workload that can span nodes; any other (a pod, a unit, a container, a process group) lives on one.
@@ -43,9 +52,8 @@ MULTI_NODE_KINDS = frozenset({WorkloadKind.SLURM_JOB})
 # for this long; until then another node reporting its id is a conflict.
 TAKEOVER_SECONDS = 120.0
 TOPICS_CACHED = 100_000  # parsed topics remembered (three per node)
-# Control characters (C0, DEL, C1), zero-width and bidirectional overrides: names end up in terminals, chat
-# messages and spreadsheets, where these hide or rewrite text.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+# Refusals that read nothing (a bucket already empty): they are not charged again, so that the bucket refills.
+UNREAD = frozenset({"rate_limited"})
 
 
 _index_of = attrgetter("index")
@@ -57,10 +65,24 @@ class IngestLimits:
     whose timestamps are old and whose windows arrive as fast as a file reads."""
 
     clock_skew: float | None = None  # seconds a timestamp may lie ahead of now (and a window behind it)
-    window_rate: float | None = None  # windows a second a node may send, sustained
-    window_burst: float = 360.0  # windows a node may send at once (an agent replaying its spool)
+    # Windows are limited by the time they cover, never by when they arrive: a node may deliver
+    # ``replay_seconds`` of window time at once (its spool replayed, or the backlog the broker kept while the
+    # optimizer was away), then ``time_rate`` seconds of windows a second. An honest node covers no more time
+    # than passes, however late its windows arrive.
+    time_rate: float | None = None
+    replay_seconds: float = 86_400.0
+    # Messages read and refused (duplicates, malformed, over the time budget): past ``refusal_burst`` of them at
+    # once (``refusal_rate`` a second sustained), the node's further messages are refused unread, so that a flood
+    # costs little to refuse. Honest nodes are rarely refused anything.
+    refusal_rate: float | None = None
+    refusal_burst: float = 360.0
+    # Births and states, refused unread past ``control_burst`` at once: an agent sends one of each per connection.
+    control_rate: float | None = None
+    control_burst: float = 30.0
     workloads_per_node: int | None = None  # distinct workloads a node may report within the horizon
     inventory: Callable[[Birth], str | None] | None = None  # says why a birth's hardware is implausible
+    # A site's inventory of record (a CMDB): the birth to plan from, and why it differs from what the node claims
+    site_inventory: Callable[[str, Birth], tuple[Birth, str | None]] | None = None
 
 
 @dataclass(slots=True)
@@ -90,6 +112,10 @@ class NodeRecord:
     known_workloads: dict[RefKey, WorkloadRef] = field(default_factory=dict)
     received: int = 0  # windows accepted
     workload_seen: dict[str, int] = field(default_factory=dict)  # workload id -> ``received`` when last reported
+    # per recent session: windows a gap in its sequence numbers says never arrived -> when the gap was noticed
+    missing: dict[int, dict[int, float]] = field(default_factory=dict)
+    refilled: int = 0  # awaited windows that arrived after all
+    lost: int = 0  # awaited windows given up on
 
     def __post_init__(self) -> None:
         self.windows = deque(self.windows, maxlen=self.horizon)
@@ -116,7 +142,9 @@ class Fleet:
         # per (site, node, reason): rejected messages, and workload references dropped from accepted windows
         self.node_rejections: Counter[tuple[str, str, str]] = Counter()
         self.dropped_refs: Counter[str] = Counter()  # workload references dropped, by reason
-        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self.dropped_fields: Counter[tuple[str, str]] = Counter()  # (field, reason): text left out of windows
+        self.inventory_flags: dict[tuple[str, str], str] = {}  # (site, node) -> how its birth differs from record
+        self._buckets: dict[tuple[str, str, str], _Bucket] = {}  # (site, node, what is limited)
         self._owners: dict[tuple[str, str], _Owner] = {}  # (site, workload id) -> the node it runs on
         self._owners_pruned = 0.0
         self._topics: dict[str, Topic] = {}
@@ -160,10 +188,15 @@ class Fleet:
             return self._apply(where, payload)
         except ProtocolError as exc:
             self.rejected[exc.reason] += 1
-            if where is not None and where.node is not None:
-                self.node_rejections[(where.site, where.node, exc.reason)] += 1
             n = self.rejected[exc.reason]
-            if n <= LOGGED_PER_REASON or n % 1000 == 0:  # a flood of bad messages must not flood the log
+            logged = LOGGED_PER_REASON
+            if where is not None and where.node is not None:
+                key = (where.site, where.node, exc.reason)
+                self.node_rejections[key] += 1
+                n, logged = self.node_rejections[key], LOGGED_PER_NODE
+                if exc.reason not in UNREAD and self.limits.refusal_rate is not None:
+                    self._charge((where.site, where.node, "refused"), self.limits.refusal_rate, 1.0)
+            if n <= logged or n % 1000 == 0:  # a flood of bad messages must not flood the log
                 log.warning("rejected message on %r: %s (%d %s so far)", topic[:200], exc, n, exc.reason)
             return None
 
@@ -178,25 +211,40 @@ class Fleet:
         if not payload and where.kind in (TopicKind.STATE, TopicKind.BIRTH):
             self.ignored["cleared_retained"] += 1  # someone cleared a retained message: nothing to apply
             return None
-        if where.kind is TopicKind.TELEMETRY and self.limits.window_rate is not None:
-            self._admit((where.site, where.node), self.limits.window_rate)  # before decoding: a flood costs little
-        message = decode(where.kind, payload)
+        limits = self.limits
+        # before decoding, so that a flood costs little
+        if limits.refusal_rate is not None:
+            bucket = self._take((where.site, where.node, "refused"), limits.refusal_rate, limits.refusal_burst)
+            if bucket.tokens < 1.0:
+                raise ProtocolError(
+                    "rate_limited",
+                    f"more than {limits.refusal_burst:g} of its messages refused at once ({limits.refusal_rate:g} a "
+                    "second): refused unread",
+                )
+        if where.kind is not TopicKind.TELEMETRY and limits.control_rate is not None:
+            self._admit((where.site, where.node, "control"), limits.control_rate, limits.control_burst, where.kind)
+        dropped: list[DroppedField] = []
+        message = decode(where.kind, payload, dropped)
         if not isinstance(message, Birth | State | Telemetry):
             raise ProtocolError("bad_topic", "not a node message")
         if message.node != where.node:
             raise ProtocolError("node_mismatch", f"payload says node {message.node!r}, topic says {where.node!r}")
         if isinstance(message, Birth | Telemetry) and message.site != where.site:
             raise ProtocolError("site_mismatch", f"payload says site {message.site!r}, topic says {where.site!r}")
-        if not (payload.isascii() and b"\\u" not in payload and b"\x7f" not in payload):
+        if not isinstance(message, Telemetry) and not (
+            payload.isascii() and b"\\u" not in payload and b"\x7f" not in payload
+        ):
             _no_control_characters(message)  # JSON itself refuses raw control bytes; escapes and UTF-8 need a look
         self._check_time(message)
         record = self._record(where.site, where.node)
         if isinstance(message, Birth):
             if message.session < record.session:
                 raise ProtocolError("stale_session", f"birth of session {message.session} < {record.session}")
-            why = self.limits.inventory(message) if self.limits.inventory is not None else None
+            why = limits.inventory(message) if limits.inventory is not None else None
             if why is not None:
                 raise ProtocolError("implausible_inventory", why)
+            if limits.site_inventory is not None:
+                message = self._reconcile(record, message, limits.site_inventory)
             record.session = message.session
             record.birth = message
             record.status = NodeStatus.ONLINE
@@ -207,27 +255,61 @@ class Fleet:
             record.status = message.status
         else:
             self._telemetry(record, message)
+            if dropped:
+                self._note_dropped(record, dropped)
         self.accepted[where.kind.value] += 1
         return message
 
+    def _reconcile(
+        self, record: NodeRecord, birth: Birth, check: Callable[[str, Birth], tuple[Birth, str | None]]
+    ) -> Birth:
+        """The birth to plan from by the site's inventory of record; a difference is flagged and logged once."""
+        planned, why = check(record.site, birth)
+        key = (record.site, record.node)
+        if why is None:
+            self.inventory_flags.pop(key, None)
+        elif self.inventory_flags.get(key) != why:
+            self.inventory_flags[key] = why
+            log.warning("%s/%s: birth differs from the site inventory: %s", record.site, record.node, why)
+        return planned
+
+    def _note_dropped(self, record: NodeRecord, dropped: list[DroppedField]) -> None:
+        """Count the text fields left out of an accepted window (per field and reason, and per node)."""
+        key = (record.site, record.node, "field_dropped")
+        for name, reason in dropped:
+            self.dropped_fields[(name, reason)] += 1
+            self.node_rejections[key] += 1
+        n = self.node_rejections[key]
+        if n <= LOGGED_PER_NODE or n % 1000 == 0:
+            fields = ", ".join(sorted({f"{name} ({reason})" for name, reason in dropped}))
+            log.warning("%s/%s: left out of a window: %s (%d so far)", record.site, record.node, fields, n)
+
     def _telemetry(self, record: NodeRecord, window: Telemetry) -> None:
-        """Accept each (session, seq) once. Windows of an earlier session are still accepted after a restart:
-        an agent replays what it spooled during an outage once it reconnects, after its new birth."""
+        """Accept each (session, seq) once, in any order. Windows of an earlier session are still accepted after a
+        restart: an agent replays what it spooled during an outage once it reconnects, after its new birth. A
+        window that fills a gap in the sequence numbers (it was lost on the way and sent again) is accepted."""
+        session, seq = window.session, window.seq
         seen = record.last_seq
-        last = seen.get(window.session)
-        if last is None and len(seen) >= SESSIONS_TRACKED and window.session < min(seen):
-            raise ProtocolError("stale_session", f"window of session {window.session}, long superseded")
-        if last is not None and window.seq <= last:
-            raise ProtocolError("duplicate", f"window {window.session}/{window.seq} already seen (last {last})")
-        seen[window.session] = window.seq
-        while len(seen) > SESSIONS_TRACKED:
-            del seen[min(seen)]
+        last = seen.get(session)
+        awaited = record.missing.get(session)
+        if last is None and len(seen) >= SESSIONS_TRACKED and session < min(seen):
+            raise ProtocolError("stale_session", f"window of session {session}, long superseded")
+        refill = last is not None and seq <= last
+        if refill and (awaited is None or seq not in awaited):
+            raise ProtocolError("duplicate", f"window {session}/{seq} already seen (last {last})")
         if record.birth is not None:
             devices = birth_devices(record.birth)
             if not devices.issuperset(map(_index_of, window.gpus)) or any(
                 not devices.issuperset(r.gpus) for r in window.workloads
             ):
+                self._sequence(record, session, seq, last)  # sent again it would be refused again: not awaited
                 raise ProtocolError("gpu_index", f"a GPU index not among the {len(devices)} device(s) of the birth")
+        if self.limits.time_rate is not None:
+            # refused here, the window is still awaited: asked for again, it arrives once the budget has refilled
+            cost = max(window.end - window.start, MIN_WINDOW_SECONDS)
+            key = (record.site, record.node, "window_time")
+            self._admit(key, self.limits.time_rate, self.limits.replay_seconds, "window time", cost)
+        self._sequence(record, session, seq, last)
         refs = self._admit_workloads(record, window)
         record.session = max(record.session, window.session)
         if refs is not window.workloads:
@@ -241,24 +323,87 @@ class Fleet:
         if record.received % self.horizon == 0:
             self._evict(record)
 
-    def _admit(self, key: tuple[str, str], rate: float) -> None:
-        """A token bucket per node: ``window_burst`` at once, ``rate`` a second sustained."""
+    def _sequence(self, record: NodeRecord, session: int, seq: int, last: int | None) -> None:
+        """Note window ``seq`` of ``session`` as received: a gap before it is awaited, an awaited one arrived."""
+        seen = record.last_seq
+        if last is not None and seq <= last:
+            awaited = record.missing.get(session)
+            if awaited is not None and awaited.pop(seq, None) is not None:
+                record.refilled += 1
+            return
+        if last is not None and seq > last + 1:
+            self._await(record, session, last + 1, seq)
+        seen[session] = seq
+        while len(seen) > SESSIONS_TRACKED:
+            oldest = min(seen)
+            del seen[oldest]
+            record.lost += len(record.missing.pop(oldest, {}))
+
+    def _await(self, record: NodeRecord, session: int, first: int, end: int) -> None:
+        """Note windows ``first`` to ``end - 1`` of ``session`` as missing (a gap in the sequence numbers)."""
+        awaited = record.missing.setdefault(session, {})
         now = self.clock()
-        burst = self.limits.window_burst
+        room = MISSING_TRACKED - sum(len(m) for m in record.missing.values())
+        start = max(first, end - max(room, 0))
+        record.lost += start - first  # more than is tracked: the oldest are given up at once
+        for seq in range(start, end):
+            awaited[seq] = now
+
+    def awaited(self, delay: float, give_up: float) -> dict[tuple[str, str], list[tuple[int, int, int]]]:
+        """Per node, the (session, first, last) ranges of windows missing for at least ``delay`` seconds (at most
+        ``MAX_RESEND_RANGES``, oldest first); windows missing longer than ``give_up`` are given up and counted."""
+        now = self.clock()
+        out: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+        for key, record in list(self.nodes.items()):
+            if not record.missing:
+                continue
+            ranges: list[tuple[int, int, int]] = []
+            for session in sorted(record.missing):
+                awaited = record.missing[session]
+                for seq in [q for q, at in awaited.items() if now - at > give_up]:
+                    del awaited[seq]
+                    record.lost += 1
+                if not awaited:
+                    del record.missing[session]
+                    continue
+                for seq in sorted(q for q, at in awaited.items() if now - at >= delay):
+                    if ranges and ranges[-1][0] == session and ranges[-1][2] == seq - 1:
+                        ranges[-1] = (session, ranges[-1][1], seq)
+                    elif len(ranges) < MAX_RESEND_RANGES:
+                        ranges.append((session, seq, seq))
+            if ranges:
+                out[key] = ranges
+        return out
+
+    def _take(self, key: tuple[str, str, str], rate: float, burst: float) -> _Bucket:
+        """The token bucket for ``key`` (full when new), refilled at ``rate`` a second up to ``burst``."""
+        now = self.clock()
         bucket = self._buckets.get(key)
         if bucket is None:
-            if len(self._buckets) > 4 * len(self.nodes) + 10_000:
+            if len(self._buckets) > 8 * len(self.nodes) + 10_000:
                 self._buckets.clear()  # topics that never became nodes must not grow the table forever
             bucket = self._buckets[key] = _Bucket(burst, now)
         bucket.tokens = min(burst, bucket.tokens + max(0.0, now - bucket.at) * rate)
         bucket.at = now
-        if bucket.tokens < 1.0:
-            raise ProtocolError(
-                "rate_limited",
-                f"more than {rate:g} windows a second (burst {burst:g}); optimizer.node_window_rate must stay above "
-                "the agents' publish_rate",
-            )
-        bucket.tokens -= 1.0
+        return bucket
+
+    def _admit(self, key: tuple[str, str, str], rate: float, burst: float, what: str, cost: float = 1.0) -> None:
+        """Take ``cost`` from the node's bucket for ``what``, or refuse the message as ``rate_limited``."""
+        bucket = self._take(key, rate, burst)
+        if bucket.tokens < cost:
+            if what == "window time":
+                raise ProtocolError(
+                    "time_budget",
+                    f"windows cover more time than passes: {cost:g} s over the {bucket.tokens:.0f} s left of "
+                    f"{burst:g} (optimizer.node_replay_seconds), refilled {rate:g} s a second",
+                )
+            raise ProtocolError("rate_limited", f"more than {burst:g} {what} messages at once ({rate:g} a second)")
+        bucket.tokens -= cost
+
+    def _charge(self, key: tuple[str, str, str], rate: float, cost: float) -> None:
+        """Take ``cost`` from a bucket, down to nothing (a refusal is charged even when none is left)."""
+        bucket = self._take(key, rate, self.limits.refusal_burst)
+        bucket.tokens = max(0.0, bucket.tokens - cost)
 
     def _check_time(self, message: Birth | State | Telemetry) -> None:
         skew = self.limits.clock_skew
@@ -339,5 +484,5 @@ def _strings(value: object) -> Iterable[str]:
 
 def _no_control_characters(message: Birth | State | Telemetry) -> None:
     for text in _strings(message):
-        if _CONTROL.search(text):
+        if CONTROL.search(text):
             raise ProtocolError("control_character", f"a name or id holds a control character: {text[:40]!r}")

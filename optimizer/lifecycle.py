@@ -104,10 +104,20 @@ class Lifecycle:
         self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
         self._db.executescript(_SCHEMA)
         self._db.executescript(outcomes.SCHEMA)
+        self.problem: str | None = None  # why states are not kept where they belong (optimizer.statedb)
 
     @classmethod
-    def in_state_dir(cls, state_dir: Path) -> Lifecycle:
-        return cls(state_dir / DB_NAME)
+    def in_state_dir(cls, state_dir: Path, repair: bool = False) -> Lifecycle:
+        """The lifecycle in ``state_dir``. With ``repair`` (the daemon), a damaged or foreign file is moved aside
+        and an unwritable directory replaced, so that the daemon starts whatever it finds (``problem`` says)."""
+        if not repair:
+            return cls(state_dir / DB_NAME)
+        from optimizer.statedb import open_state
+
+        opened = open_state(state_dir, DB_NAME)
+        lifecycle = cls(opened.path)
+        lifecycle.problem = opened.problem
+        return lifecycle
 
     def close(self) -> None:
         self._db.close()
@@ -226,11 +236,14 @@ class Lifecycle:
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         return sorted(self._select(where, tuple(args)), key=lambda t: (t.site, *order_key(t.recommendation)))
 
-    def of_workload(self, workload: str) -> tuple[Tracked, ...]:
-        """Every move ever proposed for ``workload``, in any state, newest first, with the applied move that made
-        it (a rescheduled pod continues the one a move was proposed for)."""
-        rows = self._select("WHERE workload = ? OR id IN (SELECT id FROM outcomes WHERE workload = ?)", (workload,) * 2)
-        return tuple(sorted(rows, key=lambda t: -t.first_seen))
+    def of_workload(self, workload: str, site: str | None = None) -> tuple[Tracked, ...]:
+        """Every move ever proposed for ``workload`` (in ``site``, when given), in any state, newest first, with the
+        applied move that made it (a rescheduled pod continues the one a move was proposed for)."""
+        mine = "(workload = ? OR id IN (SELECT id FROM outcomes WHERE workload = ?))"
+        where, args = (
+            (f"WHERE {mine} AND site = ?", (workload, workload, site)) if site else (f"WHERE {mine}", (workload,) * 2)
+        )
+        return tuple(sorted(self._select(where, args), key=lambda t: -t.first_seen))
 
     def outcomes(self, site: str | None = None, now: float | None = None) -> builtins.list[Outcome]:
         """Applied actions and what was observed after them (those of the last day, if ``now`` is given)."""

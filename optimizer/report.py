@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from agent.protocol import Finding, Plan
+from agent.protocol import Finding, Plan, WorkloadRef
 from optimizer.catalog import Catalog
 from optimizer.fleet import Fleet
 from optimizer.snapshot import hardware_of
 
 UNATTRIBUTED = "(unattributed)"
+# An owner a workload named for itself and nothing confirmed: charged apart from the team's confirmed use.
+CLAIMED = " (claimed)"
 By = Literal["owner", "site", "hardware"]
 
 _SCHEMA = """
@@ -55,17 +57,40 @@ CREATE TABLE IF NOT EXISTS owners (
     seen REAL NOT NULL,
     hardware TEXT NOT NULL DEFAULT ''
 );
+-- workload ids are a site's own: the same id in two sites is two workloads (``owners`` keyed them by id alone)
+CREATE TABLE IF NOT EXISTS workload_owners (
+    site TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    seen REAL NOT NULL,
+    hardware TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (site, workload)
+);
 """
 
 
+def _owner(ref: WorkloadRef) -> str:
+    if not ref.owner:
+        return UNATTRIBUTED
+    return ref.owner + CLAIMED if ref.owner_claimed else ref.owner
+
+
 def owners_of(fleet: Fleet, site: str | None = None) -> dict[str, str]:
-    """Each workload's owner as its node's latest window reports it (``UNATTRIBUTED`` when none)."""
-    out: dict[str, str] = {}
+    """Each workload's owner in ``site`` as its node's latest window reports it (``UNATTRIBUTED`` when none; an
+    owner only the workload itself claims is marked so). Workload ids are unique within a site only: across sites
+    use :func:`site_owners`."""
+    return {wid: owner for (_, wid), owner in site_owners(fleet, site).items()}
+
+
+def site_owners(fleet: Fleet, site: str | None = None) -> dict[tuple[str, str], str]:
+    """Each workload's owner by (site, workload id), in ``site`` or in every site."""
+    out: dict[tuple[str, str], str] = {}
     for (rec_site, _), record in list(fleet.nodes.items()):
         if (site is None or rec_site == site) and record.windows:
             for ref in record.windows[-1].workloads:
-                if ref.owner or ref.id not in out:
-                    out[ref.id] = ref.owner or UNATTRIBUTED
+                key = (rec_site, ref.id)
+                if ref.owner or key not in out:
+                    out[key] = _owner(ref)
     return out
 
 
@@ -115,16 +140,21 @@ def _key(by: By, site: str, owner: str, hardware: str) -> str:
 
 
 def live_showback(
-    plans: Iterable[Plan], owners: Mapping[str, str], catalog: Catalog, open_ids: set[str], by: By = "owner"
+    plans: Iterable[Plan],
+    owners: Mapping[tuple[str, str], str],
+    catalog: Catalog,
+    open_ids: set[str],
+    by: By = "owner",
 ) -> list[Showback]:
-    """The current plans per owner: GPUs held by class, US$ held and wasted per hour, open savings per month
-    (of the recommendations in ``open_ids``). Most money held first."""
+    """The current plans per owner (``owners`` by (site, workload id), as :func:`site_owners` gives them): GPUs
+    held by class, US$ held and wasted per hour, open savings per month (of the recommendations in
+    ``open_ids``). Most money held first."""
     rows: dict[str, Showback] = {}
     price = _prices(catalog)
     for plan in plans:
         where: dict[str, Showback] = {}
         for w in plan.workloads:
-            key = _key(by, plan.site, owners.get(w.id, UNATTRIBUTED), w.hardware)
+            key = _key(by, plan.site, owners.get((plan.site, w.id), UNATTRIBUTED), w.hardware)
             row = rows.setdefault(key, Showback(key))
             row.workloads += 1
             row.gpus[w.workload_class.value] = row.gpus.get(w.workload_class.value, 0.0) + w.gpus
@@ -152,6 +182,13 @@ class Ledger:
         self._db = sqlite3.connect(path, timeout=10, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        if self._db.execute("SELECT 1 FROM owners LIMIT 1").fetchone() is not None:
+            with self._db:  # owners kept by id alone before: each kept under the site it was last seen in
+                self._db.execute(
+                    "INSERT OR IGNORE INTO workload_owners (site, workload, owner, seen, hardware) "
+                    "SELECT site, workload, owner, seen, hardware FROM owners"
+                )
+                self._db.execute("DELETE FROM owners")
         self._last: dict[str, float] = {}
 
     def close(self) -> None:
@@ -200,9 +237,9 @@ class Ledger:
                 (_hour(now), plan.site, seconds),
             )
             self._db.executemany(
-                "INSERT INTO owners VALUES (?, ?, ?, ?, ?) ON CONFLICT (workload) DO UPDATE SET "
-                "site = excluded.site, owner = excluded.owner, seen = excluded.seen, hardware = excluded.hardware",
-                [(w.id, plan.site, owners.get(w.id, UNATTRIBUTED), now, w.hardware) for w in plan.workloads],
+                "INSERT INTO workload_owners VALUES (?, ?, ?, ?, ?) ON CONFLICT (site, workload) DO UPDATE SET "
+                "owner = excluded.owner, seen = excluded.seen, hardware = excluded.hardware",
+                [(plan.site, w.id, owners.get(w.id, UNATTRIBUTED), now, w.hardware) for w in plan.workloads],
             )
         return seconds
 
@@ -220,11 +257,11 @@ class Ledger:
             row.held_usd += held
             if kind:
                 row.wasted_usd[kind] = row.wasted_usd.get(kind, 0.0) + wasted
-        workloads: dict[str, set[str]] = defaultdict(set)
         open_rows = (
             self._db.execute(
                 "SELECT r.site, COALESCE(o.owner, ?), r.body FROM recommendations r "
-                "LEFT JOIN owners o ON o.workload = r.workload WHERE r.state IN ('new', 'acknowledged')",
+                "LEFT JOIN workload_owners o ON o.site = r.site AND o.workload = r.workload "
+                "WHERE r.state IN ('new', 'acknowledged')",
                 (UNATTRIBUTED,),
             ).fetchall()
             if self._has_recommendations()
@@ -235,10 +272,11 @@ class Ledger:
             key = _key(by, site, owner, str(rec.get("from_hardware", "")))
             row = rows.setdefault(key, Showback(key))
             row.open_savings_usd_month += float(rec.get("monthly_savings_usd", 0.0))
+        workloads: dict[str, set[tuple[str, str]]] = defaultdict(set)
         for site, owner, workload, hardware in self._db.execute(
-            "SELECT site, owner, workload, hardware FROM owners WHERE seen >= ?", (since,)
+            "SELECT site, owner, workload, hardware FROM workload_owners WHERE seen >= ?", (since,)
         ):
-            workloads[_key(by, site, owner, hardware)].add(workload)
+            workloads[_key(by, site, owner, hardware)].add((site, workload))
         for key, ids in workloads.items():
             if key in rows:
                 rows[key].workloads = len(ids)

@@ -6,6 +6,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from agent.metrics import Family, counter, gauge, labelled
+from optimizer import statedb
 
 if TYPE_CHECKING:
     from optimizer.service import Optimizer
@@ -104,6 +105,53 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             "Workload references dropped from accepted windows, by reason.",
             "reason",
             fleet.dropped_refs,
+        ),
+        Family(
+            "fleetfit_fields_dropped_total",
+            "counter",
+            "Text fields left out of accepted windows (a control character, not what the schema allows), by field.",
+            [({"field": f, "reason": r}, v) for (f, r), v in sorted(fleet.dropped_fields.items())],
+        ),
+        gauge(
+            "fleetfit_windows_awaited",
+            "Windows missing from nodes' sequences, asked for again.",
+            sum(len(m) for r in list(fleet.nodes.values()) for m in r.missing.values()),
+        ),
+        counter(
+            "fleetfit_windows_refilled_total",
+            "Missing windows that arrived after all (sent again on request).",
+            sum(r.refilled for r in list(fleet.nodes.values())),
+        ),
+        Family(
+            "fleetfit_windows_lost_total",
+            "counter",
+            "Windows missing from a node's sequence that it could not send again within an hour (given up).",
+            [({"site": s, "node": n}, r.lost) for (s, n), r in sorted(fleet.nodes.items()) if r.lost],
+        ),
+        counter("fleetfit_resend_requests_total", "Requests to nodes for missing windows.", optimizer.resend_requests),
+        Family(
+            "fleetfit_inventory_mismatch",
+            "gauge",
+            "Nodes whose birth differs from their site's inventory of record (planned from the inventory).",
+            [({"site": s, "node": n}, 1) for (s, n) in sorted(fleet.inventory_flags)],
+        ),
+        Family(
+            "fleetfit_state_problems_total",
+            "counter",
+            "State file problems: damaged, foreign or read_only at start (moved aside or replaced), write_failed.",
+            [
+                ({"reason": r}, v)
+                for r, v in sorted({**statedb.problems, "write_failed": optimizer.state_write_failures}.items())
+                if v
+            ],
+        ),
+        gauge(
+            "fleetfit_state_degraded",
+            "1 while states and the alert log are not kept as they should be.",
+            optimizer.state_problem() is not None,
+        ),
+        counter(
+            "fleetfit_internal_errors_total", "Messages whose handling failed unexpectedly.", optimizer.internal_errors
         ),
         labelled(
             "fleetfit_monthly_savings_usd",

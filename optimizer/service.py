@@ -8,9 +8,10 @@ import contextlib
 import gc
 import logging
 import signal
+import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import aiomqtt
@@ -18,14 +19,17 @@ import aiomqtt
 from agent.backoff import Backoff
 from agent.metrics import Family
 from agent.mqtt import make_client
+from agent.notify import Notifier
 from agent.protocol import (
     MAX_PAYLOAD_BYTES,
     Plan,
     Recommendation,
+    Resend,
     Telemetry,
     WorkloadClass,
     encode,
     recommendations_topic,
+    resend_topic,
     subscription_filters,
 )
 from optimizer.alerts.alerter import Alerter
@@ -34,7 +38,7 @@ from optimizer.config import OptimizerConfig
 from optimizer.fleet import Fleet, IngestLimits
 from optimizer.history import DIGEST_SECONDS
 from optimizer.interrupt import SolveStop
-from optimizer.inventory import inventory_check
+from optimizer.inventory import inventory_check, load_inventories
 from optimizer.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
 from optimizer.recommend import plan_snapshot
@@ -47,6 +51,12 @@ log = logging.getLogger(__name__)
 
 # The largest packet the broker may forward: a maximal payload plus its topic and headers.
 MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + 4096
+# Windows missing from a node's sequence are asked for once they have been missing this long (the broker keeps a
+# publisher's order, so a gap is a window lost, not one still on its way), every RESEND_INTERVAL seconds, and given
+# up after RESEND_GIVE_UP (counted in fleetfit_windows_lost_total).
+RESEND_DELAY = 5.0
+RESEND_INTERVAL = 10.0
+RESEND_GIVE_UP = 3600.0
 
 
 class Server(Protocol):
@@ -73,17 +83,20 @@ class Optimizer:
         self.clock = clock
         self.catalog = catalog.with_prices(config.prices)
         settings = config.optimizer
-        limits = IngestLimits(
-            clock_skew=settings.max_clock_skew,
-            window_rate=settings.node_window_rate,
-            window_burst=settings.node_window_burst,
-            workloads_per_node=settings.max_workloads_per_node,
-            inventory=inventory_check(self.catalog, settings.max_gpus_per_node),
-        )
-        self.fleet = Fleet(config.mqtt.prefix, settings.horizon_windows, limits, clock)
+        limits = ingest_limits(config, self.catalog)
+        self.fleet = Fleet(config.mqtt.prefix, settings.horizon_windows, limits, clock=clock)
         self.plans: dict[str, Plan] = {}
         self.on_plan = on_plan
         self.should_exit = asyncio.Event()
+        self.failed: str | None = None  # why the daemon stopped on its own (a task that died)
+        self.notifier = Notifier(environ={})  # serve() hands it systemd's environment
+        self.resend_interval = RESEND_INTERVAL
+        self.resend_delay = RESEND_DELAY
+        self.connects = 0  # broker sessions begun
+        self.resend_requests = 0  # requests published, one per node and round
+        self.internal_errors = 0  # messages whose handling raised (a bug): logged, counted, the loop goes on
+        self.state_error: str | None = None  # why the last lifecycle write failed (a full disk), until one succeeds
+        self.state_write_failures = 0
         self.solve_stop = SolveStop()  # set once, at shutdown
         self.connected = asyncio.Event()
         self._client: aiomqtt.Client | None = None
@@ -104,43 +117,91 @@ class Optimizer:
         self.learned: tuple[Correction, ...] = ()  # correction factors from observed moves, last round
 
     async def _ingest(self) -> None:
+        """Subscribe and take messages in; reconnect with backoff after any failure, whatever it was (a broker
+        gone, a CA file unreadable for a moment, a bug), logging each."""
         settings = self.config.mqtt
         while True:
             try:
-                async with make_client(
+                client = make_client(
                     settings,
                     self.config.optimizer.client_id,
                     max_queued_incoming=self.config.optimizer.max_queued_messages,
                     max_packet_size=MAX_PACKET_BYTES,
-                ) as client:
+                )
+                # A message is acknowledged once it has been taken in, not on receipt: what the client holds
+                # unread when the optimizer stops is delivered again by the broker (persistent session).
+                client._client.manual_ack_set(True)
+                async with client:
                     for topic_filter in subscription_filters(settings.prefix, self.config.optimizer.shared_group):
                         await client.subscribe(topic_filter, qos=1)
                     self._client = client
                     self._backoff.reset()
+                    self.connects += 1
                     self.connected.set()
                     log.info("subscribed to %s/# on %s:%d", settings.prefix, settings.host, settings.port)
                     async for message in client.messages:
-                        payload = message.payload
-                        if not isinstance(payload, bytes | bytearray):
-                            payload = str(payload).encode() if payload is not None else b""
-                        accepted = self.fleet.ingest(str(message.topic), payload)
-                        if isinstance(accepted, Telemetry):
-                            self.lag.add(time.time() - accepted.end)
-                            if self.store is not None:
-                                record = self.fleet.record(accepted.site, accepted.node)
-                                self.store.add(window_points(record.birth if record else None, accepted))
-            except aiomqtt.MqttError as exc:
+                        self._take(str(message.topic), message.payload)
+                        if message.qos:
+                            client._client.ack(message.mid, message.qos)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
                 self.connected.clear()
                 self._client = None
                 delay = self._backoff.next_delay()
+                what = "connection lost" if isinstance(exc, aiomqtt.MqttError) else "cannot connect"
                 log.warning(
-                    "broker %s:%d: connection lost (%s); reconnecting in %.1f s",
+                    "broker %s:%d: %s (%s); reconnecting in %.1f s",
                     settings.host,
                     settings.port,
-                    exc,
+                    what,
+                    _brief(exc),
                     delay,
+                    exc_info=not isinstance(exc, aiomqtt.MqttError | OSError),
                 )
                 await asyncio.sleep(delay)
+
+    def _take(self, topic: str, payload: object) -> None:
+        """One message in. A failure here is a bug: logged and counted, and the next message is taken."""
+        try:
+            if not isinstance(payload, bytes | bytearray):
+                payload = str(payload).encode() if payload is not None else b""
+            accepted = self.fleet.ingest(topic, payload)
+            if isinstance(accepted, Telemetry):
+                self.lag.add(self.fleet.clock() - accepted.end)
+                if self.store is not None:
+                    record = self.fleet.record(accepted.site, accepted.node)
+                    self.store.add(window_points(record.birth if record else None, accepted))
+        except Exception:
+            self.internal_errors += 1
+            if self.internal_errors <= 5 or self.internal_errors % 1000 == 0:
+                log.exception("message on %r not handled (%d so far)", topic[:200], self.internal_errors)
+
+    async def request_resends(self) -> int:
+        """Ask each node for the windows missing from its sequence; the number of nodes asked."""
+        client = self._client
+        awaited = self.fleet.awaited(self.resend_delay, RESEND_GIVE_UP)
+        if client is None or not awaited:
+            return 0
+        asked = 0
+        for (site, node), ranges in sorted(awaited.items()):
+            request = Resend(node=node, windows=ranges)
+            try:
+                await client.publish(resend_topic(self.config.mqtt.prefix, site, node), encode(request), qos=1)
+            except aiomqtt.MqttError as exc:
+                log.info("could not ask %s/%s for its missing windows: %s", site, node, exc)
+                break
+            asked += 1
+        self.resend_requests += asked
+        return asked
+
+    async def _resending(self) -> None:
+        while True:
+            await asyncio.sleep(self.resend_interval)
+            try:
+                await self.request_resends()
+            except Exception:
+                log.exception("asking nodes for missing windows failed; trying again next round")
 
     async def plan_once(self) -> list[Plan]:
         """Plan every site seen so far; publish and report each plan. A site whose planning fails keeps its
@@ -186,11 +247,25 @@ class Optimizer:
         return plan
 
     def health(self) -> dict[str, object]:
-        """What /healthz reports beyond the broker: sites that fail to plan and nodes left out of planning."""
+        """What /healthz reports beyond the broker: sites that fail to plan, nodes left out of planning, nodes
+        whose births differ from their site's inventory, and a state directory that cannot keep state."""
+        flagged: dict[str, dict[str, str]] = {}
+        for (site, node), why in sorted(self.fleet.inventory_flags.items()):
+            flagged.setdefault(site, {})[node] = why
         return {
             "failing_sites": dict(sorted(self.failing_sites.items())),
             "excluded_nodes": {s: dict(sorted(n.items())) for s, n in sorted(self.excluded_nodes.items()) if n},
+            "inventory_mismatch": flagged,
+            "state": self.state_problem(),
         }
+
+    def state_problem(self) -> str | None:
+        """Why recommendation states and the alert log are not being kept, or None when they are."""
+        journal_error = self.alerter.journal_error if self.alerter is not None else None
+        problems = [
+            p for p in (self.lifecycle.problem if self.lifecycle else None, self.state_error, journal_error) if p
+        ]
+        return "; ".join(problems) or None
 
     def self_metrics(self) -> list[Family]:
         return optimizer_metrics(self)
@@ -213,12 +288,21 @@ class Optimizer:
                 for w in plan.workloads
                 if w.workload_class is not WorkloadClass.UNKNOWN and w.confidence >= sure
             }
-            resolved = await self.tracker.write(lifecycle.record, plan, seen)
-            states = await self.tracker.write(lifecycle.states, [r.id for r in plan.recommendations])
-            if self.ledger is not None:
-                owners = owners_of(self.fleet, plan.site)
-                interval = self.config.optimizer.solve_interval
-                await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval)
+            ids = [r.id for r in plan.recommendations]
+            try:
+                resolved = await self.tracker.write(lifecycle.record, plan, seen)
+                states = await self.tracker.write(lifecycle.states, ids)
+                if self.ledger is not None:
+                    owners = owners_of(self.fleet, plan.site)
+                    interval = self.config.optimizer.solve_interval
+                    await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval)
+            except sqlite3.Error as exc:
+                # a full disk or a failing one: the plan stands and its alerts go out, from the states still read
+                self._state_failed(exc)
+                with contextlib.suppress(sqlite3.Error):
+                    states = await self.tracker.read(lambda db: db.states(ids))
+            else:
+                self._state_written()
         if self.alerter is not None:
             self.alerter.observe(plan, states, resolved)
 
@@ -264,6 +348,18 @@ class Optimizer:
             await asyncio.wait_for(self.alerter.flush(), timeout=self.config.alerts.flush_timeout)
         except TimeoutError:
             log.warning("alerts still unsent %s: %d action(s)", when, self.alerter.pending)
+
+    def _state_failed(self, exc: sqlite3.Error) -> None:
+        first = self.state_error is None
+        self.state_error = f"cannot write recommendation states: {_brief(exc)}"
+        self.state_write_failures += 1
+        if first:
+            log.error("%s; planning and alerts go on, states are not kept until writes succeed", self.state_error)
+
+    def _state_written(self) -> None:
+        if self.state_error is not None:
+            log.warning("recommendation states written again after %d failed round(s)", self.state_write_failures)
+            self.state_error = None
 
     def _plan_site(
         self,
@@ -343,38 +439,104 @@ class Optimizer:
                 log.exception("planning failed; keeping the previous plan")
 
     async def run(self) -> None:
-        """Run until ``should_exit`` is set."""
+        """Run until ``should_exit`` is set, or until one of the long-lived tasks dies (``failed`` says which:
+        the caller exits non-zero so that systemd restarts the daemon). Shutdown always flushes."""
         tasks = [
             asyncio.create_task(self._ingest(), name="optimizer-ingest"),
             asyncio.create_task(self._planning(), name="optimizer-planning"),
         ]
+        if self.config.optimizer.request_resends:
+            tasks.append(asyncio.create_task(self._resending(), name="optimizer-resend"))
         if self.store is not None:
             tasks.append(asyncio.create_task(self.store.run(), name="optimizer-store"))
         if self.alerter is not None:
             tasks.append(asyncio.create_task(self.alerter.run(), name="optimizer-alerts"))
-        for server in self.servers:
-            await server.start()
+        tasks.append(asyncio.create_task(self._watch(list(tasks)), name="optimizer-watchdog"))
         try:
+            for server in self.servers:
+                await server.start()
+            self.notifier.ready()
             await self.should_exit.wait()
         finally:
-            self.solve_stop.stop()  # a plan still solving in its thread would hold the process's exit
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
-            for server in self.servers:
-                await server.stop()
-            if self.tracker is not None:
-                await asyncio.to_thread(self.tracker.close)
-            if self.ledger is not None:
-                self.ledger.close()
-            if self.alerter is not None:
-                await self.flush_alerts("at shutdown")  # what was gathered but not yet posted goes out now
-                await self.alerter.close()
-            if self.store is not None:
-                await self.store.flush(5.0)
-                self.store.close()
+            self.notifier.stopping()
+            await self._shutdown(tasks)
+
+    async def _watch(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Ping systemd's watchdog while every task runs; a task that ends (none should) stops the daemon."""
+        while True:
+            dead = [t for t in tasks if t.done()]
+            if dead:
+                task = dead[0]
+                error = None if task.cancelled() else task.exception()
+                why = "ended" if error is None else f"died: {_brief(error)}"
+                self.failed = f"task {task.get_name()} {why}"
+                log.error("%s; stopping so that the service manager restarts the optimizer", self.failed)
+                self.should_exit.set()
+                return
+            self.notifier.watchdog(time.monotonic())
+            await asyncio.sleep(1.0)
+
+    async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Stop the tasks, then flush the lifecycle, alerts and store: each step runs whatever the one before did."""
+        self.solve_stop.stop()  # a plan still solving in its thread would hold the process's exit
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # it died before shutdown: already told, and no reason to skip the flush
+                log.warning("task %s had stopped: %s", t.get_name(), _brief(exc))
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            *((f"stop {type(s).__name__}", s.stop) for s in self.servers),
+        ]
+        if self.tracker is not None:
+            tracker = self.tracker
+            steps.append(("close the recommendation state", lambda: asyncio.to_thread(tracker.close)))
+        if self.ledger is not None:
+            ledger = self.ledger
+            steps.append(("close the showback ledger", lambda: asyncio.to_thread(ledger.close)))
+        if self.alerter is not None:
+            steps.append(("post pending alerts", self._flush_alerts))
+        if self.store is not None:
+            steps.append(("flush the store", self._flush_store))
+        for what, step in steps:
+            try:
+                await step()
+            except Exception as exc:
+                log.warning("at shutdown, could not %s: %s", what, _brief(exc))
+        self.notifier.close()
+
+    async def _flush_alerts(self) -> None:
+        assert self.alerter is not None
+        await self.flush_alerts("at shutdown")  # what was gathered but not yet posted goes out now, within bounds
+        await self.alerter.close()
+
+    async def _flush_store(self) -> None:
+        assert self.store is not None
+        try:
+            await self.store.flush(5.0)
+        finally:
+            self.store.close()
+
+
+def ingest_limits(config: OptimizerConfig, catalog: Catalog) -> IngestLimits:
+    """What the live optimizer holds each node to, from its settings."""
+    settings = config.optimizer
+    inventories = load_inventories(config.sites, catalog)
+    return IngestLimits(
+        clock_skew=settings.max_clock_skew,
+        time_rate=settings.node_time_rate,
+        replay_seconds=settings.node_replay_seconds,
+        refusal_rate=settings.node_refusal_rate,
+        refusal_burst=settings.node_refusal_burst,
+        control_rate=settings.node_birth_rate,
+        control_burst=settings.node_birth_burst,
+        workloads_per_node=settings.max_workloads_per_node,
+        inventory=inventory_check(catalog, settings.max_gpus_per_node),
+        site_inventory=inventories.reconcile if inventories else None,
+    )
 
 
 def _brief(exc: BaseException) -> str:
@@ -394,9 +556,11 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-async def serve(optimizer: Optimizer) -> None:
-    """Run ``optimizer`` under SIGTERM/SIGINT."""
+async def serve(optimizer: Optimizer, notifier: Notifier | None = None) -> None:
+    """Run ``optimizer`` under SIGTERM/SIGINT (and systemd's notify protocol and watchdog, with ``notifier``)."""
     tune_gc()
+    if notifier is not None:
+        optimizer.notifier = notifier
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
 

@@ -29,6 +29,7 @@ from optimizer.snapshot import Snapshot
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")  # the console command, as users run it
 FLEET_PREFIX = "fleetfit/v1"
+EXAMPLES = Path(__file__).resolve().parent.parent / "systemd" / "mosquitto"  # the shipped broker setup
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -331,3 +332,72 @@ def three_actions(site: str) -> Snapshot:
             ],
         }
     )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ the shipped broker
+
+
+def shipped_config(creds: Path, directory: Path, port: int, overrides: dict[str, str] | None = None) -> Path:
+    """``systemd/mosquitto/fleetfit.conf`` as shipped, with the test's paths and port (and ``overrides``, each
+    replacing a setting's value)."""
+    config = (EXAMPLES / "fleetfit.conf").read_text()
+    config = config.replace("/etc/mosquitto/fleetfit", str(creds)).replace("/var/lib/mosquitto/", f"{directory}/")
+    config = config.replace("listener 8883", f"listener {port} 127.0.0.1")
+    lines = config.splitlines()
+    for key, value in (overrides or {}).items():
+        lines = [f"{key} {value}" if line.split(" ", 1)[0] == key else line for line in lines]
+    path = directory / "mosquitto.conf"
+    # the tests run as root with private files
+    path.write_text("\n".join(lines) + "\nuser root\nlog_type error\nlog_type warning\n")
+    return path
+
+
+@dataclass
+class Shipped:
+    """A Mosquitto with the shipped configuration, ACL and ``mint`` credentials (not started by this class)."""
+
+    server: MosquittoServer
+    credentials: Path
+    directory: Path
+
+    def settings(self, user: str, port: int | None = None) -> MqttSettings:
+        return MqttSettings(
+            host="127.0.0.1",
+            port=port or self.server.port,
+            tls=True,
+            ca_file=self.credentials / "ca.crt",
+            username=user,
+            password=(self.credentials / "clients" / user / "mqtt-password").read_text(),
+            reconnect_max_delay=1.0,
+        )
+
+    def broker(self, directory: Path, **overrides: str) -> MosquittoServer:
+        """Another Mosquitto (not started) with the shipped configuration and credentials; ``overrides`` replace
+        a setting's value (e.g. a smaller queue, so that a flood fills it in a second)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        config = shipped_config(self.credentials, directory, port, overrides)
+        return MosquittoServer("127.0.0.1", port, config, directory / "mosquitto.log")
+
+
+def shipped_broker(directory: Path, nodes: dict[str, list[str]], optimizers: tuple[str, ...] = ()) -> Shipped:
+    """Credentials minted by ``systemd/mosquitto/mint`` (a CA, the broker, the optimizer, a reader, more optimizer
+    accounts, and ``nodes`` by site) and a broker configured as shipped, in ``directory``."""
+    creds = directory / "creds"
+    mint = str(EXAMPLES / "mint")
+
+    def run(*args: str) -> None:
+        subprocess.run([mint, args[0], str(creds), *args[1:]], check=True, capture_output=True, timeout=60)
+
+    run("ca")
+    run("broker", "127.0.0.1")
+    run("optimizer")
+    for name in optimizers:
+        run("optimizer", name)
+    run("reader")
+    for site, names in nodes.items():
+        for name in names:
+            run("node", site, name)
+    port = free_port()
+    server = MosquittoServer("127.0.0.1", port, shipped_config(creds, directory, port), directory / "mosquitto.log")
+    return Shipped(server, creds, directory)

@@ -5,6 +5,8 @@ optimizer refusing a payload whose node differs from its topic."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,15 +52,22 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
     directory = tmp_path_factory.mktemp("secure-broker")
     creds = directory / "creds"
     mint = str(EXAMPLES / "mint")
-    for args in (["ca"], ["broker", "127.0.0.1", "localhost"], ["node", "lab", "node-a"], ["node", "lab", "node-b"]):
+    for args in (
+        ["ca"],
+        ["broker", "127.0.0.1", "localhost"],
+        ["node", "lab", "node-a"],
+        ["node", "lab", "node-b"],
+        ["optimizer"],
+        ["reader"],
+    ):
         subprocess.run([mint, args[0], str(creds), *args[1:]], check=True, capture_output=True, timeout=60)
-    subprocess.run([mint, "optimizer", str(creds)], check=True, capture_output=True, timeout=60)
     port = free_port()
     config = (EXAMPLES / "fleetfit.conf").read_text()
     config = config.replace("/etc/mosquitto/fleetfit", str(creds)).replace("/var/lib/mosquitto/", f"{directory}/")
     config = config.replace("listener 8883", f"listener {port} 127.0.0.1")
     path = directory / "mosquitto.conf"
-    path.write_text(config + "user root\nlog_type error\n")  # the test runs as root with private files
+    # the test runs as root with private files; the listeners it opens are logged at "information"
+    path.write_text(config + "user root\nlog_type error\nlog_type information\n")
     server = MosquittoServer("127.0.0.1", port, path, directory / "mosquitto.log")
     server.start()
     yield SecureBroker(server, creds)
@@ -131,19 +140,67 @@ async def test_tls_refuses_a_broker_certificate_from_another_ca(secure_broker: S
             pass
 
 
-async def test_nodes_read_nothing_not_even_plans(secure_broker: SecureBroker) -> None:
-    # the optimizer publishes a plan and node-a its state; node-b, subscribed to everything, gets neither
+async def _collect(client: aiomqtt.Client, into: list[tuple[str, bytes]], want: int, limit: float) -> None:
+    """Gather messages until ``want`` arrived or ``limit`` seconds passed."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(limit):
+            async for message in client.messages:
+                into.append((str(message.topic), bytes(message.payload)))  # type: ignore[arg-type]
+                if len(into) >= want:
+                    return
+
+
+async def test_nodes_read_nothing_but_their_own_resend_requests(secure_broker: SecureBroker) -> None:
+    """The optimizer publishes a plan and asks both nodes for windows; node-a publishes its state. A reader (the
+    account dashboards use) receives the plan, and node-a its own request: both must arrive, so the silence of
+    node-b, subscribed to everything, means the ACL refused it, not that nothing was sent."""
     plan_topic = f"{PREFIX}/lab/recommendations"
-    received: list[str] = []
-    async with make_client(secure_broker.settings("node-b"), "node-b-reader") as snoop:
+    request = b'{"schema":2,"node":"node-b","windows":[[1,0,3]]}'
+    snooped: list[tuple[str, bytes]] = []
+    plans: list[tuple[str, bytes]] = []
+    mine: list[tuple[str, bytes]] = []
+    async with (
+        make_client(secure_broker.settings("node-b"), "node-b") as snoop,
+        make_client(secure_broker.settings("fleetfit-reader"), "fleetfit-reader") as reader,
+        make_client(secure_broker.settings("node-a"), "node-a") as node_a,
+    ):
         await snoop.subscribe(f"{PREFIX}/#", qos=1)
-        await _publish(secure_broker.settings("fleetfit-optimizer"), "opt-pub", [(plan_topic, b"{}")])
-        await _publish(secure_broker.settings("node-a"), "node-a-pub", [(f"{PREFIX}/lab/node-a/state", b"{}")])
+        await snoop.subscribe(f"{PREFIX}/lab/node-a/resend", qos=1)
+        await reader.subscribe(f"{PREFIX}/#", qos=1)
+        await node_a.subscribe(f"{PREFIX}/lab/node-a/resend", qos=1)
+        await _publish(
+            secure_broker.settings("fleetfit-optimizer"),
+            "fleetfit-optimizer",
+            [(plan_topic, b"{}"), (f"{PREFIX}/lab/node-a/resend", request.replace(b"node-b", b"node-a"))],
+        )
+        await node_a.publish(f"{PREFIX}/lab/node-a/state", b"{}", qos=1)  # (a second node-a session would end it)
+        await asyncio.gather(
+            _collect(snoop, snooped, 1, 1.5), _collect(reader, plans, 1, 10), _collect(node_a, mine, 1, 10)
+        )
+    assert [t for t, _ in plans] == [plan_topic]  # what the ACL lets a reader see, and nothing else
+    assert mine == [(f"{PREFIX}/lab/node-a/resend", request.replace(b"node-b", b"node-a"))]
+    assert snooped == []
 
-        async def collect() -> None:
-            async for message in snoop.messages:
-                received.append(str(message.topic))
 
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(collect(), 1.5)
-    assert received == []
+async def test_a_node_cannot_connect_as_the_optimizer_or_another_node(secure_broker: SecureBroker) -> None:
+    """Client ids are bound to accounts (use_username_as_clientid): whatever id node-b asks for, the broker gives
+    it its own, so the optimizer's and node-a's sessions stay up."""
+    received: list[tuple[str, bytes]] = []
+    async with (
+        make_client(secure_broker.settings("fleetfit-optimizer"), "fleetfit-optimizer") as optimizer,
+        make_client(secure_broker.settings("node-a"), "node-a") as node_a,
+    ):
+        await optimizer.subscribe(f"{PREFIX}/+/+/telemetry", qos=1)
+        for stolen in ("fleetfit-optimizer", "node-a", "fleetfit-reader"):
+            async with make_client(secure_broker.settings("node-b"), stolen):
+                pass
+        await node_a.publish(f"{PREFIX}/lab/node-a/telemetry", b"still here", qos=1)  # raises if it was cut
+        await _collect(optimizer, received, 1, 10)
+    assert received == [(f"{PREFIX}/lab/node-a/telemetry", b"still here")]
+
+
+def test_the_shipped_configuration_opens_one_listener(secure_broker: SecureBroker) -> None:
+    """A listener's setting (use_username_as_clientid) placed before the `listener` line would open a second,
+    plain-text listener on 1883 and apply only there."""
+    opened = re.findall(r"Opening ipv[46] listen socket on port (\d+)", secure_broker.server.log.read_text())
+    assert opened and set(opened) == {str(secure_broker.server.port)}

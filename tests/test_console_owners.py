@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from agent.config import MqttSettings
 from agent.protocol import WorkloadKind, WorkloadRef
-from collectors.attribution import Attributor, OwnerReader
+from collectors.attribution import Attributor, OwnerReader, SlurmJobs
 from optimizer.catalog import load_catalog
 from optimizer.config import OptimizerConfig, OptimizerSettings
 from optimizer.lifecycle import Lifecycle
@@ -26,12 +26,13 @@ from optimizer.service import Optimizer
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
 
-def _proc(root: Path, pid: int, cgroup: str, environ: bytes = b"") -> None:
+def _proc(root: Path, pid: int, cgroup: str, environ: bytes = b"", uid: int = 0) -> None:
     d = root / str(pid)
     d.mkdir(parents=True)
     (d / "cgroup").write_text(f"0::{cgroup}\n")
     (d / "comm").write_text("python3\n")
     (d / "environ").write_bytes(environ)
+    (d / "status").write_text(f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
 
 
 def test_owner_reader_finds_namespace_account_user_and_unit(tmp_path: Path) -> None:
@@ -48,14 +49,15 @@ def test_owner_reader_finds_namespace_account_user_and_unit(tmp_path: Path) -> N
     _proc(proc, 12, "/system.slice/vllm-chat.service")
     _proc(proc, 13, "/user.slice/user-1000.slice/session-3.scope")
     _proc(proc, 14, "/system.slice/slurmstepd.scope/job_4243/step_0", b"SLURM_JOB_ACCOUNT=evil\x1b[2J\0")
-    attributor, owners = Attributor(proc, node="n1"), OwnerReader(proc, pods)
-    assert owners.of(10, attributor.owner(10)) == ("ml-research", None)
-    assert owners.of(11, attributor.owner(11)) == ("physics", "ada")
-    assert owners.of(12, attributor.owner(12)) == ("vllm-chat.service", None)
-    assert owners.of(13, attributor.owner(13)) == (None, None)
-    assert owners.of(14, attributor.owner(14)) == (None, None)  # control characters never leave the node
+    attributor, owners = Attributor(proc, node="n1"), OwnerReader(proc, pods, slurm=SlurmJobs(scontrol=""))
+    assert owners.of(10, attributor.owner(10)) == ("ml-research", None, None)
+    # no scheduler to ask: the account is the job's own claim; the user is the process's uid, not SLURM_JOB_USER
+    assert owners.of(11, attributor.owner(11)) == ("physics", "root", True)
+    assert owners.of(12, attributor.owner(12)) == ("vllm-chat.service", None, None)
+    assert owners.of(13, attributor.owner(13)) == (None, None, None)
+    assert owners.of(14, attributor.owner(14)) == ("evil[2J", "root", True)  # control characters never leave
     # a pod whose log directory is gone, or a node without /var/log/pods: no namespace, no failure
-    assert OwnerReader(proc, tmp_path / "absent").of(10, attributor.owner(10)) == (None, None)
+    assert OwnerReader(proc, tmp_path / "absent").of(10, attributor.owner(10)) == (None, None, None)
 
 
 def test_owner_fields_are_optional_and_printable() -> None:

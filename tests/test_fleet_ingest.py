@@ -36,10 +36,12 @@ def test_good_and_bad_messages_interleaved() -> None:
     for topic, payload in bad:
         assert not fleet.ingest(topic, payload)
     assert fleet.ingest(tele, windows[1])
-    assert fleet.ingest(tele, windows[3])  # a gap is fine (windows lost upstream)
-    assert not fleet.ingest(tele, windows[2])  # going back is not
+    assert fleet.ingest(tele, windows[3])  # a gap: window 2 was lost upstream, and is awaited
     record = fleet.nodes[("s1", name)]
-    assert [w.seq for w in record.windows] == [0, 1, 3]
+    assert {s: sorted(m) for s, m in record.missing.items()} == {1: [2]}
+    assert fleet.ingest(tele, windows[2])  # sent again, it fills the gap
+    assert not fleet.ingest(tele, windows[2])  # and only once
+    assert [w.seq for w in record.windows] == [0, 1, 3, 2] and record.refilled == 1 and not record.missing[1]
     assert dict(fleet.rejected) == {
         "bad_json": 1,
         "unknown_schema": 1,
@@ -49,7 +51,7 @@ def test_good_and_bad_messages_interleaved() -> None:
         "bad_topic": 1,
         "oversize": 1,
     }
-    assert fleet.accepted == {"birth": 1, "telemetry": 3}
+    assert fleet.accepted == {"birth": 1, "telemetry": 4}
 
 
 def test_windows_spooled_before_a_restart_are_accepted_once() -> None:
@@ -64,6 +66,7 @@ def test_windows_spooled_before_a_restart_are_accepted_once() -> None:
     assert fleet.ingest(tele, windows[1])
     assert not fleet.ingest(tele, windows[1])
     assert fleet.ingest(tele, windows[3])
+    assert fleet.ingest(tele, windows[2])  # late, it fills the gap before window 3
     assert not fleet.ingest(tele, windows[2])
     assert fleet.rejected == {"duplicate": 2}
     record = fleet.nodes[("s1", name)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class Alerter:
         self.clock = clock
         self.notices_sent = 0
         self.notices_failed = 0
+        self.journal_error: str | None = None  # why the alert log was last not written
+        # posts not yet in the alert log (its disk was full): written at the next chance, in order
+        self._unjournaled: list[tuple[str, str, list[str], list[str], float]] = []
         self._pending: dict[tuple[str, str], _Group] = {}
         self._wake = asyncio.Event()
 
@@ -73,6 +77,7 @@ class Alerter:
     ) -> None:
         """Fold a site's new plan in. ``states`` holds each proposed move's lifecycle state; ``resolved`` the
         moves this plan applied or expired."""
+        self._journal()  # posts the alert log could not take before
         now = self.clock()
         resolved = list(resolved)
         settling = self.journal.proposed(plan.site, [r.id for r in plan.recommendations], plan.generated_at, now)
@@ -145,13 +150,32 @@ class Alerter:
         now = self.clock()
         firing = [i.id for i in notice.items if not i.status.resolved]
         done = [i.id for i in notice.items if i.status.resolved]
-        if firing:
-            self.journal.mark_firing(group.receiver, group.site, firing, now)
-        if done:
-            self.journal.mark_resolved(group.receiver, done, now)
+        self._unjournaled.append((group.receiver, group.site, firing, done, now))
+        self._journal()
         self.notices_sent += 1
         log.info("alert to %s: %s", group.receiver, notice.title())
         return True
+
+    def _journal(self) -> None:
+        """Write what was posted into the alert log. A full disk must not stop the alerts: what cannot be written
+        is kept and written with the next post or plan (until then a restart may post it again)."""
+        while self._unjournaled:
+            receiver, site, firing, done, at = self._unjournaled[0]
+            try:
+                if firing:
+                    self.journal.mark_firing(receiver, site, firing, at)
+                if done:
+                    self.journal.mark_resolved(receiver, done, at)
+            except sqlite3.Error as exc:
+                if self.journal_error is None:
+                    log.error("alert log not written (%s): a restart may post these moves again", exc)
+                self.journal_error = f"cannot write the alert log: {exc}"
+                del self._unjournaled[:-1000]  # bounded: the oldest posts are the least likely to come again
+                return
+            self._unjournaled.pop(0)
+        if self.journal_error is not None:
+            log.warning("alert log written again")
+            self.journal_error = None
 
     def _due(self, everything: bool = False) -> list[_Group]:
         now = time.monotonic()

@@ -14,7 +14,7 @@ from optimizer.config import ApiSettings
 from optimizer.lifecycle import OPEN, Lifecycle, LifecycleError, RecState, Tracked
 from optimizer.outcomes import Outcome
 from optimizer.render import action_fields, numbered
-from optimizer.report import UNATTRIBUTED, owners_of
+from optimizer.report import UNATTRIBUTED, site_owners
 from optimizer.service import Optimizer
 
 log = logging.getLogger(__name__)
@@ -23,14 +23,17 @@ ACTIONS = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen"
 
 
 def tracked_json(
-    t: Tracked, owners: dict[str, str], outcome: Outcome | None = None, number: Mapping[str, int] | None = None
+    t: Tracked,
+    owners: dict[tuple[str, str], str],
+    outcome: Outcome | None = None,
+    number: Mapping[str, int] | None = None,
 ) -> dict[str, object]:
     """A recommendation with its number in its plan's order, its state, owner and, once applied, the load
     observed against the projection."""
     return {
         **t.recommendation.model_dump(mode="json"),
         **action_fields(t.recommendation, number or {}),
-        "owner": owners.get(t.recommendation.workload, UNATTRIBUTED),
+        "owner": owners.get((t.site, t.recommendation.workload), UNATTRIBUTED),
         "site": t.site,
         "state": t.state.value,
         "first_seen": t.first_seen,
@@ -82,7 +85,7 @@ class JsonApi:
             tracked, outcomes = await tracker.read(query)
         except sqlite3.Error as exc:
             raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
-        owners = owners_of(self.optimizer.fleet)
+        owners = site_owners(self.optimizer.fleet)
         numbers = {p.site: numbered(p.recommendations) for p in self.optimizer.plans.values()}
         return web.json_response(
             [tracked_json(t, owners, outcomes.get(t.recommendation.id), numbers.get(t.site)) for t in tracked]
@@ -94,10 +97,10 @@ class JsonApi:
         return web.json_response([p for p in self._plans() if site is None or p["site"] == site])
 
     async def workloads(self, request: web.Request) -> web.Response:
-        owners = owners_of(self.optimizer.fleet)
+        owners = site_owners(self.optimizer.fleet)
         return web.json_response(
             [
-                dict(w, site=p["site"], owner=owners.get(str(w["id"]), UNATTRIBUTED))
+                dict(w, site=p["site"], owner=owners.get((str(p["site"]), str(w["id"])), UNATTRIBUTED))
                 for p in self._plans()
                 for w in p["workloads"]  # type: ignore[attr-defined]
             ]
@@ -134,6 +137,8 @@ class JsonApi:
         given = request.headers.get("Authorization", "")
         if token is None:
             raise web.HTTPForbidden(text="state changes are disabled: no API token is configured\n")
+        if not given.isascii():  # a bearer token is ASCII; anything else is no credential at all
+            raise web.HTTPBadRequest(text="the Authorization header is not ASCII\n")
         if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
             raise web.HTTPUnauthorized(
                 text="a valid bearer token is required\n", headers={"WWW-Authenticate": "Bearer"}

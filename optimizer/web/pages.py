@@ -33,7 +33,7 @@ from optimizer.render import (
     waits,
     waves_of,
 )
-from optimizer.report import UNATTRIBUTED, By, live_showback, owners_of
+from optimizer.report import UNATTRIBUTED, By, live_showback, owners_of, site_owners
 from optimizer.service import Optimizer
 from optimizer.web.charts import bar_chart, line_chart
 from optimizer.web.views import Overview, Trend, overview, unblock
@@ -90,8 +90,10 @@ def _observed(outcome: Outcome | None, projected: str) -> str:
     return "not applied yet" if projected else ""
 
 
-def workload_link(workload: str, name: str) -> str:
-    return f'<a href="/workload?{urlencode({"id": workload})}">{esc(name or workload)}</a>'
+def workload_link(workload: str, name: str, site: str | None = None) -> str:
+    """A link to a workload's page; ids are a site's own, so the link names the site."""
+    query = {"id": workload} | ({"site": site} if site else {})
+    return f'<a href="/workload?{urlencode(query)}">{esc(name or workload)}</a>'
 
 
 def cards(items: list[tuple[str, str, str]]) -> str:
@@ -180,7 +182,7 @@ class Console:
         savings = sum(r.monthly_savings_usd for p in plans for r in p.recommendations if r.id in open_ids)
         moves = sum(1 for p in plans for r in p.recommendations if r.id in open_ids)
         waste = sum(view.waste_by_kind.values())
-        findings = sorted((f for p in plans for f in p.findings), key=lambda f: -f.wasted_usd_per_hour)
+        findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
         body = [
             cards(
                 [
@@ -197,10 +199,10 @@ class Console:
             body.append('<p class="empty">No plan yet: the first comes one solve interval after telemetry arrives.</p>')
         if findings:
             top = "".join(
-                f"<li>{workload_link(f.workload, f.workload_name)} on {esc(', '.join(f.nodes))} "
+                f"<li>{workload_link(f.workload, f.workload_name, site)} on {esc(', '.join(f.nodes))} "
                 f"[{esc(f.hardware)}]: {esc(f.kind.value.replace('_', ' '))}, {money(f.wasted_usd_per_hour, 2)}/hour"
                 f" — {esc(f.detail)}</li>"
-                for f in findings[:5]
+                for site, f in findings[:5]
             )
             body.append(
                 f'<section><h2>Biggest problems</h2><ol id="problems">{top}</ol>'
@@ -278,7 +280,7 @@ class Console:
         # execution order: the plan's order per site; actions no longer planned after them, in their own order
         unplanned = 10**6
         selected.sort(key=lambda x: (x[0], numbers.get(x[0], {}).get(x[1].id, unplanned), order_key(x[1])))
-        owners = owners_of(self.optimizer.fleet)
+        owners = site_owners(self.optimizer.fleet)
         rows = []
         for n, (site, r, state) in enumerate(selected, 1):
             number = numbers.get(site, {})
@@ -288,8 +290,8 @@ class Console:
                     str(r.wave) if r.id in number and r.wave is not None else "–",
                     esc(waits(r, number)) if r.id in number else "",
                     esc(site),
-                    f"{esc(kind_word(r.kind))} {workload_link(r.workload, r.workload_name)}: {esc(change(r))}",
-                    esc(owners.get(r.workload, UNATTRIBUTED)),
+                    f"{esc(kind_word(r.kind))} {workload_link(r.workload, r.workload_name, site)}: {esc(change(r))}",
+                    esc(owners.get((site, r.workload), UNATTRIBUTED)),
                     esc(r.workload_class.value),
                     money(r.monthly_savings_usd),
                     esc(r.risk),
@@ -326,13 +328,13 @@ class Console:
 
     async def findings(self, request: web.Request) -> web.Response:
         plans = self._plans()
-        owners = owners_of(self.optimizer.fleet)
+        owners = site_owners(self.optimizer.fleet)
         findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
         f_rows = [
             [
                 esc(site),
-                workload_link(f.workload, f.workload_name),
-                esc(owners.get(f.workload, UNATTRIBUTED)),
+                workload_link(f.workload, f.workload_name, site),
+                esc(owners.get((site, f.workload), UNATTRIBUTED)),
                 esc(f.kind.value.replace("_", " ")),
                 f"{esc(', '.join(f.nodes))} <small>[{esc(f.hardware)}]</small>",
                 money(f.wasted_usd_per_hour, 2),
@@ -345,7 +347,7 @@ class Console:
         b_rows = [
             [
                 esc(site),
-                workload_link(b.workload, b.workload_name),
+                workload_link(b.workload, b.workload_name, site),
                 f"{esc(b.node)} <small>[{esc(b.hardware)}]</small>",
                 esc(b.reason),
                 esc(unblock(b.reason)),
@@ -404,7 +406,7 @@ class Console:
         if tracker is not None:
 
             def query(db: Lifecycle) -> tuple[tuple[Tracked, ...], dict[str, Outcome]]:
-                rows = db.of_workload(wid)
+                rows = db.of_workload(wid, plan.site)
                 return rows, db.outcomes_of(t.recommendation.id for t in rows)
 
             try:
@@ -507,7 +509,7 @@ class Console:
         by_raw = request.query.get("by", "owner")
         by: By = by_raw if by_raw in ("owner", "site", "hardware") else "owner"  # type: ignore[assignment]
         rows = live_showback(
-            self._plans(), owners_of(self.optimizer.fleet), self.optimizer.catalog, await self._open_ids(), by
+            self._plans(), site_owners(self.optimizer.fleet), self.optimizer.catalog, await self._open_ids(), by
         )
         classes = [c.value for c in WorkloadClass if any(r.gpus.get(c.value) for r in rows)]  # those in use
         kinds = sorted({k for r in rows for k in r.wasted_usd})
@@ -565,7 +567,7 @@ class Console:
 def _choices(found: list[tuple[Plan, WorkloadView]]) -> str:
     """Several workloads answer to one name (replicas of a service, or the same name in several sites)."""
     items = "".join(
-        f"<li>{workload_link(w.id, w.name)} in site {esc(p.site)}: {w.gpus} × {esc(w.hardware)} on "
+        f"<li>{workload_link(w.id, w.name, p.site)} in site {esc(p.site)}: {w.gpus} × {esc(w.hardware)} on "
         f"{esc(', '.join(w.nodes))} (<code>{esc(w.id)}</code>)</li>"
         for p, w in found[:MAX_ROWS]
     )
