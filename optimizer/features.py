@@ -376,8 +376,9 @@ TOGETHER_SECONDS = 60.0
 def departed(fleet: Fleet, site: str) -> set[tuple[str, str]]:
     """(workload, node) pairs of workloads that left the node: the node has gone on reporting without them for
     ``GONE_WINDOWS`` windows (it ended, or a scheduler moved it and it came back as a new pod), or they were seen
-    elsewhere only since a minute or more after their last window there (moved under the same id). A multi-node job reports from
-    all its nodes in the same minutes. What a workload did on hardware it left says nothing of where it runs."""
+    elsewhere only since a minute or more after their last window there (moved under the same id). A multi-node
+    job reports from all its nodes in the same minute. What a workload did on hardware it left says nothing of
+    where it runs."""
     spans: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
     gone = set()
     for (rec_site, node), record in fleet.nodes.items():
