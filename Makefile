@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 APT := $(shell [ "$$(id -u)" = 0 ] && echo apt-get || echo sudo apt-get)
 
-.PHONY: demo test lint typecheck pytest faults bench deps-test clean
+.PHONY: demo test lint typecheck pytest faults bench screenshots deps-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { $(APT) update && $(APT) install -y python3-venv && $(PYTHON) -m venv $(VENV); }
@@ -48,6 +48,12 @@ pytest: deps-test
 	$(BIN)/pytest
 
 test: lint typecheck pytest
+
+# The console's pictures in docs/ (console.png and the pages a capacity team walks through), retaken from a demo
+# run in headless Chromium; the tests take the same pictures without writing them, so a test run leaves the
+# checkout as it was.
+screenshots: deps-test
+	FLEETFIT_SCREENSHOTS=1 $(BIN)/pytest -q tests/test_console_demo.py -k walks
 
 faults: deps-test  # the fault-injection tests at full length (about 6 minutes)
 	$(BIN)/pytest -m fault --full-faults -s

@@ -38,9 +38,10 @@ MAX_PAYLOAD_BYTES = 256 * 1024
 Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 # A namespace, account, user or unit name: printable, no control characters (names reach pages and chat).
 OwnerName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
-Quantity = Annotated[float, Field(allow_inf_nan=False)]
+Quantity = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 
 
+# Numbers are JSON numbers: strict, so that a string ("9") is refused rather than read as one.
 # Bounds on values no honest agent sends (schema 2 tightens them; schema-1 agents never sent such values).
 FLOAT32_MAX = 3.4028234663852886e38  # the optimizer keeps per-second series as float32
 MAX_GPU_INDEX = 63  # a birth lists at most 64 devices (physical GPUs and MIG instances)
@@ -51,13 +52,13 @@ MAX_COUNTER = 2**53
 # The shortest sampling interval an agent may be configured with (agent.sample_interval): a window holds at
 # most its length divided by this, plus the samples at both of its ends.
 MIN_SAMPLE_INTERVAL = 0.1
-Count = Annotated[int, Field(ge=0, le=MAX_COUNTER)]
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNTER)]
 PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active")
 HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
 # What a stats array summarises is never negative, and the optimizer keeps some of it as float32.
-Measured = Annotated[float, Field(ge=0, le=FLOAT32_MAX, allow_inf_nan=False)]
-Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
-Spread = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Measured = Annotated[float, Field(strict=True, ge=0, le=FLOAT32_MAX, allow_inf_nan=False)]
+Percent = Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
+Spread = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 # What the check of every window reads of a GPU and of the host, in one C call on the model's __dict__ (an
 # attribute of a pydantic model costs twice a dict lookup: BaseModel defines __getattr__).
 _gpu_checked = itemgetter("index", *PERCENT_FIELDS, "util_series")

@@ -24,7 +24,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetfit")
 
 # Modules a GPU node's (agent-only) install leaves out, and the extra that brings each.
-EXTRAS = {"ortools": "optimizer", "aiohttp": "optimizer", "influxdb_client": "optimizer", "amqtt": "demo"}
+EXTRAS = {
+    "ortools": "optimizer",
+    "aiohttp": "optimizer",
+    "influxdb_client": "optimizer",
+    "numpy": "optimizer",
+    "amqtt": "demo",
+}
+# The commands that run on the optimizer's side, and the extra each needs; `agent` and `simulate` need none.
+COMMAND_EXTRAS = {
+    "optimizer": "optimizer",
+    "demo": "demo",
+    "plan": "optimizer",
+    "classify": "optimizer",
+    "recommendations": "optimizer",
+    "report": "optimizer",
+    "catalog": "optimizer",
+    "alerts": "optimizer",
+}
+OWN_PACKAGES = ("agent", "collectors", "optimizer")
 
 
 def _setup_logging(level: str) -> None:
@@ -152,8 +170,22 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _me() -> str:
+    """How to run this ``fleetfit`` again from the same directory: its name when the shell finds this one by it."""
+    import shutil
+
+    found = shutil.which("fleetfit")
+    given = sys.argv[0] if sys.argv and sys.argv[0].endswith("fleetfit") else ""
+    if not given or (found and Path(found).resolve() == Path(given).resolve()):
+        return "fleetfit"
+    return given
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import shlex
+
     from optimizer.demo import DemoOptions, run_demo
+    from optimizer.demostate import DemoState, DemoStateError, default_dir
     from optimizer.render import render_json, render_table
 
     if args.nodes < 8:
@@ -171,25 +203,58 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         console=not args.no_console,
         console_port=args.port,
         keep_serving=args.keep_serving,
+        state_dir=args.state_dir,
     )
     printer = _plan_printer(args.format)
+    # on stdout with the table; with --format json stdout carries only the plan
+    out = sys.stderr if args.format == "json" else sys.stdout
+    where: list[DemoState] = []
+
+    def show_state() -> None:
+        state = where[0]
+        if state.kept:
+            kept = "kept after the run, until the next demo"
+        else:
+            kept = f"removed when the run ends: another demo holds {default_dir()}"
+        print(f"state: {state.path} ({kept}); from another terminal:", file=out)
+        for command in ("recommendations", "report"):
+            print(f"  {_me()} {command} --state-dir {shlex.quote(str(state.path))}", file=out)
+        out.flush()
+
+    def state_ready(state: DemoState) -> None:
+        where.append(state)
+        if not options.console:  # else after the console's address, which comes first
+            show_state()
 
     def console_ready(url: str, token: str) -> None:
-        # on stdout with the table; with --format json stdout carries only the plan
-        out = sys.stderr if args.format == "json" else sys.stdout
         print(f"console: {url}  (token for its buttons: {token})", file=out, flush=True)
+        show_state()
+
+    def show_final(plan: Plan) -> None:
+        if args.format == "json":
+            print(render_json(plan), flush=True)
+        else:
+            print("final plan:")
+            print(render_table(plan), flush=True)
+
+    final_shown: list[Plan] = []
+
+    def final_ready(plan: Plan) -> None:  # with --keep-serving: shown now, while the console stays up
+        final_shown.append(plan)
+        show_final(plan)
 
     try:
-        plan = asyncio.run(run_demo(options, on_plan=printer, on_console=console_ready))
+        plan = asyncio.run(
+            run_demo(options, on_plan=printer, on_console=console_ready, on_state=state_ready, on_final=final_ready)
+        )
     except asyncio.CancelledError:  # a second SIGINT/SIGTERM
         return _fail("demo interrupted")
+    except DemoStateError as exc:
+        return _fail(str(exc))
     if plan is None:
         return _fail("no plan was produced: no telemetry reached the optimizer")
-    if args.format == "json":
-        print(render_json(plan))
-    else:
-        print("final plan:")
-        print(render_table(plan))
+    if not final_shown:
+        show_final(plan)
     return 0
 
 
@@ -270,10 +335,10 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     from agent.config import ConfigError, load_config
     from optimizer.config import OptimizerConfig
     from optimizer.lifecycle import DB_NAME, OPEN, Lifecycle, LifecycleError, RecState
-    from optimizer.render import csv_cell, printable
+    from optimizer.render import action_fields, csv_cell, numbered, render_listing
 
     try:
-        state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
+        state_dir = _state_dir(args, load_config(OptimizerConfig, args.config).optimizer.state_dir)
     except ConfigError as exc:
         return _fail(str(exc))
     if not (state_dir / DB_NAME).exists():
@@ -292,10 +357,15 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except sqlite3.Error as exc:
         return _fail(f"{state_dir / DB_NAME}: {exc}")
+    open_numbers = {
+        site: numbered(t.recommendation for t in rows if t.site == site and t.state in OPEN)
+        for site in {t.site for t in rows}
+    }
     if args.format == "json":
         out = [
             {
                 **t.recommendation.model_dump(mode="json"),
+                **action_fields(t.recommendation, open_numbers[t.site]),
                 "site": t.site,
                 "state": t.state.value,
                 "first_seen": t.first_seen,
@@ -305,53 +375,59 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
         ]
         print(json.dumps(out, indent=2))
     elif args.format == "csv":
+        columns = ["id", "state", "site", "number", "wave", "waits", "kind", "action", "workload", "class"]
+        columns += ["from_node", "from_hardware", "to_node", "to_hardware", "gpus", "gpus_after"]
+        columns += ["monthly_savings_usd", "risk", "reason"]
         writer = csv.writer(sys.stdout)
-        writer.writerow(
-            [
-                "id",
-                "state",
-                "site",
-                "workload",
-                "class",
-                "from_node",
-                "from_hardware",
-                "to_node",
-                "to_hardware",
-                "monthly_savings_usd",
-                "risk",
-                "reason",
-            ]
-        )
+        writer.writerow(columns)
         for t in rows:
             r = t.recommendation
+            fields = action_fields(r, open_numbers[t.site])
             row: list[object] = [
                 r.id,
                 t.state.value,
                 t.site,
+                fields["number"],
+                r.wave,
+                fields["waits"],
+                fields["kind"],
+                fields["action"],
                 r.workload_name,
                 r.workload_class.value,
                 r.from_node,
                 r.from_hardware,
                 r.to_node,
                 r.to_hardware,
+                r.gpus,
+                r.gpus_after,
                 r.monthly_savings_usd,
                 r.risk,
                 r.reason,
             ]
             writer.writerow([csv_cell(v) for v in row])
+    elif not rows:
+        print("no recommendations" + ("" if args.all else " open (see --all)"))
     else:
-        if not rows:
-            print("no recommendations" + ("" if args.all else " open (see --all)"))
-        for t in rows:
-            r = t.recommendation
-            move = f"{r.from_node} -> {r.to_node} [{r.to_hardware}]"
-            print(
-                printable(
-                    f"{r.id}  {t.state.value:12} {r.workload_name[:28]:28} {move[:56]:56} "
-                    f"{f'${r.monthly_savings_usd:,.0f}':>9}/month  risk {r.risk}"
-                )
-            )
+        print(render_listing([(t.site, t.state.value, t.recommendation) for t in rows]))
     return 0
+
+
+def _state_dir(args: argparse.Namespace, configured: Path) -> Path:
+    """The state directory to read: ``--state-dir``, else the config's. Given neither, where the optimizer's default
+    holds no state but a demo's directory does, the demo's, with a line on stderr that says so."""
+    from optimizer.demostate import demo_running, last_demo_dir
+    from optimizer.lifecycle import DB_NAME
+
+    if args.state_dir is not None:
+        return Path(args.state_dir)
+    if args.config is not None or (configured / DB_NAME).exists():
+        return configured
+    demo = last_demo_dir()
+    if demo is None:
+        return configured
+    which = "the running demo's" if demo_running(demo) else "the last demo's"
+    print(f"fleetfit: no optimizer state in {configured}: reading {which}, in {demo}", file=sys.stderr)
+    return demo
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -364,7 +440,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since)
         config = load_config(OptimizerConfig, args.config) if args.config or args.post or not args.state_dir else None
-        state_dir: Path = args.state_dir or (config.optimizer.state_dir if config else Path("."))
+        state_dir = _state_dir(args, config.optimizer.state_dir if config else Path("."))
         if args.post:
             return _post_report(state_dir, since, args.by, args.post, config)
         print(run_report(state_dir, since, args.by, args.format))
@@ -530,6 +606,7 @@ def _raise_open_files_limit() -> None:
 
 
 def _cmd_classify(args: argparse.Namespace) -> int:
+    from optimizer.classify import MIN_WINDOWS
     from optimizer.offline import RecordingError, classify_all, load_file, load_labels, render_score, score
 
     try:
@@ -549,10 +626,7 @@ def _cmd_classify(args: argparse.Namespace) -> int:
             return _fail(str(exc))
     results = classify_all(rec)
     if not results:
-        return _fail(
-            f"{args.file}: no workload found in {rec.lines} line(s) ({rec.rejected} rejected); "
-            "expected telemetry windows as JSON lines, as `fleetfit simulate --record` writes them"
-        )
+        return _fail(rec.nothing_found(args.file))
     if args.format == "json":
         rows = [
             {
@@ -576,6 +650,13 @@ def _cmd_classify(args: argparse.Namespace) -> int:
                 f" {r.result.confidence:.2f}{mark}"
             )
             print(f"    {'; '.join(r.result.evidence[:3])}")
+    short = sum(1 for r in results if r.features.windows < MIN_WINDOWS)
+    if short:
+        print(
+            f"{short} workload(s) seen in fewer than {MIN_WINDOWS} windows cannot be classified: record more "
+            f"(`fleetfit agent --once --jsonl` writes one window a run; append {MIN_WINDOWS} or more to one file)",
+            file=sys.stderr,
+        )
     labelled = [(r.truth, r.result.workload_class) for r in results if r.truth is not None]
     if labelled:
         print(render_score(score(labelled)), file=sys.stderr if args.format == "json" else sys.stdout)
@@ -584,18 +665,50 @@ def _cmd_classify(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------ main
 
+DEFAULT_STATE_DIR = "/var/lib/fleetfit-optimizer"  # OptimizerSettings.state_dir, which imports the optimizer's packages
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fleetfit")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """A command group given without its verb (`fleetfit alerts`): its help, on stderr, and status 2."""
+
+    def show(args: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    return show
+
 
 def build_parser() -> argparse.ArgumentParser:
     from collectors.scenarios import SCENARIOS
 
-    parser = cliargs.Parser(prog="fleetfit", description="Find AI workloads on the wrong GPU hardware.")
+    parser = cliargs.Parser(
+        prog="fleetfit",
+        description="Find AI workloads on the wrong GPU hardware, and say where they should go. `fleetfit demo` "
+        "shows it on a simulated fleet; `fleetfit COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetfit {_version()}")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (stderr)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
     scenarios = ", ".join(SCENARIOS)
 
-    p = sub.add_parser("agent", help="per-node telemetry daemon")
+    p = sub.add_parser(
+        "agent",
+        help="per-node telemetry daemon",
+        description="Sample this node's GPUs, NICs, disks and host every second, attribute GPUs to workloads, and "
+        "publish a window of telemetry every 10 s to the broker (spooled on disk while it is unreachable). Runs "
+        "under systemd (systemd/fleetfit-agent.service); --once prints one window and exits.",
+    )
     p.add_argument("--config", type=Path, help="the agent's TOML config (default: built-in settings)")
     p.add_argument("--once", action="store_true", help="print one window as JSON and exit")
     p.add_argument("--jsonl", action="store_true", help="with --once: one JSON line, as `classify` reads back")
@@ -609,7 +722,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_agent)
 
-    p = sub.add_parser("optimizer", help="central daemon: ingest, classify, plan, serve the console")
+    p = sub.add_parser(
+        "optimizer",
+        help="central daemon: ingest, classify, plan, serve the console",
+        description="Take every node's telemetry from the broker, classify each workload, plan each site's moves "
+        "every solve interval, keep their states, post them to chat, and serve the console and the HTTP API "
+        "(127.0.0.1:8470 by default). Runs under systemd (systemd/fleetfit-optimizer.service).",
+    )
     p.add_argument("--config", type=Path, help="the optimizer's TOML config (default: built-in settings)")
     p.set_defaults(func=_cmd_optimizer)
 
@@ -637,6 +756,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=cliargs.port, default=0, help="the console's port on 127.0.0.1 (default: a free one)")
     p.add_argument("--keep-serving", action="store_true", help="after the run, keep the console up until Ctrl-C")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="keep the run's recommendation states and ledger here (default: $XDG_STATE_HOME/fleetfit/demo, "
+        "~/.local/state/fleetfit/demo), for `fleetfit recommendations` and `fleetfit report`",
+    )
     p.add_argument("--no-console", action="store_true", help="serve no console")
     p.add_argument(
         "--alert-webhook",
@@ -653,32 +778,60 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("alerts", help="chat alert hooks")
-    alerts = p.add_subparsers(dest="alerts_command", required=True)
-    t = alerts.add_parser("test", help="send a sample message to one receiver")
+    p = sub.add_parser(
+        "alerts",
+        help="chat alert hooks",
+        description="The optimizer's chat receivers ([[alerts.receivers]] in its config: Slack, Mattermost, Teams, "
+        "a generic webhook).",
+    )
+    alerts = p.add_subparsers(dest="alerts_command", metavar="{test}")
+    p.set_defaults(func=_group_help(p))
+    t = alerts.add_parser(
+        "test",
+        help="send a sample message to one receiver",
+        description="Send a made-up recommendation to one receiver of --config, to check its URL and its channel.",
+    )
     t.add_argument("--receiver", required=True, help="the receiver's name in [[alerts.receivers]]")
     t.add_argument("--config", type=Path, help="the optimizer's config")
     t.set_defaults(func=_cmd_alerts)
 
-    p = sub.add_parser("recommendations", help="list recommendations; acknowledge, dismiss or reopen one")
+    p = sub.add_parser(
+        "recommendations",
+        help="list recommendations; acknowledge, dismiss or reopen one",
+        description="The optimizer's recommended actions per site, numbered in the order to carry them out (wave "
+        "by wave; an action waits for those it names), with their state; or a person's decision on one. Reads "
+        "the optimizer's state directory.",
+    )
     p.add_argument("action", nargs="?", choices=["ack", "dismiss", "reopen"], help="a decision on recommendation ID")
-    p.add_argument("id", nargs="?", help="the recommendation's id (first column of the list)")
+    p.add_argument("id", nargs="?", help="the recommendation's id (the ID column of the list)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--all", action="store_true", help="include dismissed, applied and expired ones")
     p.add_argument("--site", help="only this site's recommendations")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
-    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help=f"the optimizer's state directory (default: --config's [optimizer] state_dir, else {DEFAULT_STATE_DIR}; "
+        "given neither option, a demo's ($XDG_STATE_HOME/fleetfit/demo) when the optimizer's holds no state)",
+    )
     p.set_defaults(func=_cmd_recommendations)
 
     p = sub.add_parser(
         "report",
         help="showback: GPU-hours by class, $ held, $ wasted by finding kind and open savings per owner",
+        description="Sum the optimizer's ledger: every plan charges the time since the previous one (the time the "
+        "optimizer watched; replayed history is not charged) to each workload's owner, site or hardware.",
     )
     p.add_argument("--by", choices=["owner", "site", "hardware"], default="owner", help="group by (default owner)")
     p.add_argument("--since", default="7d", help="7d, 24h, 90m, 2w or a date YYYY-MM-DD (UTC; default 7d)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
-    p.add_argument("--state-dir", type=Path, help="the optimizer's state directory")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help=f"the optimizer's state directory (default: --config's [optimizer] state_dir, else {DEFAULT_STATE_DIR}; "
+        "given neither option, a demo's ($XDG_STATE_HOME/fleetfit/demo) when the optimizer's holds no state)",
+    )
     p.add_argument(
         "--post",
         metavar="RECEIVER",
@@ -699,7 +852,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", type=Path, help="the optimizer's state directory (learned corrections)")
     p.set_defaults(func=_cmd_catalog)
 
-    p = sub.add_parser("classify", help="classify recorded telemetry; scores itself when labels are present")
+    p = sub.add_parser(
+        "classify",
+        help="classify recorded telemetry; scores itself when labels are present",
+        description="Classify the workloads in recorded telemetry windows (fleetfit simulate --record, or fleetfit "
+        "agent --once --jsonl appended several times: a class needs at least three windows of a workload). With "
+        "labels it prints a confusion matrix and macro-F1.",
+    )
     p.add_argument(
         "file", type=Path, metavar="FILE.jsonl", help="windows as JSON lines (simulate --record, agent --once --jsonl)"
     )
@@ -713,7 +872,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_classify)
 
-    p = sub.add_parser("plan", help="plan offline from a fleet snapshot (docs/snapshot.md)")
+    p = sub.add_parser(
+        "plan",
+        help="plan offline from a fleet snapshot (docs/snapshot.md)",
+        description="Plan moves for a documented fleet snapshot, as the optimizer plans a live site: the actions in "
+        "the order to carry them out, what each saves, blocked moves with why, what buying capacity returns, and "
+        "how far the plan is from the best possible.",
+    )
     p.add_argument("fleet", type=Path, metavar="FLEET.json", help="a fleet snapshot (docs/snapshot.md)")
     p.add_argument("--time-limit", type=cliargs.positive_float, default=10.0, help="solver seconds (default 10)")
     p.add_argument("--max-moves", type=cliargs.non_negative_int, default=20, help="most moves in the plan (default 20)")
@@ -733,7 +898,12 @@ def build_parser() -> argparse.ArgumentParser:
     buying.add_argument("--no-buy", action="store_true", help="leave the purchase section out (a faster plan)")
     p.set_defaults(func=_cmd_plan)
 
-    p = sub.add_parser("simulate", help="run simulated agents against a broker")
+    p = sub.add_parser(
+        "simulate",
+        help="run simulated agents against a broker",
+        description="Simulated nodes of known hardware running workloads of known patterns (docs/simulator.md), "
+        "publishing over MQTT as real agents do; --record keeps every window with its ground truth.",
+    )
     p.add_argument(
         "--broker",
         required=True,
@@ -791,11 +961,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
-        if top not in EXTRAS:
+        extra = COMMAND_EXTRAS.get(args.command) or EXTRAS.get(top)
+        if not top or top in OWN_PACKAGES or extra is None:
             raise
-        extra = "demo" if args.command == "demo" else EXTRAS[top]
         return _fail(
-            f"`fleetfit {args.command}` needs {top}, which this install left out: pip install 'fleetfit[{extra}]'"
+            f"`fleetfit {args.command}` needs the {extra}'s packages ({top} is not installed): "
+            f"pip install 'fleetfit[{extra}]'"
         )
     except BrokenPipeError:  # the reader left (`fleetfit classify … | head -1`): nothing more to say
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -11,12 +11,13 @@ thinned to one 10 s window per 10-minute digest (agent.simulate.past_windows), s
 of a day for every node would take minutes. The busiest part of the day, the services' daily peak, is where the
 live run starts, and comes in full.
 
-Chat receivers get one message each, when the run ends: the final plan's moves that the plan before it proposed
-too. The demo's plans change while its history is still arriving (classes firm up as windows come in, a day of
-history turns a move of an idle allocation into its release), far faster than a deployment's, whose plans come a
-minute apart from telemetry that has been arriving all along; posting as the run goes would post moves a later
-plan withdraws. So the demo gathers for the whole run (``group_wait``) and posts after its final plan, which no
-later plan can withdraw, only the moves that plan confirms (``settle_plans``: 2, no minimum time)."""
+Chat receivers get one message each, when the run ends: the final plan's actions, all of them, as the terminal
+and the console list them. The demo's plans change while its history is still arriving (classes firm up as
+windows come in, a day of history turns a move of an idle allocation into its release), far faster than a
+deployment's, whose plans come a minute apart from telemetry that has been arriving all along; posting as the run
+goes would post moves a later plan withdraws. So the demo gathers for the whole run (``group_wait``; each plan
+drops from the gathering message what it no longer proposes) and posts after its final plan, which no later plan
+can withdraw (``settle_plans``: 1, no minimum time)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import logging
 import os
 import secrets
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -43,6 +43,7 @@ from optimizer.alerts.settings import AlertSettings, ReceiverSettings
 from optimizer.broker import EmbeddedBroker
 from optimizer.catalog import load_catalog
 from optimizer.config import ApiSettings, OptimizerConfig, OptimizerSettings
+from optimizer.demostate import DemoState, demo_state
 from optimizer.lifecycle import Lifecycle
 from optimizer.recommend import PlanSettings
 from optimizer.service import Optimizer
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 DEMO_SITE = "demo"
 DEMO_FLUSH_TIMEOUT = 5.0  # seconds the demo's last alerts may take at the end: an unreachable hook must not hold it
 DEMO_GROUP_WAIT = 3600.0  # longer than any run: the demo posts once, after its final plan (see above)
-DEMO_SETTLE_PLANS = 2  # the final plan's moves are posted if the plan before it proposed them too
+DEMO_SETTLE_PLANS = 1  # the final plan's actions are posted, all of them: no later plan withdraws one
 DEMO_HISTORY = 25.5 * 3600.0  # a day and a bit: the digests must span the 24 h that releasing and resizing wait for
 
 
@@ -69,18 +70,20 @@ class DemoOptions:
     console_port: int = 0  # 0: a free port
     keep_serving: bool = False  # after the run, keep the console up until SIGINT/SIGTERM
     history: float = DEMO_HISTORY  # seconds of each node's past its agent replays before going live
+    state_dir: Path | None = None  # None: the demo's own directory (optimizer/demostate.py)
 
 
 ConsoleReady = Callable[[str, str], None]  # (the console's URL, the token its buttons need)
+StateReady = Callable[[DemoState], None]  # where the run keeps its state, for the commands that read it
 
 
-def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[Lifecycle | None, Alerter | None]:
-    """A lifecycle and alert hooks in a throw-away state directory when webhooks were given, else neither.
+def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> Alerter | None:
+    """Alert hooks with their log in the run's state directory when webhooks were given, else none.
 
     The URLs travel in this process's environment, as a configured receiver's would, so they never sit in
     settings that could be printed."""
     if not webhooks:
-        return None, None
+        return None
     receivers = []
     for n, (kind, url) in enumerate(webhooks):
         variable = f"FLEETFIT_DEMO_WEBHOOK_{n}"
@@ -95,14 +98,19 @@ def _alerting(webhooks: tuple[tuple[str, str], ...], state_dir: Path) -> tuple[L
         max_attempts=4,
         timeout=DEMO_FLUSH_TIMEOUT,
     )
-    return Lifecycle.in_state_dir(state_dir), Alerter.in_state_dir(settings, state_dir)
+    return Alerter.in_state_dir(settings, state_dir)
 
 
 async def run_demo(
-    options: DemoOptions, on_plan: Callable[[Plan], None] | None = None, on_console: ConsoleReady | None = None
+    options: DemoOptions,
+    on_plan: Callable[[Plan], None] | None = None,
+    on_console: ConsoleReady | None = None,
+    on_state: StateReady | None = None,
+    on_final: Callable[[Plan], None] | None = None,
 ) -> Plan | None:
     """Run the demo for ``options.duration`` seconds once the fleet is live (or until SIGINT/SIGTERM); return the
-    final plan."""
+    final plan. ``on_final`` hears of it as soon as it is made, before the console stays up (``keep_serving``).
+    DemoStateError: the chosen state directory cannot be used."""
     nodes = build_scenario("demo", options.nodes, options.seed)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -119,8 +127,10 @@ async def run_demo(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        with tempfile.TemporaryDirectory(prefix="fleetfit-demo-") as state:
-            return await _run(options, nodes, stop, Path(state), on_plan, on_console)
+        with demo_state(options.state_dir) as state:
+            if on_state is not None:
+                on_state(state)
+            return await _run(options, nodes, stop, state.path, on_plan, on_console, on_final)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -133,6 +143,7 @@ async def _run(
     state_dir: Path,
     on_plan: Callable[[Plan], None] | None,
     on_console: ConsoleReady | None = None,
+    on_final: Callable[[Plan], None] | None = None,
 ) -> Plan | None:
     async with EmbeddedBroker() as broker:
         log.info("embedded broker on %s:%d", broker.host, broker.port)
@@ -150,9 +161,10 @@ async def _run(
             plan=PlanSettings(time_limit=5.0),
             alerts=AlertSettings(flush_timeout=DEMO_FLUSH_TIMEOUT),
         )
-        lifecycle, alerter = _alerting(options.webhooks, state_dir)
-        if lifecycle is None and options.console:  # the console's buttons keep their state here
-            lifecycle = Lifecycle.in_state_dir(state_dir)
+        # recommendation states (the console's buttons, `fleetfit recommendations`) and the ledger (`fleetfit
+        # report`), where the other commands can read them
+        lifecycle = Lifecycle.in_state_dir(state_dir)
+        alerter = _alerting(options.webhooks, state_dir)
         optimizer = Optimizer(config, load_catalog(), on_plan=on_plan, lifecycle=lifecycle, alerter=alerter)
         console = _console(optimizer, options)
         if console is not None:
@@ -184,6 +196,8 @@ async def _run(
             final = {p.site: p for p in await optimizer.plan_once()}.get(DEMO_SITE)
             if console is not None and options.keep_serving and not interrupted:
                 await optimizer.flush_alerts("at the end of the run")  # the final plan's settled moves (see above)
+                if on_final is not None and final is not None:
+                    on_final(final)
                 stop.clear()
                 log.info("the run is over; the console stays up until Ctrl-C")
                 await stop.wait()
@@ -200,8 +214,7 @@ async def _run(
             raise
         if console is not None:
             await console[0].stop()
-        if lifecycle is not None:
-            lifecycle.close()
+        lifecycle.close()
         # a round of planning that began before the run ended may finish after the final plan: it is older
         return final or optimizer.plans.get(DEMO_SITE)
 

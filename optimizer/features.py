@@ -503,13 +503,17 @@ def gpu_lockstep(per_gpu: dict[int, list[float]]) -> float | None:
 
 
 GONE_WINDOWS = 3  # a workload its node has not reported for this many of the node's windows has left it
+# The nodes of one multi-node job report it in the same minute; a workload first seen elsewhere later than that
+# after its last window on a node moved there (a rescheduled pod waits out eviction and start-up: minutes).
+TOGETHER_SECONDS = 60.0
 
 
 def departed(fleet: Fleet, site: str) -> set[tuple[str, str]]:
     """(workload, node) pairs of workloads that left the node: the node has gone on reporting without them for
     ``GONE_WINDOWS`` windows (it ended, or a scheduler moved it and it came back as a new pod), or they were seen
-    elsewhere only since after their last window there (moved under the same id). A multi-node job reports from
-    all its nodes in the same minutes. What a workload did on hardware it left says nothing of where it runs."""
+    elsewhere only since a minute or more after their last window there (moved under the same id). A multi-node
+    job reports from all its nodes in the same minute. What a workload did on hardware it left says nothing of
+    where it runs."""
     spans: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
     gone = set()
     for (rec_site, node), record in fleet.nodes.items():
@@ -525,7 +529,7 @@ def departed(fleet: Fleet, site: str) -> set[tuple[str, str]]:
     for wid, by_node in spans.items():
         if len(by_node) > 1:
             newest = max(first for first, _ in by_node.values())
-            gone |= {(wid, node) for node, (_, last) in by_node.items() if last < newest}
+            gone |= {(wid, node) for node, (_, last) in by_node.items() if last < newest - TOGETHER_SECONDS}
     return gone
 
 

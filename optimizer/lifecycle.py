@@ -25,6 +25,7 @@ from agent.protocol import Plan, Recommendation
 from optimizer import outcomes
 from optimizer.ordering import waiting_on
 from optimizer.outcomes import Outcome
+from optimizer.render import order_key
 
 DB_NAME = "fleetfit.db"
 
@@ -233,10 +234,7 @@ class Lifecycle:
             clauses.append(f"state IN ({', '.join('?' for _ in wanted)})")
             args += [s.value for s in wanted]
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        return sorted(
-            self._select(where, tuple(args)),
-            key=lambda t: (t.site, t.recommendation.wave or 0, -t.recommendation.monthly_savings_usd),
-        )
+        return sorted(self._select(where, tuple(args)), key=lambda t: (t.site, *order_key(t.recommendation)))
 
     def of_workload(self, workload: str, site: str | None = None) -> tuple[Tracked, ...]:
         """Every move ever proposed for ``workload`` (in ``site``, when given), in any state, newest first, with the

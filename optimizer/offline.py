@@ -111,6 +111,22 @@ class Recording:
     labels: dict[str, WorkloadClass] = field(default_factory=dict)
     lines: int = 0
     rejected: int = 0
+    windows: int = 0  # telemetry windows taken in
+    no_gpu: str | None = None  # why a window's agent saw no GPU (gpu_unavailable), the last one said
+
+    def nothing_found(self, path: Path) -> str:
+        """Why no workload came out of the recording at ``path``, in one line."""
+        read = f"{path}: {self.lines} line(s) read ({self.rejected} rejected)"
+        if not self.windows:
+            return (
+                f"{read}, none a telemetry window: expected windows as JSON lines, as `fleetfit simulate --record` "
+                "and `fleetfit agent --once --jsonl` write them"
+            )
+        why = f"its agent saw no GPU ({self.no_gpu})" if self.no_gpu else "nothing ran on its GPUs"
+        return (
+            f"{read}: {self.windows} window(s), none attributing a GPU to a workload: {why}. Record where "
+            "workloads run, or try `fleetfit agent --once --jsonl --simulate h100x8` (simulated GPUs)"
+        )
 
 
 def _guess_birth(window: Telemetry) -> Birth:
@@ -155,7 +171,9 @@ def load(lines: Iterable[str], horizon: int = 100_000) -> Recording:
                 window = Telemetry.model_validate(payload)
                 if window.node and rec.fleet.record(window.site, window.node) is None:
                     _ingest(rec, _guess_birth(window))
-                _ingest(rec, window)
+                if _ingest(rec, window):
+                    rec.windows += 1
+                    rec.no_gpu = window.gpu_unavailable or rec.no_gpu
             elif "agent_version" in payload:
                 _ingest(rec, Birth.model_validate(payload))
             elif payload is not obj:
@@ -165,10 +183,12 @@ def load(lines: Iterable[str], horizon: int = 100_000) -> Recording:
     return rec
 
 
-def _ingest(rec: Recording, message: Birth | Telemetry) -> None:
+def _ingest(rec: Recording, message: Birth | Telemetry) -> bool:
     kind = TopicKind.BIRTH if isinstance(message, Birth) else TopicKind.TELEMETRY
     if rec.fleet.ingest(node_topic(PREFIX, message.site, message.node, kind), encode(message)) is None:
         rec.rejected += 1
+        return False
+    return True
 
 
 def load_file(path: Path, horizon: int = 100_000) -> Recording:

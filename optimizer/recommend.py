@@ -32,6 +32,7 @@ from optimizer.interrupt import SolveStop
 from optimizer.ordering import Action, order
 from optimizer.planner import WORK_PER_SECOND, Kept, Movable, NodeSlot, Problem, Solution, solve
 from optimizer.purchases import purchases
+from optimizer.render import order_key
 from optimizer.shares import share_units
 from optimizer.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
 
@@ -406,7 +407,7 @@ def _in_order(snapshot: Snapshot, node_hw: dict[str, str], recs: list[Recommenda
         )
         for rec in recs
     ]
-    return sorted(placed, key=lambda x: (x.wave or 0, -x.monthly_savings_usd, x.id))
+    return sorted(placed, key=order_key)
 
 
 def _planned(catalog: Catalog, recommendations: list[Recommendation], solution: Solution) -> dict[str, Planned]:

@@ -1,9 +1,14 @@
-"""Plans for people (an aligned text table) and for programs (the protocol's JSON); safe cells for CSV."""
+"""Plans for people (an aligned text table) and for programs (the protocol's JSON); safe cells for CSV.
+
+It is also the one place an action is put into words. The command line, the console, chat messages, the generic
+webhook, CSV and the API all name an action's kind, describe it, order it, number it and total a list of them
+through the functions here, so a capacity team reads the same plan wherever it looks."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable, Mapping
 
 from agent.protocol import Plan, Purchase, Recommendation
 
@@ -38,6 +43,143 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+# ------------------------------------------------------------------------------------- actions in words
+
+# Every kind of action a plan holds, in the order totals list them, and the word each is called by everywhere.
+KINDS = {"move": "move", "reclaim": "reclaim", "right_size": "right-size", "consolidate": "consolidate"}
+ARROW = "→"
+
+
+def kind_of(r: Recommendation) -> str:
+    """The action's kind as the protocol spells it (a schema-1 action without one is a move)."""
+    return r.kind or "move"
+
+
+def kind_word(kind: str | None) -> str:
+    """A kind (``right_size``) as people read it (``right-size``)."""
+    return KINDS.get(kind or "move", (kind or "move").replace("_", "-"))
+
+
+def _count(gpus: float, share: float | None) -> str:
+    if share is not None:
+        return f"{gpus:g} × {share:.2g} of" if gpus != 1 else f"{share:.2g} of one"
+    return f"{gpus:g} ×"
+
+
+def change(r: Recommendation) -> str:
+    """What the action changes, where: ``8 → 4 × L40S 48GB on l40s-004``."""
+    kind = kind_of(r)
+    if kind == "reclaim":
+        return f"release {_count(r.gpus, r.gpu_share)} {r.from_hardware} on {r.from_node}"
+    if kind == "right_size":
+        kept = r.gpus if r.gpus_after is None else r.gpus_after
+        return f"{r.gpus} {ARROW} {_count(kept, r.gpu_share)} {r.from_hardware} on {r.from_node}"
+    before = f"{_count(r.gpus, r.gpu_share if kind != 'consolidate' else None)} {r.from_hardware} on {r.from_node}"
+    if kind == "consolidate":
+        target = f"{r.gpu_share or 1:.2g} of a GPU shared with other services, {r.to_hardware} on {r.to_node}"
+    else:
+        held = r.gpus if r.gpus_after is None else r.gpus_after
+        target = f"{_count(held, r.gpu_share)} {r.to_hardware} on {r.to_node}"
+    via = f" via {r.via_node} (wave {r.via_wave})" if r.via_node else ""
+    return f"{before} {ARROW} {target}{via}"
+
+
+def action_text(r: Recommendation) -> str:
+    """The action in one line: ``right-size tts-api: 8 → 4 × L40S 48GB on l40s-004``."""
+    return f"{kind_word(r.kind)} {r.workload_name or r.workload}: {change(r)}"
+
+
+def order_key(r: Recommendation) -> tuple[int, float, str]:
+    """The order to carry actions out in: wave by wave, the biggest saving first within a wave."""
+    return (r.wave or 0, -r.monthly_savings_usd, r.id)
+
+
+def numbered(recs: Iterable[Recommendation]) -> dict[str, int]:
+    """Each action's number (1, 2, …) in the order to carry them out, by id."""
+    return {r.id: i for i, r in enumerate(sorted(recs, key=order_key), 1)}
+
+
+def waits(r: Recommendation, number: Mapping[str, int]) -> str:
+    """What the action waits for: ``after #1, #2`` (an action not listed is named by its id), ``together with
+    #3`` for a swap, and the dismissed actions it cannot go ahead without; "" when it waits for nothing."""
+
+    def refs(ids: list[str]) -> str:
+        return ", ".join(f"#{number[i]}" if i in number else i for i in ids)
+
+    parts = []
+    if r.after:
+        parts.append(f"after {refs(r.after)}")
+    if r.swap:
+        parts.append(f"together with {refs(r.swap)}")
+    if r.blocked_by:
+        parts.append(f"waits on dismissed {refs(r.blocked_by)}")
+    return "; ".join(parts)
+
+
+def savings_by_kind(recs: Iterable[Recommendation]) -> dict[str, float]:
+    """US$ a month per kind of action, kinds in ``KINDS`` order."""
+    sums: dict[str, float] = {}
+    for r in recs:
+        sums[kind_of(r)] = sums.get(kind_of(r), 0.0) + r.monthly_savings_usd
+    return {k: sums[k] for k in sorted(sums, key=lambda k: (list(KINDS).index(k) if k in KINDS else len(KINDS), k))}
+
+
+def total_text(recs: Iterable[Recommendation], money: Callable[[float], str] = lambda v: f"${v:,.0f}") -> str:
+    """The one total of a list of actions, broken down by kind where kinds differ:
+    ``$18,673/month (move $11,811, reclaim $4,380, right-size $2,482)``."""
+    by_kind = savings_by_kind(recs)
+    text = f"{money(sum(by_kind.values()))}/month"
+    if len(by_kind) > 1:
+        text += " (" + ", ".join(f"{kind_word(k)} {money(v)}" for k, v in by_kind.items()) + ")"
+    return text
+
+
+def waves_of(recs: Iterable[Recommendation]) -> int:
+    return max((r.wave or 1 for r in recs), default=0)
+
+
+def action_fields(r: Recommendation, number: Mapping[str, int]) -> dict[str, object]:
+    """What JSON listings (the API, ``fleetfit recommendations --format json``) add to an action: its kind
+    (``move`` for a schema-1 action), its number in the order to carry them out, and the action in words."""
+    return {"kind": kind_of(r), "number": number.get(r.id), "action": action_text(r), "waits": waits(r, number)}
+
+
+LISTING_HEADERS = ["#", "WAVE", "WAITS FOR", "ID", "STATE", "SAVING/MONTH", "RISK", "ACTION"]
+
+
+def render_listing(rows: list[tuple[str, str, Recommendation]]) -> str:
+    """``fleetfit recommendations``: (site, state, action) rows per site in the order to carry them out, each site
+    headed by its total. Open actions are numbered as the plan numbers them; closed ones (``--all``) are not."""
+    out: list[str] = []
+    for site in sorted({site for site, _, _ in rows}):
+        mine = [(state, r) for s, state, r in rows if s == site]
+        open_recs = [r for state, r in mine if state in ("new", "acknowledged")]
+        number = numbered(open_recs)
+        mine.sort(key=lambda x: (number.get(x[1].id, len(number) + 1), order_key(x[1])))
+        if out:
+            out.append("")
+        out.append(
+            f"site {site}: {len(open_recs)} open action(s) in {waves_of(open_recs)} wave(s), saving "
+            f"{total_text(open_recs)}"
+            + (f"; {len(mine) - len(open_recs)} closed" if len(mine) > len(open_recs) else "")
+        )
+        cells = [
+            [
+                str(number[r.id]) if r.id in number else "–",
+                str(r.wave or 1) if r.id in number else "–",
+                waits(r, number).removeprefix("after ") if r.id in number else "",
+                r.id,
+                state,
+                f"${r.monthly_savings_usd:,.0f}",
+                r.risk,
+                action_text(r),
+            ]
+            for state, r in mine
+        ]
+        out += _table(LISTING_HEADERS, cells)
+    return "\n".join(printable(line) for line in out)
+
+
 def render_table(plan: Plan, every_answer: bool = False) -> str:
     """The plan in words; with ``every_answer`` (``fleetfit plan --buy``) the purchase section is there even when
     it says nothing is worth buying or that there was no time to answer."""
@@ -66,12 +208,11 @@ def render_table(plan: Plan, every_answer: bool = False) -> str:
             )
     if plan.recommendations:
         lines.append("")
-        waves = max((r.wave or 1 for r in plan.recommendations), default=1)
         lines.append(
-            f"recommended actions, saving ${plan.monthly_savings_usd:,.0f}/month, in {waves} wave(s) "
-            "(a wave's actions run in parallel):"
+            f"recommended actions, saving {total_text(plan.recommendations)}, in {waves_of(plan.recommendations)} "
+            "wave(s) (a wave's actions run in parallel):"
         )
-        lines += _actions(plan)
+        lines += _actions(plan.recommendations)
     else:
         lines.append("")
         lines.append("no moves recommended")
@@ -92,11 +233,7 @@ def render_table(plan: Plan, every_answer: bool = False) -> str:
         f"gap {s.gap:.2%}, {s.solve_seconds:.2f} s"
     )
     if s.savings_usd is not None and s.bound_savings_usd is not None:
-        share = s.savings_usd / s.bound_savings_usd if s.bound_savings_usd > 0 else 1.0
-        lines.append(
-            f"moves and resizing save ${s.savings_usd:,.0f}/month; no plan saves more than "
-            f"${s.bound_savings_usd:,.0f}/month ({share:.1%} of that bound; {s.bound_method})"
-        )
+        lines.append(bound_text(plan))
     return "\n".join(lines)
 
 
@@ -118,21 +255,6 @@ def render_purchases(purchases: list[Purchase] | None) -> str:
     return "\n".join(lines)
 
 
-def _what(r: Recommendation) -> str:
-    """One action in words: what changes where."""
-    if r.kind == "reclaim":
-        return f"release {r.gpus} × {r.from_hardware} on {r.from_node}"
-    if r.kind == "right_size":
-        return f"shrink to {r.gpus_after:g} of its {r.gpus} GPUs on {r.from_node} [{r.from_hardware}]"
-    if r.kind == "consolidate":
-        return (
-            f"{r.from_node} [{r.from_hardware}] -> {r.gpu_share:.2g} of a shared GPU on {r.to_node} [{r.to_hardware}]"
-        )
-    via = f" via {r.via_node} (wave {r.via_wave})" if r.via_node else ""
-    size = f" on {r.gpus_after:g} GPU(s)" if r.gpus_after is not None else ""
-    return f"{r.from_node} [{r.from_hardware}] -> {r.to_node} [{r.to_hardware}]{size}{via}"
-
-
 def projected_load(r: Recommendation) -> str:
     """The load an action expects per GPU on its target, as planned ("" when it projects none)."""
     p = r.projection
@@ -142,29 +264,36 @@ def projected_load(r: Recommendation) -> str:
     return f"{p.mean_util:.0f} % (p95 {p.p95_util:.0f} %) at {p.speed:.2f}× the speed; {shape}"
 
 
-def _held(r: Recommendation) -> str:
-    return f"{r.gpu_share:.2g} of a GPU" if r.gpu_share is not None else f"{r.gpus} GPU"
+def bound_text(plan: Plan) -> str:
+    """How far the plan is from the best possible. The bound is on what the solver decides (moves, right-sizes,
+    consolidations); releasing an idle allocation is decided before it, so the plan's total is that plus them."""
+    s = plan.solver
+    solved = s.savings_usd or 0.0
+    bound = s.bound_savings_usd or 0.0
+    share = solved / bound if bound > 0 else 1.0
+    reclaims = sum(r.monthly_savings_usd for r in plan.recommendations if kind_of(r) == "reclaim")
+    text = (
+        f"bound: the solver's actions (moves and resizing) save ${solved:,.0f}/month, {share:.1%} of the most any "
+        f"plan's could (${bound:,.0f}/month; {s.bound_method})"
+    )
+    if reclaims:
+        text += f"; reclaims, decided before the solve, add ${reclaims:,.0f}"
+    return text
 
 
-def _actions(plan: Plan) -> list[str]:
-    """The recommendations numbered in the order to carry them out, each with what it waits for."""
-    number = {r.id: i for i, r in enumerate(plan.recommendations, 1)}
+def _actions(recs: list[Recommendation]) -> list[str]:
+    """The actions numbered in the order to carry them out, wave by wave, each with what it waits for."""
+    ordered = sorted(recs, key=order_key)
+    number = numbered(ordered)
     lines: list[str] = []
     wave = None
-    for r in plan.recommendations:
+    for r in ordered:
         if r.wave != wave and r.wave is not None:
             wave = r.wave
             lines.append(f"  wave {wave}:")
-        lines.append(
-            f"  {number[r.id]:>3}. {(r.kind or 'move').replace('_', '-')} {r.workload_name} "
-            f"({r.workload_class.value}, {_held(r)}): {_what(r)}  ${r.monthly_savings_usd:,.0f}/month"
-        )
-        if r.after:
-            lines.append(f"      after: {', '.join(f'#{number[a]}' for a in r.after if a in number)}")
-        if r.swap:
-            lines.append(f"      swap: together with {', '.join(f'#{number[a]}' for a in r.swap if a in number)}")
-        if r.blocked_by:
-            lines.append(f"      waits on dismissed: {', '.join(r.blocked_by)}")
+        lines.append(f"  {number[r.id]:>3}. {action_text(r)}  ${r.monthly_savings_usd:,.0f}/month")
+        if waiting := waits(r, number):
+            lines.append(f"      {waiting}")
         lines.append(f"      why: {r.reason}")
         lines.append(f"      impact: {r.performance_impact}; risk {r.risk}")
     return lines

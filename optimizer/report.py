@@ -43,6 +43,13 @@ CREATE TABLE IF NOT EXISTS usage (
     wasted_usd REAL NOT NULL,
     PRIMARY KEY (hour, site, owner, hardware, workload_class, waste_kind)
 );
+-- the seconds each site's plans charged per hour: what part of a period the ledger covers
+CREATE TABLE IF NOT EXISTS charged (
+    hour REAL NOT NULL,
+    site TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    PRIMARY KEY (hour, site)
+);
 CREATE TABLE IF NOT EXISTS owners (
     workload TEXT PRIMARY KEY,
     site TEXT NOT NULL,
@@ -224,6 +231,11 @@ class Ledger:
                 "wasted_usd = wasted_usd + excluded.wasted_usd",
                 [(_hour(now), plan.site, *k, *v) for k, v in sums.items()],
             )
+            self._db.execute(
+                "INSERT INTO charged VALUES (?, ?, ?) ON CONFLICT (hour, site) DO UPDATE SET "
+                "seconds = seconds + excluded.seconds",
+                (_hour(now), plan.site, seconds),
+            )
             self._db.executemany(
                 "INSERT INTO workload_owners VALUES (?, ?, ?, ?, ?) ON CONFLICT (site, workload) DO UPDATE SET "
                 "owner = excluded.owner, seen = excluded.seen, hardware = excluded.hardware",
@@ -269,6 +281,16 @@ class Ledger:
             if key in rows:
                 rows[key].workloads = len(ids)
         return sorted(rows.values(), key=lambda s: (-s.held_usd, s.key))
+
+    def covered(self, since: float) -> float:
+        """The seconds since ``since`` the ledger charged, for the site it covers longest: the time the optimizer
+        watched and planned. Replayed history (an agent's spool after an outage, the demo's day) is not charged:
+        it arrives after the time it covers, which the optimizer either watched already or was down for."""
+        row = self._db.execute(
+            "SELECT MAX(total) FROM (SELECT SUM(seconds) AS total FROM charged WHERE hour >= ? GROUP BY site)",
+            (_hour(since),),
+        ).fetchone()
+        return float(row[0] or 0.0)
 
     def _has_recommendations(self) -> bool:
         found = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'recommendations'")
@@ -335,8 +357,12 @@ def render_csv(rows: list[Showback], by: By) -> str:
     return out.getvalue()
 
 
-def render_json(rows: list[Showback], by: By, since: float) -> str:
-    return json.dumps({"by": by, "since": since, "rows": [r.as_json() for r in rows]}, indent=2)
+def render_json(rows: list[Showback], by: By, since: float, covered: float | None = None) -> str:
+    body: dict[str, object] = {"by": by, "since": since}
+    if covered is not None:
+        body["covered_seconds"] = round(covered, 1)  # the time the optimizer watched, charged plan by plan
+    body["rows"] = [r.as_json() for r in rows]
+    return json.dumps(body, indent=2)
 
 
 _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -364,13 +390,29 @@ def run_report(state_dir: Path, since: float, by: By, fmt: str) -> str:
     ledger = Ledger(path)
     try:
         rows = ledger.report(since, by)
+        covered = ledger.covered(since)
     finally:
         ledger.close()
     if fmt == "json":
-        return render_json(rows, by, since)
+        return render_json(rows, by, since, covered)
     if fmt == "csv":
         return render_csv(rows, by).rstrip("\n")
+    start = time.strftime("%Y-%m-%d %H:%M", time.gmtime(since))
     if not rows:
-        return f"nothing accounted since {time.strftime('%Y-%m-%d %H:%M', time.gmtime(since))} UTC"
-    head = f"GPU use and waste per {by} since {time.strftime('%Y-%m-%d %H:%M', time.gmtime(since))} UTC"
+        return f"nothing accounted since {start} UTC"
+    head = (
+        f"GPU use and waste per {by} since {start} UTC, over the {duration(covered)} the optimizer watched "
+        "(time it was down and replayed history are not charged)"
+    )
     return head + "\n" + render_table(rows, by)
+
+
+def duration(seconds: float) -> str:
+    """``52 s``, ``14 min``, ``3.2 h``, ``6.9 days``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

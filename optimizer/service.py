@@ -230,7 +230,10 @@ class Optimizer:
             self._plan_site, snapshot, site, open_actions, done
         )
         if observed and self.tracker is not None:
-            await self.tracker.write(self.tracker.lifecycle.save_outcomes, observed)
+            try:
+                await self.tracker.write(self.tracker.lifecycle.save_outcomes, observed)
+            except sqlite3.Error as exc:  # a full disk: the plan stands, what was observed is observed again
+                self._state_failed(exc)
         if excluded != self.excluded_nodes.get(site, {}):
             for node, why in sorted(excluded.items()):
                 log.warning("site %s: planning without node %s (%s)", site, node, why)

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -43,6 +44,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--full-faults"):
         os.environ["FLEETFIT_FULL_FAULTS"] = "1"
+    # `fleetfit demo` keeps its state in $XDG_STATE_HOME/fleetfit/demo: the demos the tests run keep theirs apart
+    # from the user's own, in a directory of this run's
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="fleetfit-tests-state-")
 
 
 def fault_size(short: int, full: int) -> int:

@@ -504,12 +504,13 @@ def _entities_whole(text: str) -> bool:
 
 @pytest.mark.parametrize("shift", range(6))
 def test_slack_clipping_never_cuts_an_escape_in_two(shift: int) -> None:
-    # the reason and a node name, escaped, cross the section (3,000) and field (2,000) limits at every offset
+    # the reason (in the section) and what the action waits for (in a field), escaped, cross the section (3,000)
+    # and field (2,000) limits at every offset
     base = rec(1)
     long = base.model_copy(
         update={
-            "reason": "r" * (2985 - len(base.workload_name) * 2 + shift) + "&&&&&&&&&&&&",
-            "from_node": "n" * (1985 + shift) + "<<<<<<<<",
+            "reason": "r" * (2900 - len(base.workload_name) * 2 + shift) + "&&&&&&&&&&&&",
+            "after": ["n" * (1985 + shift) + "<<<<<<<<"],
         }
     )
     body = json.loads(render("slack", Notice("eu-1", 1.7e9, [Item(long, Status.NEW, Severity.WARNING)]), 40_000))
@@ -519,7 +520,7 @@ def test_slack_clipping_never_cuts_an_escape_in_two(shift: int) -> None:
             if part.get("type") == "mrkdwn":
                 assert _entities_whole(part["text"]), part["text"][-12:]
                 clipped += part["text"].endswith("…")
-    assert clipped == 2  # the section and the From field were both cut
+    assert clipped == 2  # the section and the Wave field were both cut
 
 
 def test_the_configured_link_cannot_break_out_of_its_markup() -> None:

@@ -81,7 +81,7 @@ async def test_api_end_to_end(tmp_path: Path) -> None:
             assert await r.json() == []
         async with http.get(f"{base}/recommendations") as r:
             page = await r.text()
-        assert "<table" in page and "vision-finetune-ddp" in page and "2 recommendation(s) shown" in page
+        assert "<table" in page and "vision-finetune-ddp" in page and "2 action(s) shown" in page
         async with http.get(f"{base}/metrics") as r:
             metrics = await r.text()
         assert 'fleetfit_messages_accepted_total{kind="telemetry"} 64' in metrics

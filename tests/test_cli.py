@@ -217,3 +217,57 @@ def test_plan_from_a_snapshot_and_refuse_a_broken_one(tmp_path: Path) -> None:
     broken.write_text(json.dumps(raw))
     result = subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=False)
     assert result.returncode == 2 and b"more GPUs in use than installed on l4-01" in result.stderr
+
+
+def test_version_descriptions_and_a_group_without_its_verb() -> None:
+    from importlib.metadata import version
+
+    from optimizer.cli import DEFAULT_STATE_DIR, build_parser
+    from optimizer.config import OptimizerSettings
+
+    done = subprocess.run([FLEETFIT, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == f"fleetfit {version('fleetfit')}"
+    group = subprocess.run([FLEETFIT, "alerts"], capture_output=True, text=True, timeout=60, check=False)
+    assert group.returncode == 2 and group.stderr.startswith("usage: fleetfit alerts") and "test" in group.stderr
+    assert "Traceback" not in group.stderr and "required" not in group.stderr
+    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    undescribed = [name for name, p in commands.items() if not p.description]
+    assert not undescribed, undescribed
+    # where recommendations and report look by default, in their help; the same as the optimizer's default
+    assert str(OptimizerSettings().state_dir) == DEFAULT_STATE_DIR
+    for command in ("recommendations", "report"):
+        text = " ".join(commands[command].format_help().split())
+        assert DEFAULT_STATE_DIR in text.replace("- ", "-") and "fleetfit/demo" in text, command
+
+
+def _classify(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FLEETFIT, "classify", str(path)], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_classify_says_why_a_recording_gave_nothing_and_what_a_class_needs(tmp_path: Path) -> None:
+    """A GPU-less host's window names no workload: classify says the agent saw no GPU (not that the file is not a
+    recording); one window of a workload is too few, and classify says how to record more."""
+    no_gpu = Telemetry(
+        node="cpu-host", site="lab", session=1, seq=0, start=1.7e9, end=1.7e9 + 2, samples=2,
+        gpu_unavailable="NVML unavailable: NVML Shared Library Not Found (NVML error 12)",
+    )  # fmt: skip
+    (tmp_path / "cpu.jsonl").write_text(no_gpu.model_dump_json(by_alias=True) + "\n")
+    done = _classify(tmp_path / "cpu.jsonl")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "saw no GPU (NVML unavailable" in done.stderr and "simulate --record" not in done.stderr
+    once = subprocess.run(
+        [FLEETFIT, "agent", "--once", "--jsonl", "--simulate", "h100x8", "--window", "1"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    (tmp_path / "one.jsonl").write_text(once.stdout)
+    one = _classify(tmp_path / "one.jsonl")
+    assert one.returncode == 0 and " unknown " in one.stdout
+    assert "fewer than 3 windows cannot be classified" in one.stderr and "append 3 or more" in one.stderr
+    with (tmp_path / "three.jsonl").open("w") as out:  # as the hint says: three runs into one file
+        for _ in range(3):
+            subprocess.run(
+                [FLEETFIT, "agent", "--once", "--jsonl", "--simulate", "h100x8", "--window", "1"],
+                stdout=out, timeout=60, check=True,
+            )  # fmt: skip
+    three = _classify(tmp_path / "three.jsonl")
+    assert three.returncode == 0 and " training " in three.stdout and "fewer than" not in three.stderr

@@ -79,8 +79,15 @@ def test_shipped_example_configs_are_valid(tmp_path: Path, monkeypatch: pytest.M
     assert agent.agent.site == "eu-west-1" and agent.mqtt.tls
     assert agent.mqtt.password is not None and agent.mqtt.password.get_secret_value() == "s3cret"
     assert agent.mqtt.username == "gpu-017" and agent.mqtt.ca_file == tmp_path / "mqtt-ca"
+    (tmp_path / "api-token").write_text("t0ken\n")
+    optimizer = load_config(OptimizerConfig, root / "optimizer.toml", environ={})
+    assert optimizer.plan.max_moves == 20
+    # the optimizer logs in to the locked-down broker with its own account, and its API token is a credential
+    assert optimizer.mqtt.tls and optimizer.mqtt.port == 8883 and optimizer.mqtt.username == "fleetfit-optimizer"
+    assert optimizer.mqtt.password is not None and optimizer.mqtt.password.get_secret_value() == "s3cret"
+    assert optimizer.api.token is not None and optimizer.api.token.get_secret_value() == "t0ken"
     monkeypatch.delenv("CREDENTIALS_DIRECTORY")
     with pytest.raises(ConfigError, match="mqtt: Value error, cannot read mqtt-password"):
         load_config(AgentConfig, root / "agent.toml", environ={})
-    optimizer = load_config(OptimizerConfig, root / "optimizer.toml", environ={})
-    assert optimizer.plan.max_moves == 20
+    with pytest.raises(ConfigError, match="cannot read mqtt-password"):
+        load_config(OptimizerConfig, root / "optimizer.toml", environ={})

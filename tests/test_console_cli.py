@@ -94,8 +94,10 @@ def test_recommendations_savings_column_lines_up(tmp_path: Path) -> None:
     out = subprocess.run(
         [FLEETFIT, "recommendations", "--state-dir", str(tmp_path)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert len(out) == 3
-    assert len({line.index("/month") for line in out}) == 1
+    assert out[0].startswith("site s1: 3 open action(s)") and out[1].split()[:3] == ["#", "WAVE", "WAITS"]
+    assert len(out) == 5
+    column = out[1].index("SAVING/MONTH")
+    assert all(line[column] == "$" for line in out[2:])  # the savings column lines up under its header
 
 
 def test_simulate_says_it_adds_spare_nodes(mosquitto: object) -> None:

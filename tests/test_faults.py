@@ -467,7 +467,12 @@ def storm(messages: list[tuple[str, str, bytes, frozenset[str]]]) -> Counter[tup
         accepted = fleet.ingest(topic, payload) is not None
         new = (Counter(fleet.rejected) + Counter(fleet.ignored)) - before
         outcome = ACCEPTED if accepted else next(iter(new), "none")
-        assert outcome in expect and sum(new.values()) == (0 if accepted else 1), (kind, outcome, expect, payload[:80])
+        assert outcome in expect and sum(new.values()) == (0 if accepted else 1), (
+            kind,
+            outcome,
+            expect,
+            {k: v for k, v in json.loads(payload).items() if GOOD.get(k) != v} if kind == "mutated" else payload[:80],
+        )
         outcomes[(kind, outcome)] += 1
         window = WINDOWS[0].model_copy(update={"seq": 1000 + i})  # a good window between every bad one
         assert fleet.ingest(TELEMETRY_TOPIC, encode(window)) is not None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agent.protocol import Plan, Recommendation
 from optimizer.alerts.delivery import Webhook
-from optimizer.alerts.journal import Journal, Settling
+from optimizer.alerts.journal import Journal, Settling, SettlingUnsaved
 from optimizer.alerts.notice import Item, Notice, Status
 from optimizer.alerts.payloads import render
 from optimizer.alerts.settings import AlertSettings, ReceiverSettings
@@ -80,7 +80,15 @@ class Alerter:
         self._journal()  # posts the alert log could not take before
         now = self.clock()
         resolved = list(resolved)
-        settling = self.journal.proposed(plan.site, [r.id for r in plan.recommendations], plan.generated_at, now)
+        try:
+            settling = self.journal.proposed(plan.site, [r.id for r in plan.recommendations], plan.generated_at, now)
+        except SettlingUnsaved as unsaved:  # a full disk: this plan settles as read, and the next counts it again
+            settling = unsaved.settling
+            if self.journal_error is None:
+                log.error("alert log not written (%s): moves settle from what it held", unsaved.__cause__)
+            self.journal_error = f"cannot write the alert log: {unsaved.__cause__}"
+        else:
+            self._journal_written()
         for webhook in self.webhooks.values():
             receiver = webhook.receiver
             items: list[Item] = []
@@ -159,6 +167,7 @@ class Alerter:
     def _journal(self) -> None:
         """Write what was posted into the alert log. A full disk must not stop the alerts: what cannot be written
         is kept and written with the next post or plan (until then a restart may post it again)."""
+        wrote = False
         while self._unjournaled:
             receiver, site, firing, done, at = self._unjournaled[0]
             try:
@@ -173,7 +182,12 @@ class Alerter:
                 del self._unjournaled[:-1000]  # bounded: the oldest posts are the least likely to come again
                 return
             self._unjournaled.pop(0)
-        if self.journal_error is not None:
+            wrote = True
+        if wrote:
+            self._journal_written()
+
+    def _journal_written(self) -> None:
+        if self.journal_error is not None and not self._unjournaled:
             log.warning("alert log written again")
             self.journal_error = None
 

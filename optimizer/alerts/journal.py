@@ -36,6 +36,14 @@ class Settling:
     plans: int
 
 
+class SettlingUnsaved(sqlite3.Error):
+    """The settling of a plan's moves, worked out from the log but not written back to it."""
+
+    def __init__(self, settling: dict[str, Settling]) -> None:
+        super().__init__("alert settling not written")
+        self.settling = settling
+
+
 @dataclass(frozen=True, slots=True)
 class Sent:
     first_sent: float
@@ -78,28 +86,33 @@ class Journal:
     def proposed(self, site: str, rec_ids: list[str], generated_at: float, now: float) -> dict[str, Settling]:
         """Fold in a plan of ``site`` (made at ``generated_at``) that proposes ``rec_ids``: a move it proposes
         counts one more plan (the same plan twice counts once), a move it no longer proposes starts again from
-        nothing if it comes back. Returns how long each proposed move has been proposed."""
+        nothing if it comes back. Returns how long each proposed move has been proposed. When the fold cannot be
+        written (a full disk), :class:`SettlingUnsaved` carries what it found all the same."""
         wanted = set(rec_ids)
-        with self._db:
-            rows = self._db.execute(
-                "SELECT rec_id, first_proposed, last_plan, plans FROM alert_settling WHERE site = ?", (site,)
-            ).fetchall()
-            known = {rec_id: (first, last, plans) for rec_id, first, last, plans in rows}
-            self._db.executemany(
-                "DELETE FROM alert_settling WHERE site = ? AND rec_id = ?",
-                [(site, rec_id) for rec_id in known if rec_id not in wanted],
-            )
-            out: dict[str, Settling] = {}
-            updates = []
-            for rec_id in sorted(wanted):
-                first, last, plans = known.get(rec_id, (now, float("-inf"), 0))
-                if generated_at > last:
-                    last, plans = generated_at, plans + 1
-                updates.append((site, rec_id, first, last, plans))
-                out[rec_id] = Settling(first, plans)
-            self._db.executemany(
-                "INSERT INTO alert_settling (site, rec_id, first_proposed, last_plan, plans) VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT(site, rec_id) DO UPDATE SET last_plan = excluded.last_plan, plans = excluded.plans",
-                updates,
-            )
+        rows = self._db.execute(
+            "SELECT rec_id, first_proposed, last_plan, plans FROM alert_settling WHERE site = ?", (site,)
+        ).fetchall()
+        known = {rec_id: (first, last, plans) for rec_id, first, last, plans in rows}
+        out: dict[str, Settling] = {}
+        updates = []
+        for rec_id in sorted(wanted):
+            first, last, plans = known.get(rec_id, (now, float("-inf"), 0))
+            if generated_at > last:
+                last, plans = generated_at, plans + 1
+            updates.append((site, rec_id, first, last, plans))
+            out[rec_id] = Settling(first, plans)
+        try:
+            with self._db:
+                self._db.executemany(
+                    "DELETE FROM alert_settling WHERE site = ? AND rec_id = ?",
+                    [(site, rec_id) for rec_id in known if rec_id not in wanted],
+                )
+                self._db.executemany(
+                    "INSERT INTO alert_settling (site, rec_id, first_proposed, last_plan, plans) "
+                    "VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT(site, rec_id) DO UPDATE SET last_plan = excluded.last_plan, plans = excluded.plans",
+                    updates,
+                )
+        except sqlite3.Error as exc:
+            raise SettlingUnsaved(out) from exc
         return out

@@ -8,6 +8,7 @@ from enum import StrEnum
 
 from agent.protocol import Recommendation, WorkloadClass
 from optimizer.alerts.settings import Severity
+from optimizer.render import numbered, order_key, total_text
 
 
 class Status(StrEnum):
@@ -41,10 +42,13 @@ class Notice:
 
     @property
     def firing(self) -> list[Item]:
-        return sorted(  # in the order to carry them out
-            (i for i in self.items if not i.status.resolved),
-            key=lambda i: (i.recommendation.wave or 0, -i.recommendation.monthly_savings_usd),
-        )
+        # in the order to carry them out, as every other listing of a plan
+        return sorted((i for i in self.items if not i.status.resolved), key=lambda i: order_key(i.recommendation))
+
+    @property
+    def numbers(self) -> dict[str, int]:
+        """Each firing action's number, in the order to carry them out."""
+        return numbered(i.recommendation for i in self.firing)
 
     @property
     def resolved(self) -> list[Item]:
@@ -62,7 +66,7 @@ class Notice:
         firing, resolved = self.firing, self.resolved
         parts = []
         if firing:
-            parts.append(f"{len(firing)} action(s) would save ${self.monthly_savings:,.0f}/month")
+            parts.append(f"{len(firing)} action(s) would save {total_text(i.recommendation for i in firing)}")
         if resolved:
             parts.append(f"{len(resolved)} resolved")
         return f"fleetfit · {self.site}: " + ", ".join(parts or ["nothing to report"])

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from optimizer.alerts import escape
 from optimizer.alerts.notice import Item, Notice
 from optimizer.alerts.settings import ReceiverKind, Severity
+from optimizer.render import action_text, kind_of, savings_by_kind, total_text, waits, waves_of
 
 Json = dict[str, Any]
 
@@ -42,18 +43,21 @@ def _same(text: str) -> str:
     return text
 
 
-def _headline(item: Item, esc: Callable[[str], str] = _same) -> str:
-    r = item.recommendation
+def _headline(item: Item, number: int, esc: Callable[[str], str] = _same) -> str:
+    """The action as every listing of a plan words it, numbered in the order to carry it out."""
     tag = " (reminder)" if item.status == "reminder" else ""
-    return f"{esc(r.workload_name)}: {r.workload_class.value}, {r.confidence:.0%} sure{tag}"
+    return f"{number}. {esc(action_text(item.recommendation))}{tag}"
 
 
-def _facts(item: Item, esc: Callable[[str], str] = _same) -> list[tuple[str, str]]:
+def _facts(item: Item, numbers: dict[str, int], esc: Callable[[str], str] = _same) -> list[tuple[str, str]]:
     r = item.recommendation
+    wave = str(r.wave or 1)
+    if waiting := waits(r, numbers):
+        wave += f", {esc(waiting)}"
     return [
-        ("From", f"{esc(r.from_node)} ({esc(r.from_hardware)}, {r.gpus} GPU)"),
-        ("To", f"{esc(r.to_node)} ({esc(r.to_hardware)})"),
+        ("Wave", wave),
         ("Saving", f"${r.monthly_savings_usd:,.0f}/month"),
+        ("Class", f"{r.workload_class.value}, {r.confidence:.0%} sure"),
         ("Risk", f"{esc(r.risk)} · {item.severity.value}"),
         ("Impact", esc(_clip(r.performance_impact or "none expected", 300))),
     ]
@@ -62,7 +66,12 @@ def _facts(item: Item, esc: Callable[[str], str] = _same) -> list[tuple[str, str
 def _resolved_line(item: Item, esc: Callable[[str], str] = _same) -> str:
     r = item.recommendation
     how = f"applied: now on {esc(r.to_hardware)}" if item.status == "applied" else "expired: no longer proposed"
-    return f"{esc(r.workload_name)} ({esc(r.from_node)} → {esc(r.to_node)}): {how}"
+    return f"{esc(action_text(r))}: {how}"
+
+
+def _summary(notice: Notice) -> str:
+    recs = [i.recommendation for i in notice.firing]
+    return f"{len(recs)} recommended action(s) in {waves_of(recs)} wave(s), {total_text(recs)} in all"
 
 
 def _title(notice: Notice, esc: Callable[[str], str]) -> str:
@@ -79,24 +88,24 @@ def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
     blocks: list[Json] = [
         {"type": "header", "text": {"type": "plain_text", "text": _clip(notice.title(), 150)}},
     ]
+    numbers = notice.numbers
     if notice.firing:
         blocks.append(
             {
                 "type": "section",
-                "text": {
-                    "type": "mrkdwn",
-                    "text": f"*{len(notice.firing)}* recommended action(s) in *{md(notice.site)}*, "
-                    f"*${notice.monthly_savings:,.0f}/month* in all.",
-                },
+                "text": {"type": "mrkdwn", "text": f"{md(_summary(notice))} (site *{md(notice.site)}*)."},
             }
         )
     for item in firing:
         r = item.recommendation
+        headline = _headline(item, numbers[item.id], md)
         blocks.append(
             {
                 "type": "section",
-                "text": {"type": "mrkdwn", "text": clip(f"*{_headline(item, md)}*\n{md(r.reason)}", SECTION_CHARS)},
-                "fields": [{"type": "mrkdwn", "text": clip(f"*{k}*\n{v}", FIELD_CHARS)} for k, v in _facts(item, md)],
+                "text": {"type": "mrkdwn", "text": clip(f"*{headline}*\n{md(r.reason)}", SECTION_CHARS)},
+                "fields": [
+                    {"type": "mrkdwn", "text": clip(f"*{k}*\n{v}", FIELD_CHARS)} for k, v in _facts(item, numbers, md)
+                ],
             }
         )
     if resolved:
@@ -120,16 +129,16 @@ def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
 def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
     md, plain = escape.markdown, escape.plain
     attachments: list[Json] = []
+    numbers = notice.numbers
     for item in firing:
         r = item.recommendation
         attachments.append(
             {
-                "fallback": f"{_headline(item, plain)}: {plain(r.from_hardware)} → {plain(r.to_hardware)}, "
-                f"${r.monthly_savings_usd:,.0f}/month",
+                "fallback": f"{_headline(item, numbers[item.id], plain)}, ${r.monthly_savings_usd:,.0f}/month",
                 "color": COLOURS[item.severity],
-                "title": _headline(item, md),  # Mattermost renders a title's links
+                "title": _headline(item, numbers[item.id], md),  # Mattermost renders a title's links
                 "text": md(_clip(r.reason, 2000)),
-                "fields": [{"short": k != "Impact", "title": k, "value": v} for k, v in _facts(item, md)],
+                "fields": [{"short": k != "Impact", "title": k, "value": v} for k, v in _facts(item, numbers, md)],
             }
         )
     if resolved:
@@ -142,6 +151,8 @@ def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted
             }
         )
     text = f"**{_title(notice, md)}**"
+    if notice.firing:
+        text += f"\n{md(_summary(notice))}"
     if omitted:
         text += f"\n_{_more(omitted)}_"
     if notice.link:
@@ -155,15 +166,19 @@ def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
         {"type": "TextBlock", "text": _title(notice, md), "size": "Large", "weight": "Bolder", "wrap": True},
         {"type": "TextBlock", "text": f"fleetfit plan of {_when(notice.generated_at)}", "isSubtle": True},
     ]
+    if notice.firing:
+        body.append({"type": "TextBlock", "text": md(_summary(notice)), "wrap": True})
+    numbers = notice.numbers
     for item in firing:
+        headline = _headline(item, numbers[item.id], md)
         body.append(
             {
                 "type": "Container",
                 "separator": True,
                 "items": [
-                    {"type": "TextBlock", "text": _headline(item, md), "weight": "Bolder", "wrap": True},
+                    {"type": "TextBlock", "text": headline, "weight": "Bolder", "wrap": True},
                     {"type": "TextBlock", "text": md(_clip(item.recommendation.reason, 1000)), "wrap": True},
-                    {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in _facts(item, md)]},
+                    {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in _facts(item, numbers, md)]},
                 ],
             }
         )
@@ -214,6 +229,8 @@ class GenericMove(BaseModel):
     swap: list[str] = Field(default_factory=list)
     gpus_after: float | None = None
     blocked_by: list[str] = Field(default_factory=list)
+    number: int | None = Field(default=None, description="its place in the order to carry the actions out (firing)")
+    action: str = Field(default="", description="the action in words, as the console and the command line put it")
 
 
 class GenericAlert(BaseModel):
@@ -226,16 +243,25 @@ class GenericAlert(BaseModel):
     title: str
     severity: Severity = Field(description="the highest severity among the firing moves")
     monthly_savings_usd: float = Field(description="all firing moves together, including omitted ones")
+    savings_by_kind: dict[str, float] = Field(
+        default_factory=dict, description="the same, per kind of action (move, reclaim, right_size, consolidate)"
+    )
     firing: list[GenericMove]
     resolved: list[GenericMove]
     omitted: int = Field(ge=0, description="moves left out to stay under the receiver's size limit")
     link: str | None = None
 
 
-def _generic_move(item: Item) -> GenericMove:
+def _generic_move(item: Item, number: int | None = None) -> GenericMove:
     fields = item.recommendation.model_dump(mode="json")
-    fields["kind"] = fields["kind"] or "move"
-    return GenericMove(**fields, status=item.status.value, severity=item.severity)
+    fields["kind"] = kind_of(item.recommendation)
+    return GenericMove(
+        **fields,
+        status=item.status.value,
+        severity=item.severity,
+        number=number,
+        action=action_text(item.recommendation),
+    )
 
 
 def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
@@ -245,7 +271,8 @@ def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: i
         title=notice.title(),
         severity=notice.severity,
         monthly_savings_usd=round(notice.monthly_savings, 2),
-        firing=[_generic_move(i) for i in firing],
+        savings_by_kind={k: round(v, 2) for k, v in savings_by_kind(i.recommendation for i in notice.firing).items()},
+        firing=[_generic_move(i, notice.numbers[i.id]) for i in firing],
         resolved=[_generic_move(i) for i in resolved],
         omitted=omitted,
         link=notice.link,

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hmac
 import logging
 import sqlite3
+from collections.abc import Mapping
 
 from aiohttp import web
 
 from optimizer.config import ApiSettings
 from optimizer.lifecycle import OPEN, Lifecycle, LifecycleError, RecState, Tracked
 from optimizer.outcomes import Outcome
+from optimizer.render import action_fields, numbered
 from optimizer.report import UNATTRIBUTED, site_owners
 from optimizer.service import Optimizer
 
@@ -20,10 +22,17 @@ log = logging.getLogger(__name__)
 ACTIONS = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
 
 
-def tracked_json(t: Tracked, owners: dict[tuple[str, str], str], outcome: Outcome | None = None) -> dict[str, object]:
-    """A recommendation with its state, owner and, once applied, the load observed against the projection."""
+def tracked_json(
+    t: Tracked,
+    owners: dict[tuple[str, str], str],
+    outcome: Outcome | None = None,
+    number: Mapping[str, int] | None = None,
+) -> dict[str, object]:
+    """A recommendation with its number in its plan's order, its state, owner and, once applied, the load
+    observed against the projection."""
     return {
         **t.recommendation.model_dump(mode="json"),
+        **action_fields(t.recommendation, number or {}),
         "owner": owners.get((t.site, t.recommendation.workload), UNATTRIBUTED),
         "site": t.site,
         "state": t.state.value,
@@ -45,7 +54,17 @@ class JsonApi:
         state = request.query.get("state")
         tracker = self.optimizer.tracker
         if tracker is None:  # no state directory: the current plans are all there is
-            rows = [dict(r, state="new", site=p["site"]) for p in self._plans() for r in p["recommendations"]]  # type: ignore[attr-defined]
+            plans = list(self.optimizer.plans.values())
+            rows = [
+                {
+                    **r.model_dump(mode="json"),
+                    **action_fields(r, numbered(p.recommendations)),
+                    "state": "new",
+                    "site": p.site,
+                }
+                for p in plans
+                for r in p.recommendations
+            ]
             return web.json_response(rows)
         if state == "all":
             states = list(RecState)
@@ -67,7 +86,10 @@ class JsonApi:
         except sqlite3.Error as exc:
             raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
         owners = site_owners(self.optimizer.fleet)
-        return web.json_response([tracked_json(t, owners, outcomes.get(t.recommendation.id)) for t in tracked])
+        numbers = {p.site: numbered(p.recommendations) for p in self.optimizer.plans.values()}
+        return web.json_response(
+            [tracked_json(t, owners, outcomes.get(t.recommendation.id), numbers.get(t.site)) for t in tracked]
+        )
 
     async def plans(self, request: web.Request) -> web.Response:
         """Each site's current plan as published (the protocol's ``Plan``: actions, blocked moves, purchases)."""

@@ -17,14 +17,26 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from agent.protocol import Plan, Recommendation, WorkloadClass
+from agent.protocol import Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.lifecycle import OPEN, Lifecycle, RecState, Tracked
 from optimizer.outcomes import Outcome
-from optimizer.render import projected_load
+from optimizer.render import (
+    KINDS,
+    action_text,
+    change,
+    kind_of,
+    kind_word,
+    numbered,
+    order_key,
+    projected_load,
+    total_text,
+    waits,
+    waves_of,
+)
 from optimizer.report import UNATTRIBUTED, By, live_showback, owners_of, site_owners
 from optimizer.service import Optimizer
 from optimizer.web.charts import bar_chart, line_chart
-from optimizer.web.views import ACTIONS, Overview, Trend, action, overview, unblock
+from optimizer.web.views import Overview, Trend, overview, unblock
 
 MAX_ROWS = 200  # rows per table; the JSON API has the rest
 NAV = (("/", "Overview"), ("/recommendations", "Recommendations"), ("/findings", "Findings"), ("/owners", "Owners"))
@@ -71,8 +83,11 @@ def table(
     )
 
 
-def _observed(outcome: Outcome | None) -> str:
-    return outcome.describe() if outcome is not None else ""
+def _observed(outcome: Outcome | None, projected: str) -> str:
+    """What was seen after an action was applied; an action with a projection that is not applied yet says so."""
+    if outcome is not None:
+        return outcome.describe()
+    return "not applied yet" if projected else ""
 
 
 def workload_link(workload: str, name: str, site: str | None = None) -> str:
@@ -150,12 +165,15 @@ class Console:
 
     async def _current_overview(self) -> Overview:
         """Recomputed once per plan, off the loop (the first time, the trend walks every workload's day of
-        digests: most of a second at 5,000 workloads). Until the new one is ready the previous plan's is shown."""
-        self._refreshed()
-        if self._overview is not None:
-            return self._overview[1]
-        assert self._refresh is not None
-        return await asyncio.shield(self._refresh)
+        digests: most of a second at 5,000 workloads). Until the new one is ready the previous plan's is shown,
+        but never one made before the first plan (no nodes, no GPUs, nothing wasted) beside a plan's savings."""
+        while True:
+            key = self._refreshed()
+            kept = self._overview
+            if kept is not None and (kept[0] == key or kept[0][0] > 0 or key[0] == 0):
+                return kept[1]
+            assert self._refresh is not None
+            await asyncio.shield(self._refresh)  # then kept, by its done callback, before this resumes
 
     async def overview(self, request: web.Request) -> web.Response:
         plans = self._plans()
@@ -232,13 +250,11 @@ class Console:
 
     async def recommendations(self, request: web.Request) -> web.Response:
         q = request.query
-        want_site, want_class, want_action = q.get("site", ""), q.get("class", ""), q.get("action", "")
+        want_site, want_class, want_kind = q.get("site", ""), q.get("class", ""), q.get("action", "")
         want_state = q.get("state", "open")
         plans = self._plans()
-        order: dict[str, int] = {}
-        for p in plans:
-            for i, r in enumerate(p.recommendations, 1):
-                order[r.id] = i
+        # each site's plan numbers its actions in the order to carry them out; `after` refers to those numbers
+        numbers = {p.site: numbered(p.recommendations) for p in plans}
         states = [s.value for s in RecState]
         if want_state == "open":
             wanted_states = {s.value for s in OPEN}
@@ -252,7 +268,6 @@ class Console:
             rows_src = [(p.site, r, RecState.NEW.value) for p in plans for r in p.recommendations]
         else:
             rows_src = [(t.site, t.recommendation, t.state.value) for t in tracked]
-        catalog = self.optimizer.catalog
         sites = sorted({s for s, _, _ in rows_src} | {p.site for p in plans})
         selected = [
             (site, r, state)
@@ -260,59 +275,49 @@ class Console:
             if state in wanted_states
             and (not want_site or site == want_site)
             and (not want_class or r.workload_class.value == want_class)
-            and (not want_action or action(catalog, r) == want_action)
+            and (not want_kind or kind_of(r) == want_kind)
         ]
-        # execution order: the plan's order per site; moves no longer planned after them, biggest first
-        selected.sort(key=lambda x: (x[0], order.get(x[1].id, 10**6), -x[1].monthly_savings_usd))
+        # execution order: the plan's order per site; actions no longer planned after them, in their own order
+        unplanned = 10**6
+        selected.sort(key=lambda x: (x[0], numbers.get(x[0], {}).get(x[1].id, unplanned), order_key(x[1])))
         owners = site_owners(self.optimizer.fleet)
         rows = []
         for n, (site, r, state) in enumerate(selected, 1):
+            number = numbers.get(site, {})
             rows.append(
                 [
-                    str(order.get(r.id, "–")) if r.id in order else "–",
+                    str(number[r.id]) if r.id in number else "–",
+                    str(r.wave) if r.id in number and r.wave is not None else "–",
+                    esc(waits(r, number)) if r.id in number else "",
                     esc(site),
-                    workload_link(r.workload, r.workload_name, site),
+                    f"{esc(kind_word(r.kind))} {workload_link(r.workload, r.workload_name, site)}: {esc(change(r))}",
                     esc(owners.get((site, r.workload), UNATTRIBUTED)),
                     esc(r.workload_class.value),
-                    f"{esc(r.from_node)} <small>[{esc(r.from_hardware)}]</small>",
-                    f"{esc(r.to_node)} <small>[{esc(r.to_hardware)}]</small>",
-                    esc(action(catalog, r)),
                     money(r.monthly_savings_usd),
                     esc(r.risk),
                     f'<span class="state" data-state="{esc(state)}">{esc(state)}</span>',
                     _buttons(r, state, n),
                 ]
             )
-        total = sum(r.monthly_savings_usd for _, r, _ in selected)
+        recs = [r for _, r, _ in selected]
         body = [
-            _filters(sites, want_site, want_class, want_action, want_state),
+            _filters(sites, want_site, want_class, want_kind, want_state),
             _token_box(),
-            f'<p id="summary">{len(selected)} recommendation(s) shown, {money(total)}/month in all. '
-            "Acknowledge a move you will carry out, dismiss one you will not; the state lasts across plans.</p>",
+            f'<p id="summary">{len(selected)} action(s) shown, in {waves_of(recs)} wave(s), '
+            f"{esc(total_text(recs, money))} in all. The actions of a wave can be carried out in parallel; one that "
+            "names another (after #2) waits for it. Acknowledge an action you will carry out, dismiss one you will "
+            "not; the state lasts across plans.</p>",
             '<p id="status" role="status" aria-live="polite"></p>',
             table(
-                "Recommended moves in execution order",
-                [
-                    "#",
-                    "site",
-                    "workload",
-                    "owner",
-                    "class",
-                    "from",
-                    "to",
-                    "action",
-                    "saving/month",
-                    "risk",
-                    "state",
-                    "decide",
-                ],
+                "Recommended actions in the order to carry them out",
+                ["#", "wave", "after", "site", "action", "owner", "class", "saving/month", "risk", "state", "decide"],
                 rows,
                 "recommendations",
-                numeric=(0, 8),
+                numeric=(0, 1, 7),
             ),
         ]
         details = "".join(
-            f"<li><strong>{esc(r.workload_name)}</strong>: {esc(r.reason)}. Impact: {esc(r.performance_impact)}.</li>"
+            f"<li><strong>{esc(action_text(r))}</strong>: {esc(r.reason)}. Impact: {esc(r.performance_impact)}.</li>"
             for _, r, _ in selected[:MAX_ROWS]
         )
         if details:
@@ -377,15 +382,11 @@ class Console:
     # ------------------------------------------------------------------ workload detail
 
     async def workload(self, request: web.Request) -> web.Response:
-        wid = request.query.get("id", "")
-        want_site = request.query.get("site")
-        found = [(p, w) for p in self._plans() for w in p.workloads if w.id == wid and want_site in (None, p.site)]
-        if not found:
-            raise web.HTTPNotFound(
-                text=layout("Workload not found", "", f"<p>No workload {esc(wid[:200])} in the current plans.</p>"),
-                content_type="text/html",
-            )
+        found = self._find_workload(request)
+        if len(found) > 1:
+            return self._page("Workloads of that name", "", _choices(found))
         plan, w = found[0]
+        wid = w.id
         owners = owners_of(self.optimizer.fleet, plan.site)
         history = []
         for node in w.nodes:
@@ -416,12 +417,11 @@ class Console:
             [
                 esc(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.first_seen))),
                 esc(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.changed))),
-                f"{esc(t.recommendation.from_node)} → {esc(t.recommendation.to_node)} "
-                f"<small>[{esc(t.recommendation.to_hardware)}]</small>",
+                esc(action_text(t.recommendation)),
                 money(t.recommendation.monthly_savings_usd),
                 f'<span class="state" data-state="{esc(t.state.value)}">{esc(t.state.value)}</span>',
                 esc(projected_load(t.recommendation)),
-                esc(_observed(outcomes.get(t.recommendation.id))),
+                esc(_observed(outcomes.get(t.recommendation.id), projected_load(t.recommendation))),
             ]
             for t in mine
         ]
@@ -430,7 +430,7 @@ class Console:
                 [
                     "now",
                     "now",
-                    f"{esc(r.from_node)} → {esc(r.to_node)}",
+                    esc(action_text(r)),
                     money(r.monthly_savings_usd),
                     "new",
                     esc(projected_load(r)),
@@ -448,6 +448,7 @@ class Console:
             ("Hardware", f"{w.gpus} × {esc(w.hardware)} on {esc(', '.join(w.nodes))}"),
             ("Mean utilisation", f"{w.mean_util:.0f} %"),
             ("Id", f"<code>{esc(w.id)}</code>"),
+            ("This page", f'<code id="address">/workload?{esc(urlencode({"site": plan.site, "name": w.name}))}</code>'),
         ]
         body = [
             "<dl class=facts>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>",
@@ -468,8 +469,8 @@ class Console:
         body.append("</section><section><h2>Recommendation history</h2>")
         body.append(
             table(
-                "Moves proposed for this workload",
-                ["first proposed", "last change", "move", "saving/month", "state", "projected load", "observed load"],
+                "Actions proposed for this workload",
+                ["first proposed", "last change", "action", "saving/month", "state", "projected load", "observed load"],
                 rec_rows,
                 "history",
                 numeric=(3,),
@@ -477,6 +478,30 @@ class Console:
         )
         body.append("</section>")
         return self._page(w.name or w.id, "", "".join(body))
+
+    def _find_workload(self, request: web.Request) -> list[tuple[Plan, WorkloadView]]:
+        """The workloads ``/workload`` names: by ``id`` (as links and the API give it) or by ``name`` (what people
+        call it; an ``id`` that is no workload's is tried as a name too), in ``site`` when given. HTTP 404 with
+        how to ask when none is."""
+        q = request.query
+        wid, name, site = q.get("id", ""), q.get("name", ""), q.get("site", "")
+        plans = [p for p in self._plans() if not site or p.site == site]
+        found = [(p, w) for p in plans for w in p.workloads if w.id == wid] if wid else []
+        if not found and (name or wid):
+            found = [(p, w) for p in plans for w in p.workloads if w.name == (name or wid)]
+        if found:
+            return found
+        asked = ", ".join(f"{k} {esc(v[:200])}" for k, v in (("site", site), ("id", wid), ("name", name)) if v)
+        raise web.HTTPNotFound(
+            text=layout(
+                "Workload not found",
+                "",
+                f"<p>No workload with {asked or 'no id or name'} in the current plans. A workload's page is "
+                "<code>/workload?site=SITE&amp;name=NAME</code> (its name, as the plans show it) or "
+                "<code>/workload?site=SITE&amp;id=ID</code> (its id, as <code>/api/v1/workloads</code> lists it).</p>",
+            ),
+            content_type="text/html",
+        )
 
     # ------------------------------------------------------------------ owners
 
@@ -539,6 +564,16 @@ class Console:
         return self._page(f"GPU use per {by}", "/owners", body)
 
 
+def _choices(found: list[tuple[Plan, WorkloadView]]) -> str:
+    """Several workloads answer to one name (replicas of a service, or the same name in several sites)."""
+    items = "".join(
+        f"<li>{workload_link(w.id, w.name, p.site)} in site {esc(p.site)}: {w.gpus} × {esc(w.hardware)} on "
+        f"{esc(', '.join(w.nodes))} (<code>{esc(w.id)}</code>)</li>"
+        for p, w in found[:MAX_ROWS]
+    )
+    return f'<p>{len(found)} workloads answer to that name:</p><ul id="choices">{items}</ul>'
+
+
 def _buttons(r: Recommendation, state: str, n: int) -> str:
     """The decisions a person may take on a move in ``state`` (the lifecycle enforces the same rules)."""
     allowed = []
@@ -555,9 +590,14 @@ def _buttons(r: Recommendation, state: str, n: int) -> str:
     )
 
 
-def _select(name: str, label: str, options: list[str], chosen: str, any_label: str = "any") -> str:
+def _select(
+    name: str, label: str, options: list[str], chosen: str, any_label: str = "any", labels: dict[str, str] | None = None
+) -> str:
+    shown = labels or {}
     opts = f'<option value="">{any_label}</option>' if any_label else ""
-    opts += "".join(f'<option value="{esc(o)}"{" selected" if o == chosen else ""}>{esc(o)}</option>' for o in options)
+    opts += "".join(
+        f'<option value="{esc(o)}"{" selected" if o == chosen else ""}>{esc(shown.get(o, o))}</option>' for o in options
+    )
     return f'<label>{esc(label)} <select name="{name}" id="filter-{name}">{opts}</select></label>'
 
 
@@ -567,7 +607,7 @@ def _filters(sites: list[str], site: str, cls: str, act: str, state: str) -> str
         '<form class="filters" method="get" action="/recommendations" aria-label="Filter recommendations">'
         + _select("site", "Site", sites, site)
         + _select("class", "Class", [c.value for c in WorkloadClass], cls)
-        + _select("action", "Action", list(ACTIONS), act)
+        + _select("action", "Action", list(KINDS), act, labels=KINDS)
         + _select("state", "State", states, state, any_label="")
         + '<button type="submit">Filter</button></form>'
     )

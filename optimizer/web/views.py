@@ -7,7 +7,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from agent.protocol import Plan, Recommendation, WorkloadView
+from agent.protocol import Plan, WorkloadView
 from optimizer.catalog import Catalog, GpuType
 from optimizer.fleet import Fleet
 from optimizer.history import DIGEST_SECONDS, DIGESTS_KEPT
@@ -132,18 +132,6 @@ class Trend:
                 out[cls] = points
         return out
 
-
-def action(catalog: Catalog, r: Recommendation) -> str:
-    """What a move does, in one word: release an idle allocation, or move down or up in price."""
-    if r.workload_class.value == "idle":
-        return "release"
-    here, there = hardware_of(catalog, r.from_hardware), hardware_of(catalog, r.to_hardware)
-    if here is not None and there is not None and there.price_per_gpu_hour > here.price_per_gpu_hour:
-        return "upgrade"
-    return "downsize"
-
-
-ACTIONS = ("release", "downsize", "upgrade")
 
 _UNBLOCK = (
     (re.compile(r"^pinned"), "remove it from [plan] pinned, or move it by hand"),
