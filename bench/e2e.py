@@ -80,6 +80,10 @@ def vm_series_count(port: int, metric: str) -> int:
         return sum(len(json.loads(line)["values"]) for line in r.read().decode().splitlines() if line)
 
 
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
 class BareLag:
     """Window end -> arrival at a subscriber that does nothing else: the simulator's and broker's share of lag."""
 
@@ -196,6 +200,9 @@ def main() -> None:
             procs[k].send_signal(signal.SIGTERM)
         for k in ("optimizer", "mosquitto"):
             procs[k].wait(timeout=60)
+        if not m.get('fleetfit_messages_accepted_total{kind="telemetry"}'):
+            for log in sorted(work.glob("*.log")):  # nothing arrived: say why before the logs go
+                print(f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
         written = m.get("fleetfit_store_points_written_total", 0)
         values = m.get("fleetfit_store_values_written_total", 0)
         time.sleep(2)
@@ -217,12 +224,12 @@ def main() -> None:
     print(f"windows: ~{expected} expected, {windows:.0f} accepted by the optimizer, {rejected:.0f} rejected")
     print(
         f"ingest lag (window end -> optimizer), median over the run of its p50 / p95: "
-        f"{statistics.median(lag_p50):.2f} s / {statistics.median(lag_p95):.2f} s (worst p95 {max(lag_p95):.2f} s)"
+        f"{_median(lag_p50):.2f} s / {_median(lag_p95):.2f} s (worst p95 {max(lag_p95, default=float('nan')):.2f} s)"
     )
     print(
         f"  of which the simulator and broker (window end -> a bare subscriber, past the first minute): p50 "
-        f"{bare_p50:.2f} s / p95 {bare_p95:.2f} s; the optimizer's own: ~{statistics.median(lag_p50) - bare_p50:.2f} s"
-        f" / ~{statistics.median(lag_p95) - bare_p95:.2f} s"
+        f"{bare_p50:.2f} s / p95 {bare_p95:.2f} s; the optimizer's own: ~{_median(lag_p50) - bare_p50:.2f} s"
+        f" / ~{_median(lag_p95) - bare_p95:.2f} s"
     )
     dropped = m.get("fleetfit_store_points_dropped_total", 0)
     print(f"store: {written:.0f} points ({values:.0f} field values) written, {read_back} values read back from "
