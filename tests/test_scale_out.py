@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import aiomqtt
 import pytest
-from conftest import FLEETFIT, MosquittoServer, recent, wait_until
+from conftest import EXAMPLES, FLEETFIT, MosquittoServer, Shipped, recent, shipped_broker, wait_until
 from test_alerts import receiver, settings
 from webhook_server import webhook_server
 
@@ -165,3 +166,64 @@ async def test_an_optimizer_plans_nothing_before_its_presence_comes_back(
                     break
     assert await lonely.plan_once() == []
     assert lonely.ownership.view()["owned_sites"] == []
+
+
+@pytest.fixture
+def scoped_accounts(tmp_path: Path) -> Shipped:
+    """The shipped broker (not started) with nodes n1 in s1 and n3 in s3, and two site-scoped optimizers."""
+    shipped = shipped_broker(tmp_path, {"s1": ["n1"], "s3": ["n3"]})
+    mint = [str(EXAMPLES / "mint"), "optimizer", str(shipped.credentials)]
+    subprocess.run([*mint, "fleetfit-optimizer-east", "s1", "s2"], check=True, capture_output=True, timeout=60)
+    subprocess.run([*mint, "fleetfit-optimizer-west", "s3"], check=True, capture_output=True, timeout=60)
+    return shipped
+
+
+async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accounts: Shipped, tmp_path: Path) -> None:
+    """`mint optimizer DIR NAME SITE...` on the shipped broker: the account reads its sites' nodes, publishes their
+    plans and its own presence, and nothing of another site or another optimizer's presence."""
+    shipped = scoped_accounts
+    shipped.server.start()
+    prefix = "fleetfit/v1"
+    east = shipped.settings("fleetfit-optimizer-east").model_copy(update={"prefix": prefix})
+    try:
+        async with (
+            make_client(east, "fleetfit-optimizer-east") as spy,
+            make_client(shipped.settings("fleetfit-reader"), "fleetfit-reader") as reader,
+        ):
+            await spy.subscribe(f"{prefix}/+/+/birth", qos=1)  # wider than its sites: the broker filters per topic
+            await reader.subscribe(f"{prefix}/+/recommendations", qos=1)
+            await reader.subscribe(f"{prefix}/_optimizers/+", qos=1)  # not the reader's: delivers nothing
+            for node, site in (("n1", "s1"), ("n3", "s3")):
+                async with make_client(shipped.settings(node), node) as client:
+                    birth, _ = offline_windows(build_scenario("demo", NODES)[0], 1, site=site)
+                    birth = birth.model_copy(update={"node": node})
+                    await client.publish(
+                        node_topic(prefix, site, node, TopicKind.BIRTH), encode(birth), qos=1, retain=True
+                    )
+            await spy.publish(f"{prefix}/s1/recommendations", b"{}", qos=1)
+            await spy.publish(f"{prefix}/s3/recommendations", b"{}", qos=1)  # west's site
+            await spy.publish(f"{prefix}/_optimizers/fleetfit-optimizer-west", b"{}", qos=1)  # a forged presence
+            got: list[str] = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    async for m in spy.messages:
+                        got.append(str(m.topic))
+            read: list[str] = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1):
+                    async for m in reader.messages:
+                        read.append(str(m.topic))
+        assert got == [f"{prefix}/s1/n1/birth"]
+        assert read == [f"{prefix}/s1/recommendations"]
+
+        # the optimizer itself, as that account: its presence goes through and comes back
+        optimizer = scoped(east, "fleetfit-optimizer-east", ["s1", "s2"], [], tmp_path / "east")
+        task = asyncio.create_task(optimizer.run())
+        try:
+            await wait_until(lambda: optimizer.ownership.seen_self, 10, "its own presence")
+            await wait_until(lambda: ("s1", "n1") in optimizer.fleet.nodes, 10, "n1's retained birth")
+        finally:
+            optimizer.should_exit.set()
+            await task
+    finally:
+        shipped.server.stop()
