@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +87,13 @@ async def test_two_optimizers_plan_four_sites_once_each_and_a_standby_takes_over
             posted = [(d.path.split("/")[2], d.json()["site"]) for d in server.delivered]
             assert sorted(posted) == [("hook-a", "s1"), ("hook-a", "s2"), ("hook-b", "s3"), ("hook-b", "s4")]
             assert all(p.recommendations for p in [*a.plans.values(), *b.plans.values()])
+            # one listing of both optimizers' recommendations
+            listing = await asyncio.create_subprocess_exec(
+                FLEETFIT, "recommendations", "--format", "json", "--state-dir", str(tmp_path / "a"),
+                "--state-dir", str(tmp_path / "b"), stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await listing.communicate()
+            assert sorted({r["site"] for r in json.loads(out)}) == list(SITES)
 
             # a stops (cleanly: it says so); b, standing by for its sites, plans all four
             a.should_exit.set()
