@@ -158,11 +158,13 @@ def resend_topic(prefix: str, site: str, node: str) -> str:
     return str(Topic(prefix, _check_ident(site, "site"), _check_ident(node, "node"), TopicKind.RESEND))
 
 
-def subscription_filters(prefix: str, shared_group: str | None = None) -> list[str]:
-    """The topic filters the optimizer subscribes to; with a group, as an MQTT shared subscription
-    (``$share/{group}/...``) so that several optimizer processes split one stream between them."""
+def subscription_filters(prefix: str, shared_group: str | None = None, sites: Sequence[str] = ()) -> list[str]:
+    """The topic filters the optimizer subscribes to: every site's nodes, or those of ``sites`` only; with a
+    group, as an MQTT shared subscription (``$share/{group}/...``) so that several optimizer processes split one
+    stream between them."""
     share = f"$share/{shared_group}/" if shared_group else ""
-    return [f"{share}{prefix}/+/+/{kind}" for kind in NODE_TOPIC_KINDS]
+    levels = [_check_ident(site, "site") for site in sites] or ["+"]
+    return [f"{share}{prefix}/{site}/+/{kind}" for site in levels for kind in NODE_TOPIC_KINDS]
 
 
 def parse_topic(prefix: str, topic: str) -> Topic:
@@ -699,6 +701,62 @@ class Plan(_Model):
     monthly_savings_usd: float = 0.0
     # schema 2: what buying capacity returns (None: not evaluated; empty: nothing pays)
     purchases: list[Purchase] | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+
+
+# ----------------------------------------------------------------------------------- optimizer presence
+
+# Optimizers that share a broker say which sites they plan on ``{prefix}/_optimizers/{name}`` (retained; their
+# last will says offline). The level cannot be a site (a site id starts with a letter or digit), so the topic
+# never reads as a node's or a site's.
+PRESENCE_LEVEL = "_optimizers"
+
+
+def presence_topic(prefix: str, optimizer: str) -> str:
+    """Where optimizer ``optimizer`` (its MQTT client id, which the broker binds to its account) says it is up."""
+    return f"{prefix}/{PRESENCE_LEVEL}/{_check_ident(optimizer, 'optimizer')}"
+
+
+def presence_filter(prefix: str) -> str:
+    return f"{prefix}/{PRESENCE_LEVEL}/+"
+
+
+def parse_presence(prefix: str, topic: str, payload: bytes | bytearray) -> Presence:
+    """The presence on ``topic``; ProtocolError when the topic or payload is bad or they name different
+    optimizers (an account may write only its own topic, so the topic is what vouches for the name)."""
+    head = f"{prefix}/{PRESENCE_LEVEL}/"
+    if not topic.startswith(head):
+        raise ProtocolError("bad_topic", f"topic {topic!r} is not a presence topic")
+    name = _check_ident(topic[len(head) :], "optimizer")
+    if len(payload) > MAX_PRESENCE_BYTES:
+        raise ProtocolError("oversize", f"{len(payload)} bytes exceeds {MAX_PRESENCE_BYTES}")
+    try:
+        presence = Presence.model_validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "payload"
+        raise ProtocolError("schema", f"{where}: {first['msg']}"[:300]) from None
+    if presence.optimizer != name:
+        raise ProtocolError("node_mismatch", f"payload says optimizer {presence.optimizer!r}, topic says {name!r}")
+    return presence
+
+
+MAX_PRESENCE_BYTES = 1 << 20
+MAX_PRESENCE_SITES = 10_000
+
+
+class Presence(_Model):
+    """An optimizer's claim on sites: it plans each site of ``sites`` while it is online, and each of ``standby``
+    while no optimizer online lists that site in its ``sites``. One that lists neither plans every site no
+    scoped optimizer claims. ``started`` orders one process's messages before its successor's."""
+
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    optimizer: Ident
+    status: NodeStatus
+    started: Quantity
+    sites: list[Ident] = Field(default_factory=list, max_length=MAX_PRESENCE_SITES)
+    standby: list[Ident] = Field(default_factory=list, max_length=MAX_PRESENCE_SITES)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cpu_seconds, free_port, mosquitto_command, rss_mib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from agent.protocol import WorkloadKind, WorkloadRef
 from collectors.workload_facts import SOCKET_INTERVAL_S, WorkloadFacts
 
 WINDOW_S = 10.0  # the agent's default publish interval: facts are read once per window
@@ -52,13 +53,15 @@ def facts_cost(pid: int, calls: int = 200) -> float:
     server process in the host's network namespace (the broker, with the agent's connection), which takes the
     dearer path (its file descriptors are scanned for socket inodes)."""
     cached, fresh = WorkloadFacts(), WorkloadFacts(socket_interval=0.0)
+    # the agent's per-window path: liveness of the workload's processes, their facts, the reference updated
+    refs, pids = [WorkloadRef(id="bench", kind=WorkloadKind.PROCESS_GROUP, name="bench", gpus=[0])], {"bench": [pid]}
     start = time.process_time()
     for _ in range(calls):
-        cached.facts("bench", [pid])
+        cached.enrich(refs, pids)
     per_window = (time.process_time() - start) * 1000 / calls
     start = time.process_time()
     for _ in range(calls // 10):
-        fresh.facts("bench", [pid])
+        fresh.enrich(refs, pids)
     table = (time.process_time() - start) * 1000 / (calls // 10) - per_window
     # A namespace's TCP table is read again once per socket interval, i.e. once in that many windows.
     return per_window + table * WINDOW_S / SOCKET_INTERVAL_S

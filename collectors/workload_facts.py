@@ -123,13 +123,17 @@ class WorkloadFacts:
         """``background``: read TCP tables on a thread of their own (the agent); a window then carries what the
         latest finished read found. Without, they are read when asked (tests, one-shot runs)."""
         self._proc = procfs_root
+        self._root = str(procfs_root)  # string paths: a Path per read costs more than the read on the fast path
         self._clock = clock
         self._socket_interval = socket_interval
         self._tables: dict[str, tuple[float, list[_Socket]]] = {}  # network namespace → (read at, its sockets)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetfit-tcp") if background else None
         self._reading: dict[str, Future[list[_Socket]]] = {}
-        self._held: dict[int, tuple[float, set[str]]] = {}  # pid → (read at, the socket inodes it holds)
-        self._identities: dict[int, dict[str, object]] = {}
+        self._held: dict[int, tuple[float, int | None, set[str]]] = {}  # pid → (read at, its start, socket inodes)
+        self._identities: dict[int, tuple[int | None, dict[str, object]]] = {}  # pid → (its start, facts)
+        # (namespace, pids) → (what it was computed from, the server facts): the sockets change only when the
+        # table or the held inodes are read again, so the filtering is not redone every window
+        self._served: dict[tuple[str, tuple[int, ...]], tuple[object, dict[str, object]]] = {}
         # The host's network namespace is PID 1's where the agent sees host PIDs: an agent pod with hostPID but
         # without hostNetwork has a namespace of its own, which would make every host process look like a pod.
         self._host_netns = self._link("1/ns/net") or self._link("self/ns/net")
@@ -144,9 +148,23 @@ class WorkloadFacts:
 
     def _link(self, relative: str) -> str | None:
         try:
-            return os.readlink(self._proc / relative)
+            return os.readlink(f"{self._root}/{relative}")
         except OSError:
             return None
+
+    def _started(self, pid: int) -> int | None:
+        """When ``pid`` started (clock ticks after boot; None: gone). A pid the kernel gives to a new process
+        has a later start, so what was read of the old one is not taken for the new one's."""
+        try:
+            with open(f"{self._root}/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return -1 if os.path.isdir(f"{self._root}/{pid}") else None  # a procfs without stat: by pid alone
+        fields = stat.rpartition(b")")[2].split()
+        try:
+            return int(fields[19])  # field 22 of proc(5); the fields after the command's ")" start at 3
+        except (IndexError, ValueError):
+            return -1  # alive, start unreadable (a procfs that lacks it): identity by pid alone
 
     def _ephemeral_low(self) -> int:
         text = self._read("sys/net/ipv4/ip_local_port_range")
@@ -160,8 +178,9 @@ class WorkloadFacts:
         out = []
         for ref in refs:
             # a process on several GPUs was resolved once per GPU: each is looked at once
-            alive = [p for p in dict.fromkeys(pids.get(ref.id, [])) if (self._proc / str(p)).is_dir()]
-            out.append(ref.model_copy(update=self.facts(ref.id, alive)) if alive else ref)
+            starts = {p: self._started(p) for p in dict.fromkeys(pids.get(ref.id, []))}
+            alive = [p for p, start in starts.items() if start is not None]
+            out.append(ref.model_copy(update=self.facts(ref.id, alive, starts)) if alive else ref)
         live = set(pids)
         for gone in [w for w in self._net if w not in live]:
             del self._net[gone]
@@ -173,23 +192,28 @@ class WorkloadFacts:
             del self._identities[pid]
         for pid in [p for p in self._held if p not in seen]:
             del self._held[pid]
+        if len(self._served) > 4 * max(len(refs), 8):
+            self._served.clear()
         return out
 
-    def facts(self, workload: str, pids: list[int]) -> dict[str, object]:
+    def facts(self, workload: str, pids: list[int], starts: dict[int, int | None] | None = None) -> dict[str, object]:
+        """The facts of a workload's live ``pids`` (``starts``: each one's start, if read already)."""
+        starts = starts if starts is not None else {p: self._started(p) for p in pids}
         main = min(pids)
-        facts = dict(self._identity(main))
+        facts = dict(self._identity(main, starts.get(main)))
+        # read every window: a process may enter another network namespace (setns) at any time
         netns = self._link(f"{main}/ns/net")
         own = netns is not None and self._host_netns is not None and netns != self._host_netns
-        facts.update(self._server(pids, netns, own))
+        facts.update(self._server(pids, netns, own, starts))
         if own:
             facts.update(self._rates(workload, main))
         return facts
 
-    def _identity(self, pid: int) -> dict[str, object]:
-        """Program and Slurm step: fixed for a process's life, so read once per pid."""
+    def _identity(self, pid: int, start: int | None) -> dict[str, object]:
+        """Program and Slurm step: fixed for a process's life, so read once per process (pid and start)."""
         known = self._identities.get(pid)
-        if known is not None:
-            return known
+        if known is not None and known[0] == start:
+            return known[1]
         facts: dict[str, object] = {}
         with contextlib.suppress(OSError):
             facts["program"] = program_of((self._proc / str(pid) / "cmdline").read_bytes())
@@ -197,7 +221,7 @@ class WorkloadFacts:
             facts["sched_step"] = m.group(1)[:32]
         if len(self._identities) >= 4096:
             self._identities.clear()
-        self._identities[pid] = facts
+        self._identities[pid] = (start, facts)
         return facts
 
     def _table(self, pid: int, netns: str | None) -> list[_Socket]:
@@ -232,10 +256,25 @@ class WorkloadFacts:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _server(self, pids: list[int], netns: str | None, own_namespace: bool) -> dict[str, object]:
+    def _server(
+        self, pids: list[int], netns: str | None, own_namespace: bool, starts: dict[int, int | None]
+    ) -> dict[str, object]:
+        key = netns or f"pid:{pids[0]}"
+        held_by = [] if own_namespace else [self._inodes(pid, starts.get(pid)) for pid in pids[:16]]
+        if not own_namespace and not any(held_by):
+            # holds no socket, so serves nothing: the namespace's table (the host's, the dearest) is not read
+            return {"listen_ports": [], "inbound_connections": 0, "inbound_peers": 0}
         sockets = self._table(pids[0], netns)
+        if own_namespace:
+            source: object = (self._tables.get(key, (None,))[0], len(sockets))
+        else:
+            source = (self._tables.get(key, (None,))[0], len(sockets), tuple(self._held[p][:2] for p in pids[:16]
+                                                                              if p in self._held))  # fmt: skip
+        served = self._served.get((key, tuple(pids[:16])))
+        if served is not None and served[0] == source:
+            return served[1]
         if not own_namespace:
-            held = set().union(*(self._inodes(pid) for pid in pids[:16]))
+            held = set().union(*held_by)
             sockets = [s for s in sockets if s.inode in held]
         ports = sorted(
             {
@@ -245,21 +284,23 @@ class WorkloadFacts:
             }
         )[:16]
         inbound = [s for s in sockets if s.state == TCP_ESTABLISHED and s.local_port in ports]
-        return {
+        facts: dict[str, object] = {
             "listen_ports": ports,
             "inbound_connections": len(inbound),
             "inbound_peers": len({s.remote for s in inbound}),
         }
+        self._served[key, tuple(pids[:16])] = (source, facts)
+        return facts
 
-    def _inodes(self, pid: int) -> set[str]:
-        """The socket inodes ``pid`` holds, refreshed with the namespace's table."""
+    def _inodes(self, pid: int, start: int | None) -> set[str]:
+        """The socket inodes ``pid`` holds, refreshed with the namespace's table (and for a new process)."""
         now = self._clock()
         cached = self._held.get(pid)
-        if cached is not None and now - cached[0] < self._socket_interval:
-            return cached[1]
+        if cached is not None and now - cached[0] < self._socket_interval and cached[1] == start:
+            return cached[2]
         held: set[str] = set()
         try:
-            entries = os.scandir(self._proc / str(pid) / "fd")
+            entries = os.scandir(f"{self._root}/{pid}/fd")
         except OSError:
             return held
         with entries:
@@ -272,7 +313,7 @@ class WorkloadFacts:
                     continue
                 if target.startswith("socket:["):
                     held.add(target[8:-1])
-        self._held[pid] = (now, held)
+        self._held[pid] = (now, start, held)
         return held
 
     def _rates(self, workload: str, pid: int) -> dict[str, object]:

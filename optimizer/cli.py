@@ -337,26 +337,39 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     from optimizer.lifecycle import DB_NAME, OPEN, Lifecycle, LifecycleError, RecState
     from optimizer.render import action_fields, csv_cell, numbered, render_listing
 
+    given: list[Path] = args.state_dir or []
     try:
-        state_dir = _state_dir(args, load_config(OptimizerConfig, args.config).optimizer.state_dir)
+        # several optimizers, each planning its own sites: read each one's state directory
+        state_dirs = given[1:] and given
+        if not state_dirs:
+            args.state_dir = given[0] if given else None
+            state_dirs = [_state_dir(args, load_config(OptimizerConfig, args.config).optimizer.state_dir)]
     except ConfigError as exc:
         return _fail(str(exc))
-    if not (state_dir / DB_NAME).exists():
-        return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
-    try:
-        lifecycle = Lifecycle.in_state_dir(state_dir)
-        if args.action:
-            if not args.id:
-                return _fail(f"recommendations {args.action}: which recommendation? give its id")
-            target = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
-            tracked = lifecycle.set_state(args.id, target[args.action])
-            print(f"{tracked.recommendation.id} {tracked.state}")
-            return 0
-        rows = lifecycle.list(args.site, list(RecState) if args.all else OPEN)
-    except LifecycleError as exc:
-        return _fail(str(exc))
-    except sqlite3.Error as exc:
-        return _fail(f"{state_dir / DB_NAME}: {exc}")
+    for state_dir in state_dirs:
+        if not (state_dir / DB_NAME).exists():
+            return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
+    rows = []
+    for n, state_dir in enumerate(state_dirs):
+        try:
+            lifecycle = Lifecycle.in_state_dir(state_dir)
+            if args.action:
+                if not args.id:
+                    return _fail(f"recommendations {args.action}: which recommendation? give its id")
+                target = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
+                try:
+                    tracked = lifecycle.set_state(args.id, target[args.action])
+                except LifecycleError as exc:
+                    if "no recommendation" in str(exc) and n + 1 < len(state_dirs):
+                        continue  # another optimizer's, perhaps
+                    raise
+                print(f"{tracked.recommendation.id} {tracked.state}")
+                return 0
+            rows += lifecycle.list(args.site, list(RecState) if args.all else OPEN)
+        except LifecycleError as exc:
+            return _fail(str(exc))
+        except sqlite3.Error as exc:
+            return _fail(f"{state_dir / DB_NAME}: {exc}")
     open_numbers = {
         site: numbered(t.recommendation for t in rows if t.site == site and t.state in OPEN)
         for site in {t.site for t in rows}
@@ -811,8 +824,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state-dir",
         type=Path,
+        action="append",
         help=f"the optimizer's state directory (default: --config's [optimizer] state_dir, else {DEFAULT_STATE_DIR}; "
-        "given neither option, a demo's ($XDG_STATE_HOME/fleetfit/demo) when the optimizer's holds no state)",
+        "given neither option, a demo's ($XDG_STATE_HOME/fleetfit/demo) when the optimizer's holds no state); "
+        "repeat it to read several optimizers', each planning its own sites",
     )
     p.set_defaults(func=_cmd_recommendations)
 

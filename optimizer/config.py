@@ -48,6 +48,18 @@ class OptimizerSettings(Section):
         pattern=r"^[A-Za-z0-9._-]+$",
         description="subscribe as this MQTT shared-subscription group: processes in it split the stream",
     )
+    sites: list[Ident] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="the sites this optimizer plans (it follows only their nodes); empty: every site that no "
+        "optimizer listing sites claims. Optimizers sharing a broker agree who plans what through retained "
+        "presence messages (docs/operations.md, Scaling out)",
+    )
+    standby_sites: list[Ident] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="sites this optimizer follows and plans only while no optimizer online lists them in sites",
+    )
     max_queued_messages: int = Field(
         default=200_000, ge=1000, description="client-side queue; size the broker's max_queued_messages too"
     )
@@ -90,6 +102,13 @@ class OptimizerSettings(Section):
         le=64,
         description="physical GPUs a node's birth may claim (AMD compute partitions count as their share of one)",
     )
+
+    @model_validator(mode="after")
+    def _sites_once(self) -> OptimizerSettings:
+        both = sorted(set(self.sites) & set(self.standby_sites))
+        if both:
+            raise ValueError(f"standby_sites: {', '.join(both)} also in sites (a standby is for others' sites)")
+        return self
 
 
 class SiteSettings(Section):

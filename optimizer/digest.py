@@ -7,28 +7,88 @@ A decoded window is ~45 KiB of Python objects; a digest is a few hundred bytes. 
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from array import array
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import TYPE_CHECKING
 
-from agent.protocol import Birth, NicKind, NicRole, Stats, Telemetry, WorkloadRef
+from agent.protocol import FLOAT32_MAX, Birth, NicKind, NicRole, Telemetry, WorkloadRef
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
 
+_NONE = float("nan")  # an absent figure, in the packed array
+_SERIES = 9  # where the per-second series starts
 
-@dataclass(frozen=True, slots=True)
-class GpuDigest:
-    index: int
-    util_mean: float
-    util_p95: float
-    util_std: float
-    series: array[float]  # per-second utilisation
-    mem_max_mib: float | None
-    link_bps: float  # NVLink + PCIe, both directions
-    power_frac: float | None = None  # mean board power / its limit
-    tensor_active: float | None = None  # GPM, %
-    dram_active: float | None = None  # GPM, %
+
+def _optional(position: int) -> property:
+    def get(self: GpuDigest) -> float | None:
+        value = self[position]
+        return None if math.isnan(value) else value
+
+    return property(get)
+
+
+class GpuDigest(array):  # type: ignore[type-arg]
+    """One GPU over one window, packed into one float32 array: ``[index, util_mean, util_p95, util_std,
+    mem_max_mib, link_bps, power_frac, tensor_active, dram_active, *series]``, absent figures as NaN.
+
+    A node keeps ``horizon_windows`` of these per GPU: as an object with boxed floats and an array for its series
+    each cost ~410 bytes at 10 s windows, packed ~140 (docs/operations.md, "Memory"). float32 holds 7 significant
+    digits; the wire carries 4.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, values: Iterable[float]) -> GpuDigest:
+        return super().__new__(cls, "f", values)  # type: ignore[return-value]
+
+    @classmethod
+    def of(
+        cls,
+        index: int,
+        util_mean: float,
+        util_p95: float,
+        util_std: float,
+        series: Sequence[float],
+        mem_max_mib: float | None = None,
+        link_bps: float = 0.0,
+        power_frac: float | None = None,
+        tensor_active: float | None = None,
+        dram_active: float | None = None,
+    ) -> GpuDigest:
+        head = (index, util_mean, util_p95, util_std, mem_max_mib, link_bps, power_frac, tensor_active, dram_active)
+        return cls([_NONE if v is None else v for v in head] + list(series))
+
+    @property
+    def index(self) -> int:  # type: ignore[override]
+        return int(self[0])
+
+    if TYPE_CHECKING:
+        util_mean: float
+        util_p95: float
+        util_std: float
+        mem_max_mib: float | None
+        link_bps: float  # NVLink + PCIe, both directions
+        power_frac: float | None  # mean board power / its limit
+        tensor_active: float | None  # GPM, %
+        dram_active: float | None  # GPM, %
+    else:  # read by C calls where a figure is always there: features read these for every window they fold
+        util_mean = property(itemgetter(1))
+        util_p95 = property(itemgetter(2))
+        util_std = property(itemgetter(3))
+        mem_max_mib = _optional(4)
+        link_bps = property(itemgetter(5))
+        power_frac = _optional(6)
+        tensor_active = _optional(7)
+        dram_active = _optional(8)
+
+    @property
+    def series(self) -> array[float]:
+        """Per-second utilisation."""
+        return self[_SERIES:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +185,6 @@ _links = itemgetter("nvlink_tx_bps", "nvlink_rx_bps", "pcie_tx_bps", "pcie_rx_bp
 _nic_fields = itemgetter("name", "rx_bps", "tx_bps")
 
 
-def _mean(stats: Stats | None) -> float | None:
-    return stats.mean if stats is not None else None
-
-
 @dataclass(frozen=True, slots=True)
 class _BirthView:
     roles: dict[str, NicRole]
@@ -182,20 +238,20 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
                 link += s.mean
         index, mem, power = fields["index"], fields["mem_used_mib"], fields["power_w"]
         limit = limits.get(index)
-        gpus.append(
-            GpuDigest(  # positional, in GpuDigest's field order: keywords cost a name match each, 80 a window
-                index,
-                util.mean,
-                util.p95,
-                util.std,
-                array("f", fields["util_series"]),
-                mem.max if mem is not None else None,
-                link,
-                power.mean / limit if (power is not None and limit) else None,
-                _mean(fields["tensor_active"]),
-                _mean(fields["dram_active"]),
-            )
-        )
+        # one list, one array: a GpuDigest's layout (no keyword matching, no boxed floats kept)
+        row = [
+            index,
+            util[0],
+            util[1],
+            util[3],
+            mem[2] if mem is not None else _NONE,
+            link if link <= FLOAT32_MAX else FLOAT32_MAX,  # four rates at the wire's bound overflow float32
+            min(power[0] / limit, FLOAT32_MAX) if (power is not None and limit) else _NONE,
+            _NONE if (tensor := fields["tensor_active"]) is None else tensor[0],
+            _NONE if (dram := fields["dram_active"]) is None else dram[0],
+        ]
+        row += fields["util_series"]
+        gpus.append(GpuDigest(row))
     east = north = north_rx = north_tx_peak = 0.0
     for nic in window.nics:
         name, rx_bps, tx_bps = _nic_fields(nic.__dict__)

@@ -4,7 +4,8 @@ the daily peak a placement must carry."""
 
 from __future__ import annotations
 
-from collections import deque
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from optimizer.digest import WindowDigest
@@ -24,6 +25,43 @@ class Digest:
     mem_max_mib: float = 0.0  # the most memory any one of its GPUs held in the period
 
 
+class DigestRing:
+    """The last ``DIGESTS_KEPT`` digests of one workload, packed four floats each in one array: a day of them
+    costs ~5 KiB instead of ~25 KiB as objects (docs/operations.md, "Memory"). Reads as a sequence of Digest."""
+
+    __slots__ = ("_values",)
+    _WIDTH = 4
+
+    def __init__(self, digests: Iterable[Digest] = ()) -> None:
+        self._values = array("d")
+        for d in digests:
+            self.append(d)
+
+    def append(self, d: Digest) -> None:
+        if len(self._values) >= DIGESTS_KEPT * self._WIDTH:
+            del self._values[: self._WIDTH]  # the oldest goes: once per period, a copy of a few KiB
+        self._values.extend((d.end, d.mean_util, d.peak_p95, d.mem_max_mib))
+
+    def __len__(self) -> int:
+        return len(self._values) // self._WIDTH
+
+    def __getitem__(self, i: int) -> Digest:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("digest index out of range")
+        at = (i % n) * self._WIDTH
+        return Digest(*self._values[at : at + self._WIDTH])
+
+    def __iter__(self) -> Iterator[Digest]:
+        v, w = self._values, self._WIDTH
+        return (Digest(v[i], v[i + 1], v[i + 2], v[i + 3]) for i in range(0, len(v), w))
+
+    def copy(self) -> DigestRing:
+        ring = DigestRing()
+        ring._values = array("d", self._values)
+        return ring
+
+
 @dataclass(slots=True)
 class _Open:
     start: float
@@ -37,7 +75,7 @@ class _Open:
 class History:
     """Per workload on one node: closed digests and the period being filled."""
 
-    digests: dict[str, deque[Digest]] = field(default_factory=dict)
+    digests: dict[str, DigestRing] = field(default_factory=dict)
     _open: dict[str, _Open] = field(default_factory=dict)
 
     def add(self, window: WindowDigest) -> None:
@@ -61,7 +99,7 @@ class History:
 
     def _close(self, workload: str, period: _Open, end: float) -> None:
         if period.count:
-            kept = self.digests.setdefault(workload, deque(maxlen=DIGESTS_KEPT))
+            kept = self.digests.setdefault(workload, DigestRing())
             kept.append(Digest(end, period.total / period.count, period.peak, period.mem))
 
     def of(self, workload: str) -> list[Digest]:
@@ -73,4 +111,4 @@ class History:
         self._open = {k: v for k, v in self._open.items() if k in workloads}
 
     def copy(self) -> History:
-        return History({k: deque(v, maxlen=DIGESTS_KEPT) for k, v in self.digests.items()}, dict(self._open))
+        return History({k: v.copy() for k, v in self.digests.items()}, dict(self._open))

@@ -24,7 +24,7 @@ class Line(NamedTuple):
 
 
 @lru_cache(maxsize=65_536)
-def _tag_value(value: str) -> str:
+def tag_value(value: str) -> str:
     """Tag values repeat (site, node, model, workload) window after window: escaped once each."""
     escaped = value.translate(_KEY)
     return escaped + " " if escaped.endswith("\\") else escaped
@@ -42,5 +42,5 @@ def encode_line(
             parts.append(f"{key}={text[:-2] if text[-2:] == '.0' else text}")
     if not parts:
         return None
-    tag_text = "".join([f",{k}={_tag_value(v)}" for k, v in sorted(tags.items()) if v])
+    tag_text = "".join([f",{k}={tag_value(v)}" for k, v in sorted(tags.items()) if v])
     return Line(f"{measurement}{tag_text} {','.join(parts)} {round(ts * 1e6) * 1000}", len(parts))  # µs, exactly

@@ -43,7 +43,7 @@ from optimizer.catalog import Catalog, GpuType
 from optimizer.costs import Demand, fit_problem, grown, monthly_cost, right_sized, shared, units
 from optimizer.interrupt import SolveStop
 from optimizer.pools import POOL_PREFIX, Pool, assign, build_pools
-from optimizer.rounding import Candidate, pack
+from optimizer.rounding import Candidate, fill, pack
 
 log = logging.getLogger(__name__)
 
@@ -454,13 +454,18 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         # The greedy pass (the open actions first) and the LP rounded onto nodes both see every concrete node;
         # the better of the two, the open actions' margins counted, is the hint (pooled) and always a choice.
         concrete = _Targets.of(problem) if pools else targets
-        greedy = _greedy(problem, concrete, options, hardware)
+        greedy = _filled(problem, options, _greedy(problem, concrete, options, hardware), slots)
         bound = per_type_bound(problem, [_as_bound_options(w, options[w.id], slots) for w in problem.movable])
         hint = greedy
+        dense = _filled(problem, options, {w.id: w.node for w in problem.movable}, slots)
+        if _placement_cost(problem, options, dense, slots, bonus=bonus, member_of=member_of) < _placement_cost(
+            problem, options, hint, slots, bonus=bonus, member_of=member_of
+        ):
+            hint = dense
         if bound is not None:
-            rounded = _rounded(problem, options, bound, slots)
+            rounded = _filled(problem, options, _rounded(problem, options, bound, slots), slots)
             if _placement_cost(problem, options, rounded, slots, bonus=bonus, member_of=member_of) < _placement_cost(
-                problem, options, greedy, slots, bonus=bonus, member_of=member_of
+                problem, options, hint, slots, bonus=bonus, member_of=member_of
             ):
                 hint = rounded
     start = {wid: member_of[node].key if node in member_of else node for wid, node in hint.items()}
@@ -664,11 +669,22 @@ def _from_start(
     started: float,
     prefer: dict[str, str],
 ) -> Solution | None:
-    """The starting placement as the plan (None if a pool's share of it does not pack)."""
+    """The starting placement as the plan (None if a pool's share of it does not pack, and ``hint`` does not
+    name nodes that exist: a given start may name pools)."""
     chosen = {w.id: start[w.id] for w in problem.movable}
     size = {(w.id, chosen[w.id]): options[w.id].gpus[slots[chosen[w.id]].hardware] for w in problem.movable}
     if _misfits(problem, chosen, pools, size, prefer):
-        return None
+        # first-fit decreasing need not repack what the start packed node by node: its own nodes stand
+        concrete = {n.name: n.hardware for n in problem.nodes}
+        if not all(node in concrete for node in hint.values()):
+            return None
+        chosen = {w.id: hint[w.id] for w in problem.movable}
+        slots = {**slots, **{n.name: n for n in problem.nodes}}
+        size = {(w.id, chosen[w.id]): options[w.id].gpus[concrete[chosen[w.id]]] for w in problem.movable}
+        for w in problem.movable:
+            if chosen[w.id] != w.node:
+                options[w.id].nodes.setdefault(chosen[w.id], options[w.id].types[concrete[chosen[w.id]]])
+        pools = {}
     report = SolverReport(
         status="HEURISTIC",
         objective=round(_placement_cost(problem, options, hint, slots), 2),
@@ -723,6 +739,20 @@ def _rounded(
         candidates.append(Candidate(w.id, w.node, b.home, now, w.service, b.by_type, fractions))
     hardware = {n.name: n.hardware for n in problem.nodes}
     return {wid: node for wid, (node, _) in pack(candidates, room, hardware, problem.max_moves).items()}
+
+
+def _filled(
+    problem: Problem, options: dict[str, _Options], placement: dict[str, str], slots: dict[str, NodeSlot]
+) -> dict[str, str]:
+    """``placement`` with the room it leaves on cheaper hardware filled (optimizer/rounding.py, ``fill``)."""
+    room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
+    candidates = []
+    for w in problem.movable:
+        b = _as_bound_options(w, options[w.id], slots)
+        candidates.append(Candidate(w.id, w.node, b.home, units(w.demand, problem.units), w.service, b.by_type, {}))
+    hardware = {n.name: n.hardware for n in problem.nodes}
+    move_cost = {w.id: w.move_cost_usd for w in problem.movable}
+    return fill(candidates, placement, room, hardware, problem.max_moves, move_cost)
 
 
 def _placement_cost(

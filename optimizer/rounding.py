@@ -47,7 +47,7 @@ def pack(
         if target != c.home and target in c.by_type:
             saving = c.by_type[c.home][0] - c.by_type[target][0]
             movers.append((saving, c, target))
-    movers.sort(key=lambda m: (-m[0], -m[1].by_type[m[2]][1], m[1].id))
+    movers.sort(key=lambda m: (-m[1].by_type[m[2]][1], -m[0], m[1].id))
     already: dict[str, set[str]] = {}
     for c in (m[1] for m in movers):
         if c.service:
@@ -83,3 +83,76 @@ def pack(
             progress = True
         pending = left
     return placed
+
+
+def fill(
+    candidates: Iterable[Candidate],
+    placed: dict[str, str],
+    room: dict[str, int],
+    hardware: dict[str, str],
+    max_moves: int,
+    move_cost: dict[str, float],
+) -> dict[str, str]:
+    """``placed`` (workload id → node) with more moves: the room it leaves on cheaper hardware goes to the
+    workloads still at home that save the most per GPU there, each onto the node it fills best.
+
+    Both starting placements pack by total saving, biggest first, so the hardware everyone wants fills with
+    large workloads and ends in slivers no whole one fits; the LP counts that room as usable. Filling by saving
+    per unit of capacity is the usual knapsack heuristic, and best fit keeps the slivers small. A move is made
+    only where its first month's saving covers its one-off cost (``move_cost``), as in the planner's objective."""
+    room = dict(room)
+    cands = {c.id: c for c in candidates}
+    nodes_of: dict[str, list[str]] = {}
+    for name, key in sorted(hardware.items()):
+        nodes_of.setdefault(key, []).append(name)
+    out = dict(placed)
+    moves = 0
+    taken: set[tuple[str, str]] = set()
+    already: dict[str, set[str]] = {}
+    for c in cands.values():
+        if c.service:
+            already.setdefault(c.service, set()).add(c.node)
+    for c in cands.values():
+        node = out[c.id]
+        gpus = c.by_type[hardware[node]][1] if node != c.node else c.by_type[c.home][1]
+        room[node] -= gpus
+        if node != c.node:
+            moves += 1
+            if c.service:
+                taken.add((c.service, node))
+    options = []
+    for c in cands.values():
+        if out[c.id] != c.node:
+            continue
+        home_cost = c.by_type[c.home][0]
+        for key, (cost, gpus) in c.by_type.items():
+            net = home_cost - cost - move_cost.get(c.id, 0.0)
+            if key != c.home and net > 0:
+                options.append((net / gpus, net, c.id, key))
+    options.sort(key=lambda o: (-o[0], -o[1], o[2], o[3]))
+    for _, _, wid, key in options:
+        if moves >= max_moves:
+            break
+        c = cands[wid]
+        if out[wid] != c.node:
+            continue  # placed by a better option already
+        gpus = c.by_type[key][1]
+        best = None
+        for name in nodes_of.get(key, ()):
+            free = room[name]
+            if free < gpus or (best is not None and free >= room[best]):
+                continue
+            if c.service and name not in already.get(c.service, set()) and (c.service, name) in taken:
+                continue
+            best = name
+            if free == gpus:
+                break
+        if best is None:
+            continue
+        room[best] -= gpus
+        room[c.node] += c.by_type[c.home][1]
+        out[wid] = best
+        if c.service:
+            taken.add((c.service, best))
+        moves += 1
+    return out

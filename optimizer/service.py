@@ -22,12 +22,15 @@ from agent.mqtt import make_client
 from agent.notify import Notifier
 from agent.protocol import (
     MAX_PAYLOAD_BYTES,
+    NodeStatus,
     Plan,
     Recommendation,
     Resend,
     Telemetry,
     WorkloadClass,
     encode,
+    presence_filter,
+    presence_topic,
     recommendations_topic,
     resend_topic,
     subscription_filters,
@@ -41,6 +44,7 @@ from optimizer.interrupt import SolveStop
 from optimizer.inventory import inventory_check, load_inventories
 from optimizer.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
+from optimizer.ownership import Ownership
 from optimizer.recommend import plan_snapshot
 from optimizer.report import Ledger, owners_of
 from optimizer.selfmetrics import Lag, optimizer_metrics
@@ -115,16 +119,24 @@ class Optimizer:
         # site -> (node, reason) -> devices whose share of a GPU was estimated in the last round
         self.share_estimates: dict[str, Counter[tuple[str, str]]] = {}
         self.learned: tuple[Correction, ...] = ()  # correction factors from observed moves, last round
+        self.ownership = Ownership(config.mqtt.prefix, settings.client_id, settings.sites, settings.standby_sites)
+        self.started = time.time()  # orders this process's presence after its predecessor's
 
     async def _ingest(self) -> None:
         """Subscribe and take messages in; reconnect with backoff after any failure, whatever it was (a broker
         gone, a CA file unreadable for a moment, a bug), logging each."""
         settings = self.config.mqtt
+        presence_at = presence_topic(settings.prefix, self.config.optimizer.client_id)
+        presence_head = presence_at.rsplit("/", 1)[0] + "/"
+        # the broker says this optimizer is offline when its connection dies: its standbys take its sites over
+        scoped = self.ownership.scoped
+        will = aiomqtt.Will(presence_at, self._presence(NodeStatus.OFFLINE), qos=1, retain=True) if scoped else None
         while True:
             try:
                 client = make_client(
                     settings,
                     self.config.optimizer.client_id,
+                    will=will,
                     max_queued_incoming=self.config.optimizer.max_queued_messages,
                     max_packet_size=MAX_PACKET_BYTES,
                 )
@@ -132,21 +144,37 @@ class Optimizer:
                 # unread when the optimizer stops is delivered again by the broker (persistent session).
                 client._client.manual_ack_set(True)
                 async with client:
-                    for topic_filter in subscription_filters(settings.prefix, self.config.optimizer.shared_group):
+                    self.ownership.connected()
+                    filters = subscription_filters(
+                        settings.prefix, self.config.optimizer.shared_group, self.ownership.subscribed_sites
+                    )
+                    for topic_filter in [presence_filter(settings.prefix), *filters]:
                         await client.subscribe(topic_filter, qos=1)
+                    if scoped:  # after subscribing, so that its echo says the others' retained presences are in
+                        await client.publish(presence_at, self._presence(NodeStatus.ONLINE), qos=1, retain=True)
                     self._client = client
                     self._backoff.reset()
                     self.connects += 1
                     self.connected.set()
-                    log.info("subscribed to %s/# on %s:%d", settings.prefix, settings.host, settings.port)
+                    log.info(
+                        "subscribed to %s on %s:%d",
+                        ", ".join(f"{settings.prefix}/{s}/#" for s in self.ownership.subscribed_sites or ["+"]),
+                        settings.host,
+                        settings.port,
+                    )
                     async for message in client.messages:
-                        self._take(str(message.topic), message.payload)
+                        topic = str(message.topic)
+                        if topic.startswith(presence_head):
+                            self.ownership.observe(topic, _bytes(message.payload))
+                        else:
+                            self._take(topic, message.payload)
                         if message.qos:
                             client._client.ack(message.mid, message.qos)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 self.connected.clear()
+                self.ownership.disconnected()
                 self._client = None
                 delay = self._backoff.next_delay()
                 what = "connection lost" if isinstance(exc, aiomqtt.MqttError) else "cannot connect"
@@ -160,6 +188,20 @@ class Optimizer:
                     exc_info=not isinstance(exc, aiomqtt.MqttError | OSError),
                 )
                 await asyncio.sleep(delay)
+
+    def _presence(self, status: NodeStatus) -> bytes:
+        return self.ownership.presence(status, self.started).model_dump_json(by_alias=True).encode()
+
+    async def _leave(self) -> None:
+        """Say this optimizer is going (a clean disconnect sends no last will): its standbys take over now."""
+        client = self._client
+        if client is None or not self.ownership.scoped:
+            return
+        topic = presence_topic(self.config.mqtt.prefix, self.config.optimizer.client_id)
+        try:
+            await asyncio.wait_for(client.publish(topic, self._presence(NodeStatus.OFFLINE), qos=1, retain=True), 5)
+        except (aiomqtt.MqttError, TimeoutError) as exc:
+            log.info("could not say this optimizer is leaving (its last will will): %s", _brief(exc))
 
     def _take(self, topic: str, payload: object) -> None:
         """One message in. A failure here is a bug: logged and counted, and the next message is taken."""
@@ -181,6 +223,8 @@ class Optimizer:
         """Ask each node for the windows missing from its sequence; the number of nodes asked."""
         client = self._client
         awaited = self.fleet.awaited(self.resend_delay, RESEND_GIVE_UP)
+        # a node's gaps are asked for by its site's owner only: a standby asking too would double the replay
+        awaited = {key: ranges for key, ranges in awaited.items() if self.ownership.owns(key[0])}
         if client is None or not awaited:
             return 0
         asked = 0
@@ -208,7 +252,10 @@ class Optimizer:
         previous plan and is counted and named; the other sites plan regardless."""
         snapshot = self.fleet.snapshot()
         plans = []
-        for site in snapshot.sites():
+        owned = self.ownership.owned(snapshot.sites())
+        for site in set(self.plans) - set(owned):  # planned by another optimizer now: its plan is the one to read
+            del self.plans[site]
+        for site in owned:
             try:
                 plan = await self._plan_and_publish(snapshot, site)
             except Exception as exc:
@@ -482,6 +529,7 @@ class Optimizer:
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         """Stop the tasks, then flush the lifecycle, alerts and store: each step runs whatever the one before did."""
         self.solve_stop.stop()  # a plan still solving in its thread would hold the process's exit
+        await self._leave()
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -540,6 +588,12 @@ def ingest_limits(config: OptimizerConfig, catalog: Catalog) -> IngestLimits:
         inventory=inventory_check(catalog, settings.max_gpus_per_node),
         site_inventory=inventories.reconcile if inventories else None,
     )
+
+
+def _bytes(payload: object) -> bytes:
+    if isinstance(payload, bytes | bytearray):
+        return bytes(payload)
+    return str(payload).encode() if payload is not None else b""
 
 
 def _brief(exc: BaseException) -> str:

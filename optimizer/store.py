@@ -12,7 +12,9 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from math import isfinite
 from pathlib import Path
+from typing import Any
 
 from influxdb_client.client.influxdb_client import InfluxDBClient
 from influxdb_client.client.write_api import SYNCHRONOUS
@@ -22,7 +24,7 @@ from agent.backoff import Backoff
 from agent.config import secret_or_file
 from agent.protocol import Birth, NicRole, Plan, Stats, Telemetry
 from optimizer import series
-from optimizer.lineproto import Line, encode_line
+from optimizer.lineproto import Line, encode_line, tag_value
 from optimizer.series import Measurement
 
 log = logging.getLogger(__name__)
@@ -66,44 +68,96 @@ def _mean(s: Stats | None) -> float | None:
     return s.mean if s is not None else None
 
 
+# A window's fields, in the order line protocol sorts them: (field, the window's attribute, index in its Stats),
+# index None for a plain number. Built once, so that a window's lines need no sorting and no name lookups: they
+# are written for every window taken in (bench/store_lines.py).
+_FieldPlan = tuple[tuple[str, str, int | None], ...]
+
+
+def _plan(fields: tuple[str, ...], derived: dict[str, tuple[str, int | None]]) -> _FieldPlan:
+    return tuple(sorted((f, *derived.get(f, (f, 0))) for f in fields))
+
+
+_GPU_FIELDS = _plan(
+    series.GPU.fields, {"util_p95": ("util", 1), "util_max": ("util", 2), "xid_events": ("xid_events", None)}
+)
+_NIC_FIELDS = _plan(
+    series.NIC.fields,
+    {"rx_bps_max": ("rx_bps", 2), "tx_bps_max": ("tx_bps", 2), "errors": ("errors", None), "drops": ("drops", None)},
+)
+_DISK_FIELDS = _plan(series.DISK.fields, {"write_bps_max": ("write_bps", 2)})
+_HOST_FIELDS = _plan(series.HOST.fields, {})
+
+
+def _field_text(plan: _FieldPlan, values: dict[str, Any]) -> tuple[str, int]:
+    """The field set of one line (``values``: a section's ``__dict__``) and how many values it holds."""
+    parts = []
+    for name, attribute, index in plan:
+        value = values[attribute]
+        if value is None:
+            continue
+        number: float = value[index] if index is not None else value
+        text = _NUMBERS.get(number)
+        if text is None:
+            text = _number(number)
+            if text is None:
+                continue
+        parts.append(f"{name}={text}")
+    return ",".join(parts), len(parts)
+
+
+# The text of numbers already written: values arrive rounded to 4 significant digits, so they repeat window
+# after window and a lookup is cheaper than float's repr. Bounded: cleared once full.
+_NUMBERS: dict[float, str] = {}
+NUMBERS_CACHED = 65_536
+
+
+def _number(value: float) -> str | None:
+    """``value`` as line protocol writes a float (a whole one without ``.0``); None when not finite."""
+    number = float(value)
+    if not isfinite(number):
+        return None
+    text = repr(number)
+    text = text[:-2] if text[-2:] == ".0" else text
+    if len(_NUMBERS) >= NUMBERS_CACHED:
+        _NUMBERS.clear()
+    _NUMBERS[value] = text
+    return text
+
+
+def _line(head: str, fields: tuple[str, int], tail: str) -> Line:
+    text, values = fields
+    return Line(f"{head} {text}{tail}", values) if values else Line("", 0)
+
+
 def window_points(birth: Birth | None, w: Telemetry) -> list[Line]:
-    """Points for one telemetry window, tagged with site, node and GPU model."""
+    """Points for one telemetry window, tagged with site, node and GPU model: what ``point`` writes for them,
+    built without its generic sorting (tags are written in sorted order by hand)."""
     models = {g.index: g.model for g in birth.gpus} if birth else {}
     roles = {n.name: n.role for n in birth.nics} if birth else {}
-    base = {"site": w.site, "node": w.node}
+    node, site = tag_value(w.node), tag_value(w.site)
+    tail = f" {round(w.end * 1e6) * 1000}"  # nanoseconds, rounded to the microsecond like every line
     out = []
     for g in w.gpus:
-        fields: dict[str, float | None] = {
-            f: _mean(getattr(g, f)) for f in series.GPU.fields if isinstance(getattr(g, f, None), Stats)
-        }
-        fields.update(
-            util_p95=g.util.p95 if g.util else None, util_max=g.util.max if g.util else None, xid_events=g.xid_events
-        )
-        tags = {**base, "gpu": str(g.index), "model": models.get(g.index), "workload": g.workload}
-        out.append(point(series.GPU, tags, fields, w.end))
+        d = g.__dict__
+        model, workload = models.get(g.index), d["workload"]
+        head = f"{series.GPU.name},gpu={g.index}"
+        if model:
+            head += f",model={tag_value(model)}"
+        head += f",node={node},site={site}"
+        if workload:
+            head += f",workload={tag_value(workload)}"
+        out.append(_line(head, _field_text(_GPU_FIELDS, d), tail))
     for n in w.nics:
         role = roles.get(n.name, NicRole.OTHER).value
-        fields = {
-            "rx_bps": _mean(n.rx_bps),
-            "tx_bps": _mean(n.tx_bps),
-            "errors": n.errors,
-            "drops": n.drops,
-            "rx_bps_max": n.rx_bps.max if n.rx_bps else None,
-            "tx_bps_max": n.tx_bps.max if n.tx_bps else None,
-        }
-        out.append(point(series.NIC, {**base, "nic": n.name, "role": role}, fields, w.end))
-    for d in w.disks:
-        fields = {
-            "read_bps": _mean(d.read_bps),
-            "write_bps": _mean(d.write_bps),
-            "read_iops": _mean(d.read_iops),
-            "write_iops": _mean(d.write_iops),
-            "write_bps_max": d.write_bps.max if d.write_bps else None,
-        }
-        out.append(point(series.DISK, {**base, "disk": d.name}, fields, w.end))
-    host = {"cpu_util": _mean(w.host.cpu_util), "mem_used_pct": _mean(w.host.mem_used_pct)}
-    if any(v is not None for v in host.values()):
-        out.append(point(series.HOST, base, host, w.end))
+        head = f"{series.NIC.name},nic={tag_value(n.name)},node={node},role={role},site={site}"
+        out.append(_line(head, _field_text(_NIC_FIELDS, n.__dict__), tail))
+    for disk in w.disks:
+        head = f"{series.DISK.name},disk={tag_value(disk.name)},node={node},site={site}"
+        out.append(_line(head, _field_text(_DISK_FIELDS, disk.__dict__), tail))
+    host = _field_text(_HOST_FIELDS, w.host.__dict__)
+    if host[1]:
+        out.append(_line(f"{series.HOST.name},node={node},site={site}", host, tail))
     return out
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -83,26 +82,23 @@ def test_add_plans_onto_the_new_nodes_and_bad_additions_fail_clearly(tmp_path: P
     assert result.returncode == 2 and result.stderr == b"fleetfit: --add: at most 10000 nodes in all\n"
 
 
-def test_the_largest_addition_is_named_in_linear_time() -> None:
-    """``--add "l40s x8 = 10000"``, the most one addition allows, twice: the plan answers in seconds, not a
-    search from new-l40s-001 for every node (half a minute for one such addition)."""
+def test_the_largest_addition_names_each_node_once() -> None:
+    """``--add "l40s x8 = 10000"``, the most one addition allows, twice: each node named once, not a search from
+    new-l40s-001 for every node (half a minute for one such addition; bench/linear.py times it at two sizes)."""
     catalog = load_catalog()
     most = parse_addition("l40s x8 = 10000", catalog)
-    started = time.perf_counter()
     bigger = with_additions(Snapshot.model_validate(SHORT), [most, most])
-    assert time.perf_counter() - started < 5
     names = [n.name for n in bigger.nodes[len(SHORT["nodes"]) :]]
     assert len(set(names)) == 20_000 and names[0] == "new-l40s-001" and names[-1] == "new-l40s-20000"
 
 
-def test_a_snapshot_of_twenty_thousand_nodes_is_checked_in_linear_time() -> None:
+def test_a_snapshot_of_twenty_thousand_nodes_is_checked() -> None:
     """Each workload's nodes are looked up in one set of the snapshot's nodes, not a set built per workload
-    (ten seconds for this one), and a duplicate name or a workload on no listed node is still refused."""
+    (ten seconds for this one; bench/linear.py times it at two sizes), and a duplicate name or a workload on no
+    listed node is still refused."""
     nodes = [{"name": f"n{i}", "hardware": "l4", "gpus": 8} for i in range(20_000)]
     workloads = [{"id": f"w{i}", "class": "inference", "nodes": [f"n{i}"], "gpus": 8} for i in range(0, 20_000, 2)]
-    started = time.perf_counter()
     Snapshot.model_validate({"site": "s", "nodes": nodes, "workloads": workloads})
-    assert time.perf_counter() - started < 3
     with pytest.raises(ValueError, match="node names must be unique"):
         Snapshot.model_validate({"site": "s", "nodes": [*nodes, nodes[0]], "workloads": workloads})
     stray = {"id": "stray", "class": "inference", "nodes": ["n1", "nowhere"], "gpus": 8}

@@ -64,7 +64,6 @@ def _demo_snapshot(plan: Plan) -> Snapshot:
 def test_demo_releases_resizes_and_orders_moves_from_a_day_of_its_own_telemetry() -> None:
     nodes = build_scenario("demo", 13, seed=1)
     planted = {w.name for n in nodes for w in n.workloads if w.id in n.misplaced}
-    started = time.monotonic()
     with webhook_server() as hooks:
         result = subprocess.run(
             [
@@ -84,7 +83,6 @@ def test_demo_releases_resizes_and_orders_moves_from_a_day_of_its_own_telemetry(
             check=True,
         )
         posted = hooks.delivered
-    assert time.monotonic() - started < 75  # 35-50 s on two shared cores: a day of history, 8 s live, the plan
     plan = Plan.model_validate_json(result.stdout)  # stdout holds the plan and nothing else
     # the actions reached both webhooks, and the URLs stayed out of the output (a plan taken while a node's
     # history was still arriving may have posted an action the day then changed: it is resolved)

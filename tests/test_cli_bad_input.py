@@ -57,8 +57,8 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("webhook-file-missing", ["demo", "--alert-webhook-file", "{tmp}/nope"], {}, "--alert-webhook-file"),
     ("env-override-bad", ["agent", "--once", "--config", "{tmp}/agent.toml"], {"FLEETFIT_MQTT_PORT": "abc"},
      "FLEETFIT_MQTT_PORT"),
-    ("classify-empty", ["classify", "{tmp}/empty.jsonl"], {}, "no workload"),
-    ("classify-not-windows", ["classify", "{tmp}/other.jsonl"], {}, "no workload"),
+    ("classify-empty", ["classify", "{tmp}/empty.jsonl"], {}, "none a telemetry window"),
+    ("classify-not-windows", ["classify", "{tmp}/other.jsonl"], {}, "none a telemetry window"),
 ]  # fmt: skip
 
 

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 from conftest import VictoriaMetrics, fault_size
 
-from agent.protocol import TopicKind, encode, node_topic
+from agent.protocol import Stats, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
 from collectors.scenarios import build_scenario
 from optimizer import series
@@ -136,3 +136,64 @@ async def test_the_writer_task_stops_when_cancelled_as_a_batch_becomes_ready() -
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
+
+
+def test_window_lines_are_what_influxdb_client_would_write() -> None:
+    """Each window's lines, built by hand for speed, against influxdb-client's Point for the same values:
+    every GPU, NIC, disk and host field, tags sorted and escaped, GPUs without a model or workload."""
+    from influxdb_client.client.write.point import Point
+    from influxdb_client.domain.write_precision import WritePrecision
+
+    node = build_scenario("mixed", 6, seed=2)[5]
+    birth, windows = offline_windows(node, 2, site="eu-1")
+    odd = windows[0].model_copy(update={"node": "n,1 x"})  # a tag needing escapes (never sent: shows the escaping)
+    # 10-sample windows have p95 = max: one GPU where they differ
+    spread = windows[1].gpus[0].model_copy(update={"util": Stats(10.0, 20.0, 30.0, 1.0)})
+    windows[1] = windows[1].model_copy(update={"gpus": [spread, *windows[1].gpus[1:]]})
+    for b, w in [(birth, windows[1]), (None, windows[0]), (birth, odd)]:
+        models = {g.index: g.model for g in b.gpus} if b else {}
+        expected = []
+        for g in w.gpus:
+            stats = {f: getattr(g, f) for f in series.GPU.fields if f in type(g).model_fields}
+            fields = {f: s.mean for f, s in stats.items() if s is not None and f != "xid_events"}
+            fields |= {"xid_events": g.xid_events} | (
+                {"util_p95": g.util.p95, "util_max": g.util.max} if g.util else {}
+            )
+            tags = {
+                "site": w.site,
+                "node": w.node,
+                "gpu": str(g.index),
+                "model": models.get(g.index),
+                "workload": g.workload,
+            }
+            expected.append((series.GPU, tags, fields))
+        roles = {n.name: n.role.value for n in b.nics} if b else {}
+        for n in w.nics:
+            fields = {"errors": n.errors, "drops": n.drops}
+            for f in ("rx_bps", "tx_bps"):
+                if (s := getattr(n, f)) is not None:
+                    fields |= {f: s.mean, f"{f}_max": s.max}
+            expected.append(
+                (
+                    series.NIC,
+                    {"site": w.site, "node": w.node, "nic": n.name, "role": roles.get(n.name, "other")},
+                    fields,
+                )
+            )
+        for d in w.disks:
+            fields = {f: s.mean for f in ("read_bps", "write_bps", "read_iops", "write_iops") if (s := getattr(d, f))}
+            fields |= {"write_bps_max": d.write_bps.max} if d.write_bps else {}
+            expected.append((series.DISK, {"site": w.site, "node": w.node, "disk": d.name}, fields))
+        host = {f: s.mean for f in ("cpu_util", "mem_used_pct") if (s := getattr(w.host, f))}
+        expected.append((series.HOST, {"site": w.site, "node": w.node}, host))
+        lines = []
+        for m, tags, fields in expected:
+            p = Point(m.name).time(round(w.end * 1e6) * 1000, WritePrecision.NS)
+            for k, v in tags.items():
+                if v:
+                    p.tag(k, v)
+            for k, f in fields.items():
+                p.field(k, float(f))
+            lines.append(p.to_line_protocol())  # type: ignore[no-untyped-call]
+        assert [line.text for line in window_points(b, w)] == lines
+        assert all(line.values == line.text.rsplit(" ", 2)[1].count("=") for line in window_points(b, w))

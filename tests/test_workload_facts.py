@@ -152,3 +152,24 @@ def test_a_namespaces_tcp_table_is_read_once_per_interval(tmp_path: Path) -> Non
     assert facts.enrich([_ref("k8s/c")], {"k8s/c": [70]})[0].listen_ports == [8000, 28500, 29508]
     now[0] = 301.0
     assert facts.enrich([_ref("k8s/c")], {"k8s/c": [70]})[0].listen_ports == [80]
+
+
+def _stat(root: Path, pid: int, start: int) -> None:
+    # proc(5) stat: pid (comm) state, then fields 4-21, then starttime (field 22)
+    (root / str(pid) / "stat").write_text(f"{pid} (my prog) S {' '.join(['0'] * 18)} {start} 0 0\n")
+
+
+def test_a_pid_given_to_a_new_process_is_read_again(tmp_path: Path) -> None:
+    """Program and held sockets are cached per process: a pid reused by another program between two windows
+    (a later start time in /proc/PID/stat) is not taken for the one before."""
+    root = _proc(tmp_path, 70, HOST_NS, ["python3", "-m", "vllm.entrypoints.openai.api_server"], "0::/system.slice\n")
+    os.symlink("socket:[100]", root / "70" / "fd" / "3")  # listens on :8000
+    _stat(root, 70, 5_000)
+    facts = WorkloadFacts(root, clock=lambda: 100.0)
+    first = facts.enrich([_ref("w")], {"w": [70]})[0]
+    assert (first.program, first.listen_ports) == ("vllm.entrypoints.openai.api_server", [8000])
+    (root / "70" / "cmdline").write_bytes(b"/usr/bin/rsync\0--daemon\0")
+    os.unlink(root / "70" / "fd" / "3")
+    _stat(root, 70, 9_000)
+    again = facts.enrich([_ref("w")], {"w": [70]})[0]
+    assert (again.program, again.listen_ports) == ("rsync", [])

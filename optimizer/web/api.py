@@ -129,7 +129,9 @@ class JsonApi:
         health = self.optimizer.health()
         # a failing site or a node left out is degraded service, not a dead daemon: 200, for probes that restart
         status = "broker unreachable" if not ok else "degraded" if any(health.values()) else "ok"
-        body = {"status": status, "nodes": len(self.optimizer.fleet.nodes), **health}
+        # which sites this optimizer plans, when several share the broker (docs/operations.md, Scaling out)
+        ownership = self.optimizer.ownership.view()
+        body = {"status": status, "nodes": len(self.optimizer.fleet.nodes), **health, "ownership": ownership}
         return web.json_response(body, status=200 if ok else 503)
 
     async def change(self, request: web.Request) -> web.Response:

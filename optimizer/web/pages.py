@@ -195,6 +195,14 @@ class Console:
                 ]
             )
         ]
+        ownership = self.optimizer.ownership
+        if ownership.scoped:  # one of several optimizers sharing the broker: say which sites this one plans
+            owned = ", ".join(ownership.planning) or "none"
+            standby = ", ".join(ownership.standby) or "none"
+            body.append(
+                f'<p id="sites">Optimizer {esc(ownership.name)} plans {esc(owned)} '
+                f"(its sites: {esc(', '.join(ownership.sites) or 'none')}; standing by for: {esc(standby)}).</p>"
+            )
         if not plans:
             body.append('<p class="empty">No plan yet: the first comes one solve interval after telemetry arrives.</p>')
         if findings:

@@ -1,0 +1,237 @@
+"""Several optimizers on one broker, each planning its own sites, and a standby taking a stopped one's over."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import aiomqtt
+import pytest
+from conftest import EXAMPLES, FLEETFIT, MosquittoServer, Shipped, recent, shipped_broker, wait_until
+from test_alerts import receiver, settings
+from webhook_server import webhook_server
+
+from agent.config import MqttSettings
+from agent.mqtt import make_client
+from agent.protocol import TopicKind, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.scenarios import build_scenario
+from optimizer.alerts.alerter import Alerter
+from optimizer.catalog import load_catalog
+from optimizer.config import OptimizerConfig, OptimizerSettings
+from optimizer.lifecycle import Lifecycle
+from optimizer.service import Optimizer
+
+SITES = ("s1", "s2", "s3", "s4")
+NODES = 8  # the demo scenario's first eight nodes: a site whose plan holds moves (tests/test_alerts.py)
+WINDOWS = 8
+
+
+async def publish_sites(mqtt: MqttSettings, prefix: str, sites: tuple[str, ...]) -> None:
+    """Each site's nodes: a retained birth and WINDOWS recent windows, at QoS 1."""
+    async with make_client(mqtt, f"nodes-{prefix[-10:]}") as client:
+        for site in sites:
+            for node in build_scenario("demo", NODES):
+                birth, windows = offline_windows(node, WINDOWS, site=site)
+                topic = node_topic(prefix, site, node.name, TopicKind.BIRTH)
+                await client.publish(topic, encode(birth), qos=1, retain=True)
+                for w in recent(windows):
+                    await client.publish(node_topic(prefix, site, node.name, TopicKind.TELEMETRY), encode(w), qos=1)
+
+
+def scoped(
+    mqtt: MqttSettings, name: str, sites: list[str], standby: list[str], state: Path, alerter: Alerter | None = None
+) -> Optimizer:
+    state.mkdir(parents=True, exist_ok=True)
+    config = OptimizerConfig(
+        mqtt=mqtt,
+        optimizer=OptimizerSettings(
+            client_id=name, sites=sites, standby_sites=standby, state_dir=state, solve_interval=86_400
+        ),
+    )
+    return Optimizer(config, load_catalog(), lifecycle=Lifecycle.in_state_dir(state), alerter=alerter)
+
+
+async def test_two_optimizers_plan_four_sites_once_each_and_a_standby_takes_over(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    mqtt = mosquitto.settings(prefix)
+    tag = prefix[-6:]
+    with webhook_server() as server:
+        alerters = {
+            who: Alerter.in_state_dir(settings(receiver(server, f"hook-{who}")), tmp_path / who) for who in "ab"
+        }
+        a = scoped(mqtt, f"opt-a-{tag}", ["s1", "s2"], ["s3", "s4"], tmp_path / "a", alerters["a"])
+        b = scoped(mqtt, f"opt-b-{tag}", ["s3", "s4"], ["s1", "s2"], tmp_path / "b", alerters["b"])
+        running = [a, b]
+        tasks = {o.ownership.name: asyncio.create_task(o.run()) for o in running}
+        try:
+            await wait_until(lambda: a.ownership.seen_self and b.ownership.seen_self, 10, "both presences")
+            await publish_sites(mqtt, prefix, SITES)
+            expected = len(SITES) * NODES * WINDOWS  # each follows its standby sites too
+            await wait_until(
+                lambda: all(o.fleet.accepted["telemetry"] == expected for o in (a, b)), 20, "every window, twice"
+            )
+            await wait_until(lambda: len(a.ownership.presences) == len(b.ownership.presences) == 2, 5, "presences")
+            for _ in range(2):  # the second round proposes the same moves: nothing is posted again
+                planned = {o.ownership.name: sorted(p.site for p in await o.plan_once()) for o in (a, b)}
+                for alerter in alerters.values():
+                    await alerter.flush()
+                assert planned == {a.ownership.name: ["s1", "s2"], b.ownership.name: ["s3", "s4"]}
+            await asyncio.sleep(0.3)
+            posted = [(d.path.split("/")[2], d.json()["site"]) for d in server.delivered]
+            assert sorted(posted) == [("hook-a", "s1"), ("hook-a", "s2"), ("hook-b", "s3"), ("hook-b", "s4")]
+            assert all(p.recommendations for p in [*a.plans.values(), *b.plans.values()])
+            # one listing of both optimizers' recommendations
+            listing = await asyncio.create_subprocess_exec(
+                FLEETFIT, "recommendations", "--format", "json", "--state-dir", str(tmp_path / "a"),
+                "--state-dir", str(tmp_path / "b"), stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await listing.communicate()
+            assert sorted({r["site"] for r in json.loads(out)}) == list(SITES)
+
+            # a stops (cleanly: it says so); b, standing by for its sites, plans all four
+            a.should_exit.set()
+            await tasks.pop(a.ownership.name)
+            await wait_until(lambda: b.ownership.owner("s1") == b.ownership.name, 5, "b to take s1 and s2 over")
+            assert sorted(p.site for p in await b.plan_once()) == list(SITES)
+            assert b.ownership.view()["owned_sites"] == list(SITES)
+
+            # a comes back: it plans its sites again and b lets them go
+            again = scoped(mqtt, a.ownership.name, ["s1", "s2"], ["s3", "s4"], tmp_path / "a2")
+            running.append(again)
+            tasks[again.ownership.name] = asyncio.create_task(again.run())
+            await wait_until(lambda: again.ownership.seen_self, 10, "a's new presence")
+            await wait_until(lambda: b.ownership.owner("s1") == again.ownership.name, 5, "b to see a back")
+            assert sorted(p.site for p in await b.plan_once()) == ["s3", "s4"]
+            assert sorted(b.plans) == ["s3", "s4"]  # its console no longer shows the sites it let go
+        finally:
+            for o in running:
+                o.should_exit.set()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*tasks.values())
+            for alerter in alerters.values():
+                await alerter.close()
+
+
+def optimizer_toml(path: Path, port: int, prefix: str, name: str, sites: list[str], state: Path) -> Path:
+    path.write_text(
+        f'[optimizer]\nclient_id = "{name}"\nsites = {sites!r}\nstate_dir = "{state}"\nsolve_interval = 86400\n'
+        f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\nprefix = "{prefix}"\nkeepalive = 5\nsession_expiry = 60\n'
+        '[api]\nlisten = ""\n'
+    )
+    return path
+
+
+@pytest.mark.slow
+async def test_a_killed_optimizers_last_will_hands_its_site_to_the_standby(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    """The owner is killed outright (SIGKILL: no goodbye); the broker publishes its last will and the standby
+    takes the site over."""
+    tag = prefix[-6:]
+    owner = f"opt-owner-{tag}"
+    (tmp_path / "owner").mkdir()
+    config = optimizer_toml(tmp_path / "owner.toml", mosquitto.port, prefix, owner, ["s1"], tmp_path / "owner")
+    process = await asyncio.create_subprocess_exec(FLEETFIT, "optimizer", "--config", str(config))
+    standby = scoped(mosquitto.settings(prefix), f"opt-standby-{tag}", [], ["s1"], tmp_path / "standby")
+    task = asyncio.create_task(standby.run())
+    try:
+        await wait_until(lambda: standby.ownership.owner("s1") == owner, 30, "the owner's presence")
+        await publish_sites(mosquitto.settings(prefix), prefix, ("s1",))
+        await wait_until(lambda: standby.fleet.accepted["telemetry"] == NODES * WINDOWS, 20, "s1's windows")
+        assert await standby.plan_once() == []  # s1 has its owner
+        os.kill(process.pid, signal.SIGKILL)
+        await process.wait()
+        await wait_until(lambda: standby.ownership.owner("s1") == standby.ownership.name, 10, "the owner's will")
+        assert [p.site for p in await standby.plan_once()] == ["s1"]
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        standby.should_exit.set()
+        await task
+
+
+async def test_an_optimizer_plans_nothing_before_its_presence_comes_back(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    """A scoped optimizer that cannot announce itself (not connected, or the broker refuses its presence) plans
+    nothing: it cannot know that no one else plans its sites."""
+    lonely = scoped(mosquitto.settings(prefix), f"opt-{prefix[-6:]}", ["s1"], [], tmp_path / "x")
+    await publish_sites(mosquitto.settings(prefix), prefix, ("s1",))
+    async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:  # the fleet as it would have read it
+        await client.subscribe(f"{prefix}/s1/+/birth", qos=1)
+        async with asyncio.timeout(5):
+            async for m in client.messages:
+                lonely._take(str(m.topic), m.payload)
+                if len(lonely.fleet.nodes) == NODES:
+                    break
+    assert await lonely.plan_once() == []
+    assert lonely.ownership.view()["owned_sites"] == []
+
+
+@pytest.fixture
+def scoped_accounts(tmp_path: Path) -> Shipped:
+    """The shipped broker (not started) with nodes n1 in s1 and n3 in s3, and two site-scoped optimizers."""
+    shipped = shipped_broker(tmp_path, {"s1": ["n1"], "s3": ["n3"]})
+    mint = [str(EXAMPLES / "mint"), "optimizer", str(shipped.credentials)]
+    subprocess.run([*mint, "fleetfit-optimizer-east", "s1", "s2"], check=True, capture_output=True, timeout=60)
+    subprocess.run([*mint, "fleetfit-optimizer-west", "s3"], check=True, capture_output=True, timeout=60)
+    return shipped
+
+
+async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accounts: Shipped, tmp_path: Path) -> None:
+    """`mint optimizer DIR NAME SITE...` on the shipped broker: the account reads its sites' nodes, publishes their
+    plans and its own presence, and nothing of another site or another optimizer's presence."""
+    shipped = scoped_accounts
+    shipped.server.start()
+    prefix = "fleetfit/v1"
+    east = shipped.settings("fleetfit-optimizer-east").model_copy(update={"prefix": prefix})
+    try:
+        async with (
+            make_client(east, "fleetfit-optimizer-east") as spy,
+            make_client(shipped.settings("fleetfit-reader"), "fleetfit-reader") as reader,
+        ):
+            await spy.subscribe(f"{prefix}/+/+/birth", qos=1)  # wider than its sites: the broker filters per topic
+            await reader.subscribe(f"{prefix}/+/recommendations", qos=1)
+            await reader.subscribe(f"{prefix}/_optimizers/+", qos=1)  # not the reader's: delivers nothing
+            for node, site in (("n1", "s1"), ("n3", "s3")):
+                async with make_client(shipped.settings(node), node) as client:
+                    birth, _ = offline_windows(build_scenario("demo", NODES)[0], 1, site=site)
+                    birth = birth.model_copy(update={"node": node})
+                    await client.publish(
+                        node_topic(prefix, site, node, TopicKind.BIRTH), encode(birth), qos=1, retain=True
+                    )
+            await spy.publish(f"{prefix}/s1/recommendations", b"{}", qos=1)
+            await spy.publish(f"{prefix}/s3/recommendations", b"{}", qos=1)  # west's site
+            await spy.publish(f"{prefix}/_optimizers/fleetfit-optimizer-west", b"{}", qos=1)  # a forged presence
+            got: list[str] = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(2):
+                    async for m in spy.messages:
+                        got.append(str(m.topic))
+            read: list[str] = []
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1):
+                    async for m in reader.messages:
+                        read.append(str(m.topic))
+        assert got == [f"{prefix}/s1/n1/birth"]
+        assert read == [f"{prefix}/s1/recommendations"]
+
+        # the optimizer itself, as that account: its presence goes through and comes back
+        optimizer = scoped(east, "fleetfit-optimizer-east", ["s1", "s2"], [], tmp_path / "east")
+        task = asyncio.create_task(optimizer.run())
+        try:
+            await wait_until(lambda: optimizer.ownership.seen_self, 10, "its own presence")
+            await wait_until(lambda: ("s1", "n1") in optimizer.fleet.nodes, 10, "n1's retained birth")
+        finally:
+            optimizer.should_exit.set()
+            await task
+    finally:
+        shipped.server.stop()
