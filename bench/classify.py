@@ -3,7 +3,12 @@
 For every scenario, simulate a fleet through the agent's window code (no broker), feed it through the
 optimizer's ingest, and classify each workload; score against the simulator's ground truth. Also measure how
 many windows each workload needs before its class is right and stays right. A trivial baseline measured in the
-same run, the majority class of each scenario, puts the macro-F1 in perspective.
+same run, the majority class of each scenario, puts the macro-F1 in perspective. ``right`` is the share of
+workloads given their true class, ``conf. wrong`` the share given a wrong class with confidence >= 0.6, the
+planner's default for acting.
+
+The scenarios the targets are set on (mixed, hard, realistic) run a second time with every process named
+``python3`` and no program on its command line, so that only behaviour tells workloads apart.
 
     .venv/bin/python bench/classify.py [--nodes 24] [--windows 90] [--seed N]
 """
@@ -29,6 +34,8 @@ from optimizer.fleet import Fleet
 from optimizer.offline import PATTERN_CLASS, render_score, score
 
 SCENARIOS = ("mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
+TARGETS = {"mixed": (0.97, None), "hard": (0.97, None), "realistic": (0.90, 0.05)}  # macro-F1, confidently wrong
+ACTING_CONFIDENCE = 0.6
 CHECKPOINTS = (3, 4, 5, 6, 9, 12, 18, 24, 36, 48, 60, 90)
 
 
@@ -62,12 +69,13 @@ def run(
     seed: int,
     late: Counter[str] | None = None,
     without: frozenset[str] = frozenset(),
+    names: bool = True,
 ) -> tuple[list[tuple[WorkloadClass, WorkloadClass]], list[int], list[float]]:
     fleet = Fleet("bench", horizon_windows=windows)
     truth: dict[str, WorkloadClass] = {}
     patterns: dict[str, str] = {}
     produced = []
-    for node in build_scenario(scenario, nodes, seed):
+    for node in build_scenario(scenario, nodes, seed, names=names):
         birth, ws = offline_windows(node, windows, site="b", seed=seed)
         ws = [strip(w, without) for w in ws]
         fleet.ingest(node_topic("bench", "b", node.name, TopicKind.BIRTH), encode(birth))
@@ -100,6 +108,12 @@ def run(
     return pairs, to_correct, confidences
 
 
+def confidently_wrong(pairs: list[tuple[WorkloadClass, WorkloadClass]], confidences: list[float]) -> float:
+    """Share of all workloads given a wrong class at a confidence the planner acts on."""
+    wrong = sum(1 for (t, p), c in zip(pairs, confidences, strict=True) if t != p and c >= ACTING_CONFIDENCE)
+    return wrong / max(len(pairs), 1)
+
+
 def calibration(pairs: list[tuple[WorkloadClass, WorkloadClass]], confidences: list[float]) -> str:
     """Confidence bins against accuracy: a planner acts on confidence >= 0.6, so that bin must be right."""
     bins = ((0.0, 0.0), (0.01, 0.4), (0.4, 0.6), (0.6, 0.75), (0.75, 0.9), (0.9, 1.0))
@@ -109,7 +123,7 @@ def calibration(pairs: list[tuple[WorkloadClass, WorkloadClass]], confidences: l
         label = "0 (unknown)" if high == 0 else f"{low:.2f}-{high:.2f}"
         accuracy = f"{sum(inside) / len(inside):.1%}" if inside else "-"
         lines.append(f"{label:>14}{len(inside):>11}{accuracy:>10}")
-    acted = [t == p for (t, p), c in zip(pairs, confidences, strict=True) if c >= 0.6]
+    acted = [t == p for (t, p), c in zip(pairs, confidences, strict=True) if c >= ACTING_CONFIDENCE]
     wrong = sum(1 for ok in acted if not ok)
     lines.append(
         f"confidence >= 0.6: {len(acted)} workloads, {sum(acted) / max(len(acted), 1):.1%} right; "
@@ -143,23 +157,40 @@ def main() -> int:
     all_conf: list[float] = []
     late: Counter[str] = Counter()
     started = time.perf_counter()
-    print(f"{'scenario':16}{'workloads':>10}{'macro-F1':>10}{'majority':>10}{'right at 3':>12}{'median':>8}")
-    for i, scenario in enumerate(SCENARIOS):
+    print(
+        f"{'scenario':16}{'names':>6}{'workloads':>10}{'macro-F1':>10}{'right':>8}{'conf. wrong':>12}{'majority':>10}"
+        f"{'right at 3':>12}{'median':>8}"
+    )
+    met = []
+    runs = [(i, scenario, True) for i, scenario in enumerate(SCENARIOS)]
+    runs += [(i, scenario, False) for i, scenario in enumerate(SCENARIOS) if scenario in TARGETS]
+    for i, scenario, names in runs:
         if args.scenario and scenario not in args.scenario:
             continue
-        pairs, steps, confidences = run(scenario, args.nodes, args.windows, seed + i, late, without)
-        all_pairs += pairs
-        all_steps += steps
-        all_conf += confidences
+        pairs, steps, confidences = run(
+            scenario, args.nodes, args.windows, seed + i, late if names else None, without, names
+        )
+        if names:
+            all_pairs += pairs
+            all_steps += steps
+            all_conf += confidences
         majority = Counter(t for t, _ in pairs).most_common(1)[0][0]
         base = score((t, majority) for t, _ in pairs)
         right3 = sum(1 for s in steps if s <= 3) / len(steps)
         finite = [s for s in steps if s < 10**6]
         median = statistics.median(finite) if finite else float("nan")
+        f1 = score(pairs).macro_f1
+        right = sum(1 for t, p in pairs if t == p) / len(pairs)
+        wrong = confidently_wrong(pairs, confidences)
         print(
-            f"{scenario:16}{len(pairs):>10}{score(pairs).macro_f1:>10.3f}{base.macro_f1:>10.3f}"
-            f"{right3:>12.0%}{median:>8.0f}"
+            f"{scenario:16}{'yes' if names else 'no':>6}{len(pairs):>10}{f1:>10.3f}{right:>8.0%}{wrong:>12.1%}"
+            f"{base.macro_f1:>10.3f}{right3:>12.0%}{median:>8.0f}"
         )
+        if names and scenario in TARGETS:
+            least_f1, most_wrong = TARGETS[scenario]
+            ok = f1 >= least_f1 and (most_wrong is None or wrong <= most_wrong)
+            limit = f"F1 >= {least_f1:.2f}" + (f", conf. wrong <= {most_wrong:.0%}" if most_wrong is not None else "")
+            met.append(f"{scenario} {'met' if ok else 'MISSED'} ({limit})")
     total = score(all_pairs)
     majority = Counter(t for t, _ in all_pairs).most_common(1)[0][0]
     print()
@@ -173,7 +204,9 @@ def main() -> int:
         f"{sum(1 for s in all_steps if s <= 6) / len(all_steps):.0%}; wrong at the end for {never}"
     )
     print("not right at 3 windows, by simulated pattern: " + ", ".join(f"{k} {n}" for k, n in late.most_common()))
-    print(f"({time.perf_counter() - started:.0f} s; target macro-F1 >= 0.97, correct within 3 windows)")
+    if met:
+        print("targets (with names): " + "; ".join(met))
+    print(f"({time.perf_counter() - started:.0f} s; aim: correct within 3 windows)")
     return 0
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from collectors.profiles import PROFILES
+from collectors.realistic import Background, draw_background
 from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
 
 SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
@@ -84,6 +85,15 @@ def lora(gpus: int, name: str) -> Job:
     return Job(Pattern.LORA_FINE_TUNING, gpus, name, "python3")
 
 
+def encode(gpus: int, name: str, misplaced: bool = False, **params: object) -> Job:
+    """Batch encoding or scoring, one replica per GPU (collectors/realistic.py)."""
+    return Job(Pattern.EMBEDDING_BATCH, gpus, name, "python3", None, misplaced, params=params)
+
+
+def offline_llm(gpus: int, name: str, misplaced: bool = False) -> Job:
+    return Job(Pattern.OFFLINE_LLM_BATCH, gpus, name, "python3", 0.95, misplaced)
+
+
 Layout = list[tuple[str, list[Job]]]
 
 # The demo's first eight nodes, then well-placed filler.
@@ -123,7 +133,7 @@ _DEMO_MORE: Layout = [
     ),
 ]
 _WELL_PLACED: Layout = [
-    ("l40s", [batch(8, "nightly-batch-scoring")]),
+    ("l40s", [encode(8, "nightly-batch-scoring")]),
     ("h100", [training(8, "llm-sft")]),
     ("l4", [inference(8, "rerank-api", level=0.5)]),
     ("l40s", [inference(8, "image-gen-api", level=0.45)]),
@@ -144,6 +154,8 @@ _HARD: Layout = [
     ("h100", [llm_serving(8, "llm-chat-tp8", misplaced=True)]),
     ("a100", [loader_bound(8, "loader-bound-pretrain")]),
     ("l40s", [lora(1, "lora-adapter"), llm_serving(4, "llm-tp4"), notebook(1, "notebook")]),
+    ("h100", [offline_llm(8, "offline-generate-on-h100")]),
+    ("a100", [encode(4, "embed-corpus"), idle(4, "held-idle")]),
 ]
 _SPARE: Layout = [("l40s", []), ("h100", []), ("l40s", [])]  # capacity misplaced work can move to
 
@@ -188,6 +200,8 @@ def _spec(job: Job, gpus: tuple[int, ...], scenario: str, rng: random.Random) ->
         Pattern.LLM_SERVING: (0.9, 0.9),
         Pattern.LOADER_BOUND_TRAINING: (0.9, 0.9),
         Pattern.LORA_FINE_TUNING: (0.6, 0.95),
+        Pattern.EMBEDDING_BATCH: (0.85, 0.97),
+        Pattern.OFFLINE_LLM_BATCH: (0.95, 0.95),
     }
     level = job.level if job.level is not None else rng.uniform(*ranges[job.pattern])
     demo = scenario == "demo"
@@ -206,7 +220,40 @@ def _spec(job: Job, gpus: tuple[int, ...], scenario: str, rng: random.Random) ->
         noise=1.5 if demo else rng.uniform(1.0, 2.5),
         power_intensity=_INTENSITY.get(job.pattern, 0.9),
     )
+    if job.pattern in (Pattern.INFERENCE, Pattern.LLM_SERVING):
+        # An online service listens and its clients hold connections; drawn from the workload's own id so that
+        # the scenario's other draws stay as they were.
+        spec = replace(spec, listen_ports=(8000,), peers=random.Random(spec.id).randint(4, 40))
+    elif job.pattern is Pattern.EMBEDDING_BATCH:
+        spec = _encoding(spec, rng)
+    elif job.pattern is Pattern.OFFLINE_LLM_BATCH:
+        spec = _offline_generation(spec, rng)
     return replace(spec, **job.params) if job.params else spec  # type: ignore[arg-type]
+
+
+def _encoding(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
+    """Batch encoding (embeddings: a few KB of text in and a 1-4 KB vector out per document, 1,000-5,000 documents a
+    second per GPU) or scoring (images of ~100 KB in, a score out, ~1,000 a second per GPU)."""
+    gpus = len(spec.gpus)
+    embeddings = rng.random() < 0.6
+    per_gpu_in = rng.uniform(3e6, 25e6) if embeddings else rng.uniform(30e6, 150e6)
+    per_gpu_out = rng.uniform(4e6, 20e6) if embeddings else rng.uniform(10e3, 200e3)
+    return replace(
+        spec, level=rng.uniform(0.85, 0.97), stall_rate=rng.uniform(0.002, 0.02), stall_seconds=(1.0, 4.0),
+        power_intensity=rng.uniform(0.8, 0.95), tensor_share=rng.uniform(0.45, 0.65), dram_share=rng.uniform(0.3, 0.45),
+        mem_fraction=rng.uniform(0.15, 0.6), input_bps=per_gpu_in * gpus, output_bps=per_gpu_out * gpus,
+        input_from_disk=rng.random() < 0.3, save_to_network=rng.random() < 0.5,
+    )  # fmt: skip
+
+
+def _offline_generation(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
+    """Offline LLM generation: tensor-parallel replicas as the model's size needs, chunks of prompts or one queue."""
+    gpus = len(spec.gpus)
+    return replace(
+        spec, tp=rng.choice([d for d in (1, 2, 4, 8) if d <= gpus]), mem_fraction=rng.uniform(0.85, 0.93),
+        chunk_s=rng.choice((0.0, rng.uniform(60, 900))), input_bps=rng.uniform(5e3, 60e3),
+        save_to_network=rng.random() < 0.3,
+    )  # fmt: skip
 
 
 # Share of the power range drawn per unit of utilisation: dense training near the limit, serving of small models
@@ -230,11 +277,18 @@ class ScenarioNode:
     misplaced: frozenset[str]
     quirks: frozenset[str] = frozenset()
     schema: int = 2
+    background: Background | None = None
 
 
-def build_scenario(scenario: str, nodes: int, seed: int = 0) -> list[ScenarioNode]:
-    """The nodes of ``scenario``; names and parameters are reproducible for a given seed."""
+def build_scenario(scenario: str, nodes: int, seed: int = 0, names: bool = True) -> list[ScenarioNode]:
+    """The nodes of ``scenario``; names and parameters are reproducible for a given seed.
+
+    Every node sends and writes its own background (scrapes, log shipping, kubelet) whatever its GPUs do. With
+    ``names`` false every process is ``python3`` with no program on its command line, so that only behaviour tells
+    workloads apart."""
     rng = random.Random(f"{scenario}:{seed}")
+    # Drawn apart, so that a seed's workloads are the same with and without the nodes' background.
+    quiet = random.Random(f"{scenario}:{seed}:background")
     out = []
     counts: dict[str, int] = {}
     layout = realistic_layout(nodes, rng) if scenario == "realistic" else _layout(scenario, nodes, rng)
@@ -244,20 +298,31 @@ def build_scenario(scenario: str, nodes: int, seed: int = 0) -> list[ScenarioNod
         specs = []
         for job in jobs:
             spec = _spec(job, tuple(range(next_gpu, next_gpu + job.gpus)), scenario, rng)
-            specs.append(realistic_spec(spec, rng) if scenario in ("realistic", "hard") else spec)
+            spec = realistic_spec(spec, rng) if scenario in ("realistic", "hard") else spec
+            specs.append(spec if names else replace(spec, hint="python3", program=None))
             next_gpu += job.gpus
         misplaced = frozenset(s.id for s, j in zip(specs, jobs, strict=True) if j.misplaced)
         quirks, schema = frozenset[str](), 2
         if scenario == "realistic":
             quirks = frozenset(q for q, share in (("md_raid", 0.3), ("roce_frontend", 0.25)) if rng.random() < share)
             schema = 1 if rng.random() < 0.4 else 2
-        out.append(ScenarioNode(f"{profile}-{counts[profile]:03d}", profile, tuple(specs), misplaced, quirks, schema))
+            if quiet.random() < 0.3:  # Slurm jobs, host-network pods: no network namespace of their own
+                quirks |= {"host_network"}
+        name = f"{profile}-{counts[profile]:03d}"
+        out.append(ScenarioNode(name, profile, tuple(specs), misplaced, quirks, schema, draw_background(quiet)))
     return out
 
 
 def simulated_node(node: ScenarioNode, clock: Callable[[], float], seed: int = 0) -> SimulatedNode:
     return SimulatedNode(
-        node.name, PROFILES[node.profile], list(node.workloads), clock, seed, quirks=node.quirks, schema=node.schema
+        node.name,
+        PROFILES[node.profile],
+        list(node.workloads),
+        clock,
+        seed,
+        quirks=node.quirks,
+        schema=node.schema,
+        background=node.background,
     )
 
 
@@ -272,10 +337,14 @@ _REALISTIC: Layout = [
     ("h100", [loader_bound(8, "loader-bound-pretrain")]),
     ("a100", [loader_bound(8, "video-model-train")]),
     ("h100", [training(8, "llm-pretrain")]),
-    ("a100", [lora(1, "lora-support-bot"), lora(1, "lora-sql"), notebook(1, "notebook-ana"), batch(4, "embed-batch")]),
-    ("l40s", [lora(1, "lora-tts"), notebook(1, "notebook-kim"), notebook(1, "notebook-raj"), batch(4, "score-batch")]),
-    ("h100", [batch(8, "offline-generate")]),
+    ("a100", [lora(1, "lora-support-bot"), lora(1, "lora-sql"), notebook(1, "notebook-ana"), encode(4, "embed-batch")]),
+    ("l40s", [lora(1, "lora-tts"), notebook(1, "notebook-kim"), notebook(1, "notebook-raj"), encode(4, "score-batch")]),
+    ("h100", [offline_llm(8, "offline-generate")]),
     ("a100", [idle(4, "forgotten-alloc"), inference(4, "rerank-api")]),
+    ("l40s", [encode(8, "embed-corpus")]),
+    ("h100", [idle(8, "held-after-crash")]),
+    ("l4", [encode(8, "image-scoring")]),
+    ("h200", [offline_llm(8, "synthetic-data-gen")]),
 ]
 
 _SERVING_NAMES = (  # (comm as /proc shows it, the program a schema-2 agent reads from the command line)
@@ -298,6 +367,20 @@ _TRAINING_NAMES = (
 )
 _LORA_NAMES = (("python3", "train_lora.py"), ("python", "accelerate"), ("python3", "llamafactory-cli"))
 _BATCH_NAMES = (("python3", "batch_score.py"), ("python", "embed_corpus.py"), ("pt_main_thread", "offline_generate.py"))
+_ENCODING_NAMES = (  # Ray Data's GPU actors run Ray's default worker, titled after the stage
+    ("python3", "embed_corpus.py"),
+    ("python", "batch_score.py"),
+    ("pt_main_thread", "encode.py"),
+    ("ray::_MapWorker", "default_worker.py"),
+    ("python3", "run.py"),
+)
+_OFFLINE_NAMES = (  # vllm run-batch is the serving engine's own command for a file of requests
+    ("python3", "offline_generate.py"),
+    ("vllm", "vllm"),
+    ("VLLM::EngineCor", "generate.py"),
+    ("python3", "vllm.entrypoints.openai.run_batch"),
+)
+RAY_WORKER_PORTS = (10002, 19999)  # Ray's default --min-worker-port / --max-worker-port
 _ONLINE_NAMES = (("tritonserver", "tritonserver"), ("python3", "uvicorn"), ("gunicorn", "gunicorn"))
 
 
@@ -341,6 +424,15 @@ def realistic_spec(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
             power_intensity=rng.uniform(0.45, 0.6) if llm else rng.uniform(0.75, 0.9),
             tensor_share=0.25 if llm else 0.55, dram_share=0.75 if llm else 0.4,
         )  # fmt: skip
+    if pattern is Pattern.EMBEDDING_BATCH:
+        hint, program = rng.choice(_ENCODING_NAMES)
+        if program == "default_worker.py":
+            # A Ray worker serves the cluster's own RPC (the raylet, the driver) on a port from Ray's range.
+            return replace(spec, hint=hint, program=program, listen_ports=(rng.randint(*RAY_WORKER_PORTS),), peers=2)
+        return replace(spec, hint=hint, program=program)
+    if pattern is Pattern.OFFLINE_LLM_BATCH:
+        hint, program = rng.choice(_OFFLINE_NAMES)
+        return replace(spec, hint=hint, program=program)
     if pattern is Pattern.INFERENCE:
         hint, program = rng.choice(_ONLINE_NAMES)
         return replace(
@@ -352,4 +444,7 @@ def realistic_spec(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
             spec, hint=rng.choice(("python3", "python3", "jupyter-lab")), program="ipykernel_launcher",
             listen_ports=(8888,), peers=1, cell_rate=rng.uniform(0.003, 0.01),
         )  # fmt: skip
-    return replace(spec, hint=rng.choice(("python3", "sleep", "pt_main_thread")))
+    # An allocation nobody uses: a crashed job's survivor, a debugging pod left on `sleep infinity`, a model loaded
+    # and forgotten; whatever it holds stays held.
+    hint = rng.choice(("python3", "sleep", "pt_main_thread"))
+    return replace(spec, hint=hint, mem_fraction=rng.uniform(0.05, 0.9))

@@ -37,6 +37,8 @@ class Pattern(StrEnum):
     LLM_SERVING = "llm_serving"  # continuous batching (vLLM, SGLang, TGI, TensorRT-LLM), tensor-parallel or not
     LOADER_BOUND_TRAINING = "loader_bound_training"  # training starved by its input pipeline
     LORA_FINE_TUNING = "lora_fine_tuning"  # adapter fine-tuning on one GPU, small saves
+    EMBEDDING_BATCH = "embedding_batch"  # data-parallel batch encoding or scoring, one replica per GPU
+    OFFLINE_LLM_BATCH = "offline_llm_batch"  # offline LLM generation (vLLM's LLM class, run-batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,10 @@ class WorkloadSpec:
     client_scale: float = 1.0  # online inference: client traffic relative to the textbook 1.5 GB/s per GPU at peak
     rps_peak: float = 20.0  # LLM serving: requests per second at the daily peak
     request_s: float = 8.0  # LLM serving: seconds a request stays in flight (prefill + decode)
+    output_bps: float = 0.0  # batch encoding: results written per node at full load
+    input_from_disk: bool = False  # batch: input staged on local disks rather than read over the front end
+    tp: int = 1  # offline LLM generation: tensor-parallel degree of each replica
+    chunk_s: float = 0.0  # offline LLM generation: seconds per chunk of prompts (0: one never-ending chunk)
     speed: float = 1.0  # how fast its GPUs serve its load against those it was sized on (collectors/simspeed.py)
 
 
@@ -106,10 +112,14 @@ class SimulatedNode:
         gpu_only: bool = False,
         quirks: frozenset[str] = frozenset(),
         schema: int = 2,
+        background: realistic.Background | None = None,
     ) -> None:
         """``quirks``: ``md_raid`` (checkpoint volume on md RAID 0), ``roce_frontend`` (the front-end NICs are
-        ConnectX ports with an RDMA device). ``schema`` 1 behaves like an agent from before schema 2: no process
-        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric."""
+        ConnectX ports with an RDMA device), ``host_network`` (workloads run in the host's network namespace, as
+        Slurm jobs and host-network pods do: the agent reads their sockets but has no counters of their own, the
+        node's being every workload's). ``schema`` 1 behaves like an agent from before schema 2: no process
+        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric. ``background``: what the
+        node itself sends and writes whatever its GPUs do (scrapes, log shipping, kubelet); none by default."""
         used = [g for w in workloads for g in w.gpus]
         if len(used) != len(set(used)) or any(g >= profile.gpus for g in used):
             raise ValueError(f"{node}: workloads overlap or exceed the node's {profile.gpus} GPUs")
@@ -127,6 +137,9 @@ class SimulatedNode:
         self.schema = schema
         self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
         self._netns: dict[str, tuple[float, float, float]] = {}  # per workload: tx bytes, rx bytes, seconds
+        self.background = background
+        # Its own generator, so that adding a node's background leaves its workloads' draws as they were.
+        self._background_rng = random.Random(f"{seed}:{node}:background")
 
     def release(self, workload: str) -> WorkloadSpec | None:
         """Stop running ``workload`` here (a scheduler moved it away); its spec, or None if it was not here."""
@@ -215,7 +228,7 @@ class SimulatedNode:
         """What a schema-2 agent reads of the workload's processes over the window since the last call."""
         tx, rx, seconds = self._netns.pop(w.id, (0.0, 0.0, 0.0))
         facts: dict[str, object] = {"program": w.program}
-        if seconds > 0:
+        if seconds > 0 and "host_network" not in self.quirks:
             facts.update(net_tx_bps=round(tx / seconds, 1), net_rx_bps=round(rx / seconds, 1))
         if w.listen_ports:
             load = self.diurnal(w, self._last - self._start) if w.pattern is Pattern.LLM_SERVING else 1.0
@@ -225,6 +238,8 @@ class SimulatedNode:
                 inbound_peers=peers,
                 inbound_connections=peers * (4 if w.peers > 2 else 1),
             )
+        else:  # as the agent reports a process that listens on nothing (collectors/workload_facts.py)
+            facts.update(listen_ports=[], inbound_peers=0, inbound_connections=0)
         return facts
 
     def close(self) -> None:
@@ -247,6 +262,12 @@ class SimulatedNode:
             write_bps += wr
             tx, rx, seconds = self._netns.get(w.id, (0.0, 0.0, 0.0))
             self._netns[w.id] = (tx + n * dt, rx + nrx * dt, seconds + dt)
+        if self.background is not None:  # the node's own: not in any workload's network namespace
+            tx, rx, read, write = self.background.traffic(self._background_rng, t)
+            north_bps += tx
+            north_rx_bps += rx
+            read_bps += read
+            write_bps += write
 
         out: list[Sample] = []
         for i, g in enumerate(gpus):
@@ -367,11 +388,15 @@ class SimulatedNode:
             gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
         return 0.0, 0.0, 0.0, 0.0, 0.0
 
-    def episode(self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float]) -> bool:
-        """True while a random episode (a stall, a burst) of ``w`` lasts; episodes start at ``rate`` per second."""
-        until = self._episode_until.get(w.id, -1.0)
+    def episode(
+        self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float], key: str | None = None
+    ) -> bool:
+        """True while a random episode (a stall, a burst) of ``w`` lasts; episodes start at ``rate`` per second.
+        ``key`` keeps episodes apart within a workload (one per GPU of independent replicas)."""
+        key = key or w.id
+        until = self._episode_until.get(key, -1.0)
         if t >= until and self.rng.random() < rate:
-            until = self._episode_until[w.id] = t + self.rng.uniform(*seconds)
+            until = self._episode_until[key] = t + self.rng.uniform(*seconds)
         return t < until
 
     def _training(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
@@ -412,7 +437,10 @@ class SimulatedNode:
             load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
         mem = w.mem_fraction * p.memory_mib
         for g in w.gpus:
-            gpu_load = min(1.0, load * self.jitter(0.15)) if online else load
+            if online:
+                gpu_load = min(1.0, load * self.jitter(0.15))
+            else:  # replicas share nothing: each GPU's load wanders on its own around the job's level
+                gpu_load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
             gpus[g].util = gpu_load * 100
             gpus[g].mem_mib = mem + (0.15 * p.memory_mib * load if online else 0.0)  # KV cache follows load
             gpus[g].pcie_bps = 0.5 * GB * gpu_load
@@ -436,6 +464,8 @@ _REALISTIC = {
     Pattern.LLM_SERVING: realistic.llm_serving,
     Pattern.LOADER_BOUND_TRAINING: realistic.loader_bound_training,
     Pattern.LORA_FINE_TUNING: realistic.lora_fine_tuning,
+    Pattern.EMBEDDING_BATCH: realistic.embedding_batch,
+    Pattern.OFFLINE_LLM_BATCH: realistic.offline_llm_batch,
 }
 
 

@@ -20,6 +20,16 @@ What the rules assume about real systems:
   rendezvous ports (excluded by the agent) and a notebook's is one browser.
 * Training and batch jobs read input steadily (NFS or object storage on the front end, or local disks); an LLM
   server's text traffic is a few MB/s.
+* A node sends traffic of its own whatever its GPUs do (scrapes, log shipping, kubelet: 0.3-1 MB/s); features take
+  it off (optimizer/features.py), and traffic counts as a workload's only where it is the workload's own (its pod's
+  network namespace) or what is left once the node's own is known.
+* A request in flight holds its connection open (a pending response, streamed tokens), so a server busy half the
+  time or more always has clients connected; a workload busy with no inbound connection is working through input.
+* Requests to a model run kernels: an allocation whose GPUs did nothing at all served nobody, whatever its node
+  sent meanwhile.
+* Batch inference exchanges nothing between its GPUs: independent replicas, each dipping on its own when its next
+  input is late, where data-parallel training's ranks wait for each other every step. It writes its results as it
+  goes (steadily), where training writes in checkpoint bursts.
 * Process names are hints: ``comm`` is cut at 15 characters and is ``python3`` for most Python programs; the
   command line's program (schema 2) is better, but an engine such as vLLM also runs offline batches.
 """
@@ -37,6 +47,7 @@ from optimizer.features import WorkloadFeatures
 MIN_WINDOWS = 3
 FULL_CONFIDENCE_WINDOWS = 6
 UNSURE_MARGIN = 0.7  # nats between the two best classes below which the answer is "unknown"
+UNSEEN_CONFIDENCE = 0.55  # at most, for a class nothing only it does was seen in: under the planner's 0.6
 
 TR, INF, BAT, NB = (
     WorkloadClass.TRAINING,
@@ -146,6 +157,11 @@ def _server(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(f"listening on {ports} with {connections} connections from {peers} clients", I=2.5, B=-1.0, T=-1.5)
     elif f.listen_ports and connections >= 1:
         led.add(f"listening on {ports} with {connections} connection(s) from {peers} client(s)", I=0.8, N=0.8)
+    elif f.mean_util >= 50:
+        # Busy half the time or more, a server has requests in flight at nearly every moment, each holding a
+        # connection, whenever the agent reads the table. This says what the work is not, not which of training or
+        # batch it is.
+        led.add(f"{f.mean_util:.0f} % busy with no client connected to it (no requests in flight)", I=-2.0)
     else:
         led.add("no client connections to any port", I=-1.0)
 
@@ -183,7 +199,8 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
     """How hard the busy GPUs work: power per unit of utilisation, and GPM's tensor against DRAM activity."""
     if f.tensor_share is not None and f.dram_share is not None:
         if f.tensor_share >= 0.4:
-            led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.3, I=-0.8)
+            # Embedding and scoring batches are dense too; offline LLM generation, like serving, is not.
+            led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.5, I=-0.8)
         elif f.tensor_share <= 0.32 and f.dram_share >= 0.55:
             led.add(
                 f"memory-bound: DRAM {f.dram_share:.0%}, tensor pipes {f.tensor_share:.0%} of busy time (decode)",
@@ -194,7 +211,7 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.intensity is None:
         return
     if f.intensity >= 0.78:
-        led.add(f"draws {f.intensity:.0%} of the power its utilisation allows (compute-bound)", T=1.0, B=0.3, I=-0.8)
+        led.add(f"draws {f.intensity:.0%} of the power its utilisation allows (compute-bound)", T=1.0, B=0.5, I=-0.8)
     elif f.intensity <= 0.68:
         led.add(f"draws only {f.intensity:.0%} of the power its utilisation allows (memory-bound)", I=1.0, T=-1.2)
 
@@ -209,25 +226,52 @@ def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(
             f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
         )
-    elif (
-        f.gpus > 1 and f.gpu_link_bps >= 0.5e9 and f.gpu_spread < 0.15 and (f.busy_cv >= 0.05 or f.zero_seconds >= 0.1)
-    ):
+    _together(f, led)
+    if f.multi_node:
+        led.add(f"one job across {len(f.placements)} nodes", T=1.5)
+    # Disks are the node's, and so are its NICs outside a pod's own network namespace: shared among workloads by
+    # how traffic follows each one's load, which cannot tell workloads apart whose load is flat alike. Where others
+    # do a good part of the node's GPU work, those figures are the node's, not evidence about this workload.
+    alone = f.node_share >= 0.75
+    network = f.own_network or alone
+    ingress, egress = (f.ingress_bps, f.egress_bps) if network else (0.0, 0.0)
+    # Small flows count only once the node's own is measured (its quiet windows), not estimated from other nodes.
+    small = f.own_network or (alone and f.baseline_from == "node")
+    # Responses go back over connections clients opened; with schema 2 and none, what leaves is uploads.
+    could_serve = f.inbound_connections is None or bool(f.listen_ports and (f.inbound_peers or 0) >= 3)
+    intake = ingress + (f.disk_read_bps if alone else 0.0)
+    if intake >= 10e6 and (intake >= egress or not could_serve):
+        led.add(f"reads its input steadily ({_gbps(intake)} per GPU)", T=0.8, B=1.0, I=-0.8)
+    elif egress >= 50e6 and could_serve:
+        led.add(f"north-south traffic {_gbps(egress)} per GPU out (responses)", I=1.0, B=-0.3)
+    elif egress >= 20e3 and f.mean_util >= 30 and could_serve and small:
+        # Streamed tokens are small (tens of bytes each) but a busy server always has some on the wire.
+        led.add(f"client-sized traffic on the front end ({_gbps(egress)} per GPU out)", I=0.8)
+    elif f.mean_util >= 50 and alone and f.node_front_bps < 5e3 and intake < 1e6:
+        # Busy with nothing coming in or going out: a job working through what it already holds.
+        beyond = " beyond the node's own" if f.front_baseline_bps else ""
+        led.add(f"busy with no front-end traffic{beyond} (no clients)", B=0.5, T=0.3, I=-0.7)
+    if egress >= 1e6 and not could_serve and intake < 10e6:
+        led.add(f"sends {_gbps(egress)} per GPU out with no client connected: results uploaded", B=0.6, I=-0.3)
+
+
+def _together(f: WorkloadFeatures, led: _Ledger) -> None:
+    """Whether its GPUs' load rises and falls together: collectives (the all-reduce of data-parallel training, of
+    tensor-parallel activations) make every rank wait for the slowest, so their load moves as one; replicas that
+    exchange nothing dip on their own."""
+    if f.lockstep is not None and f.mean_util >= 50:
+        if f.lockstep >= 0.7:
+            line = f"its {f.gpus} GPUs' load rises and falls together (correlation {f.lockstep:.2f})"
+            # Data-parallel training and tensor-parallel serving alike.
+            led.add(f"{line}: ranks waiting for each other in collectives", T=0.6, I=0.5, B=-0.3)
+        elif f.lockstep <= 0.3:
+            line = f"each of its {f.gpus} GPUs' load moves on its own (correlation {f.lockstep:.2f})"
+            led.add(f"{line}: independent replicas, no collectives", B=1.2, I=0.2, T=-1.5)
+        return
+    if f.gpus > 1 and f.gpu_link_bps >= 0.5e9 and f.gpu_spread < 0.15 and (f.busy_cv >= 0.05 or f.zero_seconds >= 0.1):
         # Only telling where the load moves: at a steady 90 % every workload's GPUs look alike.
         line = f"all {f.gpus} GPUs move in lockstep exchanging {_gbps(f.gpu_link_bps)} per GPU"
         led.add(f"{line} (all-reduce of gradients or of tensor-parallel activations)", T=0.6, I=0.4, B=-0.6)
-    if f.multi_node:
-        led.add(f"one job across {len(f.placements)} nodes", T=1.5)
-    intake = f.ingress_bps + f.disk_read_bps
-    if intake >= 10e6 and intake >= f.egress_bps:
-        led.add(f"reads its input steadily ({_gbps(intake)} per GPU)", T=0.8, B=1.0, I=-0.8)
-    elif f.egress_bps >= 50e6:
-        led.add(f"north-south traffic {_gbps(f.egress_bps)} per GPU out (responses)", I=1.0, B=-0.3)
-    elif f.egress_bps >= 20e3 and f.mean_util >= 30:
-        # Streamed tokens are small (tens of bytes each) but a busy server always has some on the wire.
-        led.add(f"client-sized traffic on the front end ({_gbps(f.egress_bps)} per GPU out)", I=0.8)
-    elif f.mean_util >= 50 and f.node_front_bps < 5e3 and intake < 1e6:
-        # Busy with nothing coming in or going out: a job working through what it already holds.
-        led.add("busy with no front-end traffic (no clients)", B=0.5, T=0.3, I=-0.7)
 
 
 def _writes_and_memory(f: WorkloadFeatures, led: _Ledger) -> None:
@@ -235,8 +279,17 @@ def _writes_and_memory(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.write_bursts >= 1 and (f.checkpoint_windows <= 0.5 or f.windows < FULL_CONFIDENCE_WINDOWS):
         weight = 2.2 if f.write_bursts >= 2 else 1.2
         led.add(f"checkpoint-like write bursts in {f.write_bursts} window(s)", T=weight, I=-0.5, B=-0.3)
+    elif f.shared_bursts >= 1:
+        # Someone computing as steadily as it saves like training does on its node; each such job is as likely.
+        line = f"save bursts on its node shared with other steady jobs ({f.shared_bursts:.1f} its share)"
+        led.add(line, T=0.8, B=-0.2)
+    if f.write_bps >= 2e6 and f.mean_util >= 30 and f.node_share >= 0.75:
+        # Training writes logs and metrics (KB/s) between checkpoint bursts, a server its logs; MB/s in most windows
+        # are results written as they are computed (embeddings are about as large as the text they encode).
+        led.add(f"writes {_gbps(f.write_bps)} per GPU steadily (results as they are computed)", B=1.0, T=-0.3, I=-0.5)
     if f.mem_fraction >= 0.85 and f.mem_stability < 0.01:
-        led.add(f"flat {f.mem_fraction:.0%} of GPU memory (a preallocated KV-cache pool)", I=0.6, B=0.2)
+        # Engines preallocate it for offline batches (vLLM's LLM class) as for serving.
+        led.add(f"flat {f.mem_fraction:.0%} of GPU memory (a preallocated KV-cache pool)", I=0.5, B=0.4)
     elif f.mem_stability >= 0.03 and f.mean_util < 60:
         led.add(f"GPU memory follows the load (variation {f.mem_stability:.0%})", I=0.5)
     if f.diurnal_ratio is not None and f.diurnal_ratio >= 4 and f.mean_util < 60:
@@ -266,23 +319,27 @@ def classify(f: WorkloadFeatures) -> Classification:
         )
     sufficiency = 0.5 + 0.5 * min(1.0, f.windows / FULL_CONFIDENCE_WINDOWS)
     util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
-    # A browser on a notebook's port is one client; a service has several, or traffic to show for them.
-    clients = bool(f.listen_ports and (f.inbound_peers or 0) >= 2) or f.egress_bps >= 20e3
-    if f.mean_util < 2 and f.p95_util < 10 and not clients:
+    # Requests to a model run kernels: GPUs at work in a fifth of the seconds or more, however little, are called by
+    # someone; an abandoned allocation reads 0 % second after second.
+    # Busy earlier in the day (the 10-minute digests' peak): a service at its trough or work between runs, not an
+    # allocation nobody uses; the planner reclaims only what stayed idle.
+    busy_today = f.history_hours >= 1 and f.daily_peak_p95 >= 30
+    if f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8 and not busy_today:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
         if _matches(name, NOTEBOOK_NAMES):
             # A kernel between cells looks idle until its next burst; it is reclaimed only if it stays so.
             line = f"a notebook kernel ({name}) that ran nothing in {f.windows} window(s)"
             return Classification(WorkloadClass.INTERACTIVE, round(0.5 * sufficiency, 2), (line, util, held))
+        if f.listen_ports and (f.inbound_connections or 0) >= 1:
+            # One client attached (a browser on a notebook's or a dev server's port): someone is at it, so it is
+            # not reclaimed on a few idle minutes.
+            port = f":{f.listen_ports[0]}"
+            line = f"one client connected to {port} (a browser on a notebook or a development server), nothing run"
+            return Classification(WorkloadClass.INTERACTIVE, round(0.5 * sufficiency, 2), (line, util, held))
         return Classification(WorkloadClass.IDLE, round(0.95 * sufficiency, 2), (util, held))
 
-    led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})
-    if f.mean_util < 2 and f.p95_util < 10:
-        # Near-idle GPUs that still answer clients: a service at its quietest hour, not an allocation to reclaim.
-        led.add(f"{util}, yet answering clients: a service at its quietest", I=1.5)
-    for rule in RULES:
-        rule(f, led)
+    led = _ledger(f)
     ranked = sorted(CLASSES, key=lambda c: (-led.scores[c], CLASSES.index(c)))
     best, second = ranked[0], ranked[1]
     total = sum(math.exp(led.scores[c]) for c in CLASSES)
@@ -292,7 +349,89 @@ def classify(f: WorkloadFeatures) -> Classification:
                  for c in (best, second)]  # fmt: skip
         return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *sides))
     reasons = tuple(r for _, r in sorted(led.reasons[best], key=lambda wr: -wr[0]))
-    return Classification(best, round(share * sufficiency, 2), (_headline(best, f), *reasons))
+    confidence = round(share * sufficiency, 2)
+    if not _defining(best, f):
+        # Everything for it is also seen in other classes (a busy, flat GPU; a serving engine's name that offline
+        # batches share): a lean, not an answer to act on.
+        confidence = min(confidence, UNSEEN_CONFIDENCE)
+        reasons = (*reasons, f"nothing seen that only {_ARTICLE[best]} does: held below acting confidence")
+    return Classification(best, confidence, (_headline(best, f), *reasons))
+
+
+def weigh(f: WorkloadFeatures) -> dict[WorkloadClass, float]:
+    """The evidence for each class in nats, as ``classify`` weighs a workload that is not idle."""
+    return dict(_ledger(f).scores)
+
+
+def _ledger(f: WorkloadFeatures) -> _Ledger:
+    led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})
+    if f.mean_util < 2 and f.p95_util < 10:
+        util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
+        if _answering(f):
+            # Near-idle GPUs that still answer clients: a service at its quietest hour, not an allocation to reclaim.
+            led.add(f"{util}, yet answering clients: a service at its quietest", I=1.5)
+        elif f.zero_seconds < 0.8:
+            led.add(f"{util}, at work in {1 - f.zero_seconds:.0%} of seconds: requests trickling in", I=0.8)
+        if f.daily_peak_p95 >= 30 and f.history_hours >= 1:
+            led.add(f"{util} now, {f.daily_peak_p95:.0f} % at its busiest within the day: quiet, not abandoned", I=1.0)
+    for rule in RULES:
+        rule(f, led)
+    return led
+
+
+_ARTICLE = {TR: "a training job", INF: "a service", BAT: "a batch job", NB: "a notebook"}
+
+
+def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
+    """Whether anything was seen that (nearly) only class ``c`` does: for training, gradient exchange, saves, a step
+    period, several nodes; for serving, clients (connected, or their traffic where it is the workload's own), a
+    daily cycle, load following arrivals; for batch, replicas that exchange nothing, results written or uploaded
+    with no client connected, or busy with none connected; for notebooks, bursts between idle minutes. A program
+    on the command line (schema 2) counts; a process name does not (comm is generic or cut, and engines run
+    offline batches under the same name), except a notebook kernel's, which nothing else is called."""
+    program = f.program if f.program and f.program.lower() not in GENERIC_NAMES else None
+    alone = f.node_share >= 0.75
+    if c is TR:
+        return (
+            f.gpu_link_bps >= 20e9
+            or f.east_west_bps >= 1e9
+            or f.write_bursts >= 1
+            or f.period_s is not None
+            or f.multi_node
+            or _matches(program, TRAINING_NAMES)
+        )
+    if c is INF:
+        own_traffic = f.own_network or (alone and f.baseline_from == "node")
+        return (
+            bool(f.listen_ports and (f.inbound_peers or 0) >= 2)
+            or (own_traffic and f.egress_bps >= 20e3)
+            or (f.diurnal_ratio is not None and f.diurnal_ratio >= 4)
+            or (f.mean_util < 70 and f.busy_cv >= 0.15 and f.period_s is None)
+            or _matches(program, SERVING_NAMES)
+        )
+    if c is BAT:
+        no_clients = f.inbound_connections == 0 and f.mean_util >= 50
+        return (
+            (f.lockstep is not None and f.lockstep <= 0.3)
+            or (f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8)
+            or (alone and f.write_bps >= 2e6)
+            or no_clients
+            or _matches(program, BATCH_NAMES)
+        )
+    return (f.zero_seconds >= 0.4 and f.busy_seconds >= 5) or _matches(f.program or f.hint, NOTEBOOK_NAMES)
+
+
+def _answering(f: WorkloadFeatures) -> bool:
+    """Whether a near-idle workload still serves clients: a service at its quietest hour, not an allocation to
+    reclaim. A browser on a notebook's port is one client; a service has several connected (schema 2), or traffic
+    of its own beyond the node's while its GPUs do some work: requests to a model run kernels, so traffic beside GPUs
+    that did nothing at all is somebody else's (the node's scrapes and log shipping, which features could not take
+    off where the node was never quiet)."""
+    if f.listen_ports and (f.inbound_peers or 0) >= 2:
+        return True
+    own = f.own_network or (f.front_baseline_bps is not None and f.node_share >= 0.75)
+    worked = f.zero_seconds < 0.995
+    return own and worked and f.egress_bps >= 20e3
 
 
 def _headline(c: WorkloadClass, f: WorkloadFeatures) -> str:

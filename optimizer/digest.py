@@ -118,6 +118,7 @@ class WindowDigest:
     north_tx_peak_bps: float = 0.0  # front-end NICs, out, the busiest second: checkpoints saved to NFS show here
     read_bps: float = 0.0  # the node's disks, mean
     volatile: tuple[Volatile, ...] = ()
+    write_bps: float = 0.0  # the node's disks, mean: a batch job's results written steadily show here
 
 
 _MD = re.compile(r"^(md\d+|dm-\d+)$")
@@ -287,4 +288,5 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         north_tx_peak_bps=north_tx_peak,
         read_bps=sum(d.read_bps.mean for d in disks if d.read_bps),
         volatile=tuple(volatile),
+        write_bps=sum(d.write_bps.mean for d in disks if d.write_bps),
     )

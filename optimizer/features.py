@@ -1,7 +1,17 @@
 """Workload features from telemetry windows: the signals the classifier and the planner reason about.
 
 A workload is what the agents attributed GPUs to; the same workload id seen on several nodes is one workload
-(multi-node training). Node-level traffic (NICs, disks) is shared among a node's workloads by GPU count.
+(multi-node training). Node-level traffic (NICs, disks) is shared among a node's workloads by how it follows
+their load, after the node's own traffic is taken off.
+
+Every node sends and writes things of its own whatever its GPUs do: metrics scraped every 15-30 s (node_exporter,
+dcgm-exporter, kubelet's cAdvisor), logs shipped (fluent-bit, vector, promtail), kubelet's status updates and
+watches, NFS keepalives, journald flushing to disk: typically 0.3-1 MB/s out and a tenth of that in, steady. Left
+in, it reads as a trickle of client traffic on every workload, so an allocation nobody uses looks like a service at
+its quietest hour. The baseline taken off is, in order of preference, the node's median in windows where none of
+its GPUs did anything (its own measurement), or the busiest of the site's nodes that run no workload (an upper
+bound of what ordinary nodes send), or, with neither, nothing (``front_baseline_bps`` is then None and traffic
+shared among workloads is the node's, not theirs alone).
 
 Utilisation and memory features are of what the workload holds: a MIG instance's utilisation is of the instance
 (GPM samples each instance on its own), and a GPU shared by several workloads (time-slicing, MPS) reads the
@@ -26,6 +36,8 @@ from optimizer.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
 
 CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
 NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
+QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
+QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +94,16 @@ class WorkloadFeatures:
     own_network: bool = False  # ingress/egress are the workload's own network namespace, not a share of the node
     sched_step: str | None = None
     held_mem_mib: float = 0.0  # peak memory it holds in all (its part of shared GPUs), across its devices
+    # The node's own front-end traffic (both directions) per GPU of the node, taken off before traffic is shared
+    # among its workloads; None where it could not be told (no quiet window, no node without workloads).
+    front_baseline_bps: float | None = None
+    baseline_from: str | None = None  # "node": its own quiet windows; "site": nodes without workloads; None
+    node_share: float = 1.0  # its share of the GPU work done on its nodes: node-level I/O is its own near 1
+    write_bps: float = 0.0  # disk writes per GPU, beyond the node's own: results written steadily
+    # Save bursts on its node while it and others computed hard and steadily, each counted 1/N among the N such jobs:
+    # one of them saved, and which one node-level disks cannot tell.
+    shared_bursts: float = 0.0
+    lockstep: float | None = None  # correlation of its GPUs' second-to-second load; None with one GPU or idle
 
     @property
     def gpus(self) -> int:
@@ -178,6 +200,13 @@ class _Acc:
     peers: int | None = None
     step: str | None = None
     held_mem: list[float] = field(default_factory=list)
+    writes: list[float] = field(default_factory=list)
+    shared_bursts: float = 0.0
+    baseline: list[float] = field(default_factory=list)  # its nodes' own front-end traffic per GPU, where known
+    baseline_from: set[str | None] = field(default_factory=set)
+    shares: list[float] = field(default_factory=list)  # its part of its node's GPU work, per window
+    per_gpu: dict[int, list[float]] = field(default_factory=dict)  # per-second load of each GPU, on its first node
+    first_node: str | None = None
 
 
 def _profile(devices: Layout, index: int) -> str | None:
@@ -208,7 +237,9 @@ def _held_memory(
     return total
 
 
-def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool) -> None:
+def _fold_window(
+    acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool, node: str
+) -> None:
     gpus = [g for g in window.gpus if g.index in gpu_ids]
     if not gpus:
         return
@@ -218,8 +249,13 @@ def _fold_window(acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float
     acc.cvs.extend(_cv(g.series) for g in gpus if len(g.series) > 1)
     series = [g.series for g in gpus if len(g.series)]
     if series:
+        seconds = min(len(s) for s in series)
+        acc.first_node = acc.first_node or node
+        if node == acc.first_node and len(series) == len(gpus) > 1:
+            for g in gpus:
+                acc.per_gpu.setdefault(g.index, []).extend(g.series[:seconds])
         levels = []
-        for i in range(min(len(s) for s in series)):
+        for i in range(seconds):
             column = [s[i] for s in series]
             level = statistics.fmean(column)
             levels.append(level)
@@ -272,6 +308,13 @@ def _trains_hard(window: WindowDigest, gpu_ids: Sequence[int]) -> bool:
     mean = sum(g.util_mean for g in gpus) / len(gpus)
     variation = sum(g.util_std / max(g.util_mean, 1.0) for g in gpus) / len(gpus)
     return mean >= 60 and variation < 0.15
+
+
+def _servers(window: WindowDigest) -> set[str]:
+    """Workloads listening with three clients or more (schema 2): a server writes logs, not checkpoints, so a
+    continuous-batching server computing as steadily as training is no claimant to a save burst beside it."""
+    listening = {r.id for r in window.workloads if r.listen_ports}
+    return {v.workload for v in window.volatile if v.workload in listening and (v.inbound_peers or 0) >= 3}
 
 
 def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> list[float]:
@@ -367,6 +410,98 @@ def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None
     return None, 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A node's own traffic, bytes/s: front-end out and in, disk reads and writes; ``source`` says where it was
+    measured ("node", "site"), None where nothing is known."""
+
+    tx: float = 0.0
+    rx: float = 0.0
+    read: float = 0.0
+    write: float = 0.0
+    source: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.source is not None
+
+
+BASELINE_CAP_BPS = 5e6
+"""Most of a node's own traffic taken for background, per channel: its services send and write at most a few MB/s.
+More than that in windows without GPU work is a workload's data moving (a model download, a stalled input
+pipeline still reading), not the node's."""
+
+
+def _channels(window: WindowDigest) -> tuple[float, float, float, float]:
+    return (max(window.north_bps - window.north_rx_bps, 0.0), window.north_rx_bps, window.read_bps, window.write_bps)
+
+
+def _quiet(window: WindowDigest) -> bool:
+    """A window in which no GPU of the node did any work."""
+    return bool(window.gpus) and all((max(g.series) if len(g.series) else g.util_p95) < QUIET_UTIL for g in window.gpus)
+
+
+def _medians(windows: Sequence[WindowDigest], source: str) -> Baseline:
+    columns = list(zip(*(_channels(w) for w in windows), strict=True))
+    tx, rx, read, write = (min(BASELINE_CAP_BPS, statistics.median(c)) for c in columns)
+    return Baseline(tx, rx, read, write, source)
+
+
+def site_baseline(fleet: Fleet, site: str, horizon: int | None = None) -> Baseline | None:
+    """What the site's nodes without workloads send and write: per node its median, then the busiest of them (the
+    90th percentile from ten nodes on), an upper bound of an ordinary node's own traffic. None without such nodes."""
+    per_node = []
+    for (rec_site, _), record in fleet.nodes.items():
+        windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
+        if rec_site == site and len(windows) >= QUIET_WINDOWS and not any(w.workloads for w in windows):
+            per_node.append(_medians(windows, "site"))
+    if not per_node:
+        return None
+
+    def high(values: list[float]) -> float:
+        ordered = sorted(values)
+        return ordered[math.ceil(0.9 * len(ordered)) - 1]
+
+    return Baseline(
+        high([b.tx for b in per_node]),
+        high([b.rx for b in per_node]),
+        high([b.read for b in per_node]),
+        high([b.write for b in per_node]),
+        "site",
+    )
+
+
+def node_baseline(windows: Sequence[WindowDigest], reference: Baseline | None) -> Baseline:
+    """The node's own traffic: its medians over windows in which its GPUs did nothing, given a few of them; else
+    the site's reference; else nothing known (zero taken off)."""
+    quiet = [w for w in windows if _quiet(w)]
+    if len(quiet) >= QUIET_WINDOWS:
+        return _medians(quiet, "node")
+    return reference if reference is not None else Baseline()
+
+
+def gpu_lockstep(per_gpu: dict[int, list[float]]) -> float | None:
+    """How closely its GPUs' per-second loads move together: the mean correlation of each GPU with the mean of the
+    others. Only where the load varies by a few points or more: at a flat 99 % every GPU looks alike, and noise
+    alone says nothing."""
+    if len(per_gpu) < 2:
+        return None
+    length = min(len(v) for v in per_gpu.values())
+    if length < 30:
+        return None
+    x = np.asarray([v[:length] for v in per_gpu.values()], dtype=np.float64)
+    if not np.isfinite(x).all() or float(np.median(x.std(axis=1))) < 3.0:
+        return None
+    correlations = []
+    for i in range(len(x)):
+        others = np.delete(x, i, axis=0).mean(axis=0)
+        a, b = x[i] - x[i].mean(), others - others.mean()
+        denominator = math.sqrt(float(np.dot(a, a)) * float(np.dot(b, b)))
+        if denominator > 1e-9:
+            correlations.append(float(np.dot(a, b)) / denominator)
+    return statistics.fmean(correlations) if correlations else None
+
+
 GONE_WINDOWS = 3  # a workload its node has not reported for this many of the node's windows has left it
 # The nodes of one multi-node job report it in the same minute; a workload first seen elsewhere later than that
 # after its last window on a node moved there (a rescheduled pod waits out eviction and start-up: minutes).
@@ -401,6 +536,7 @@ def departed(fleet: Fleet, site: str) -> set[tuple[str, str]]:
 def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
     """Features of every workload seen in ``site`` over the last ``horizon`` windows of each node."""
     accs: dict[str, _Acc] = defaultdict(_Acc)
+    reference = site_baseline(fleet, site, horizon)
     gone = departed(fleet, site)
     for (rec_site, _), record in sorted(fleet.nodes.items()):
         if rec_site != site or record.birth is None:
@@ -415,15 +551,24 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
         # checkpoints; with several such jobs it is nobody's evidence.
         hard = [
-            [r.id for r in w.workloads if _trains_hard(w, devices.effective(r.gpus))] if b else []
+            [r.id for r in w.workloads if _trains_hard(w, devices.effective(r.gpus)) and r.id not in _servers(w)]
+            if b
+            else []
             for w, b in zip(windows, bursts, strict=True)
         ]
-        shared = {
-            name: _attribute(loads, _steady([getattr(w, name) for w in windows])) if refs else {}
-            for name in ("east_bps", "north_bps", "north_rx_bps", "read_bps")
+        base = node_baseline(windows, reference)
+        per_node_gpu = max(len(gpu_info), 1)
+        own = [_channels(w) for w in windows]
+        channels = {
+            "east": [w.east_bps for w in windows],
+            "tx": [max(c[0] - base.tx, 0.0) for c in own],
+            "rx": [max(c[1] - base.rx, 0.0) for c in own],
+            "read": [max(c[2] - base.read, 0.0) for c in own],
+            "write": [max(c[3] - base.write, 0.0) for c in own],
         }
+        shared = {name: _attribute(loads, _steady(values)) if refs else {} for name, values in channels.items()}
         for i, window in enumerate(windows):
-            own = {v.workload: v for v in window.volatile}
+            facts_of = {v.workload: v for v in window.volatile}
             pinned_mib = _pinned(window)
             tenants = tenancy(window.workloads, devices, pinned_mib)
             for ref in window.workloads:
@@ -450,24 +595,35 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
                 # does between checkpoints; a serving workload is bursty.
                 ckpt = bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
-                north = shared["north_bps"][ref.id][i]
-                ingress = shared["north_rx_bps"][ref.id][i]
-                facts = own.get(ref.id)
+                if bursts[i] and len(hard[i]) > 1 and ref.id in hard[i]:
+                    accs[ref.id].shared_bursts += 1 / len(hard[i])
+                ingress = shared["rx"][ref.id][i]
+                north = shared["tx"][ref.id][i] + ingress
+                facts = facts_of.get(ref.id)
                 if facts is not None:
-                    acc.connections = max(acc.connections or 0, facts.inbound_connections or 0)
-                    acc.peers = max(acc.peers or 0, facts.inbound_peers or 0)
+                    # None: the agent did not read its sockets, which says nothing (0 says no client was connected).
+                    if facts.inbound_connections is not None:
+                        acc.connections = max(acc.connections or 0, facts.inbound_connections)
+                    if facts.inbound_peers is not None:
+                        acc.peers = max(acc.peers or 0, facts.inbound_peers)
                     if facts.net_rx_bps is not None and facts.net_tx_bps is not None:
                         # A pod's own network namespace: its traffic, no regression needed.
                         acc.own_net = True
                         ingress, north = facts.net_rx_bps, facts.net_rx_bps + facts.net_tx_bps
                 before = acc.windows
-                _fold_window(acc, window, set(held_gpus), shared["east_bps"][ref.id][i], north, ckpt)
+                _fold_window(acc, window, set(held_gpus), shared["east"][ref.id][i], north, ckpt, record.node)
                 if acc.windows > before:
                     acc.held_mem.append(_held_memory(window, pinned_mib.get(ref.id, {}), held_gpus, parts))
-                    acc.node_front.append(window.north_bps / max(len(gpu_info), 1))
+                    acc.node_front.append((channels["tx"][i] + channels["rx"][i]) / per_node_gpu)
                     acc.ingress.append(ingress)
                     acc.egress.append(max(north - ingress, 0.0))
-                    acc.reads.append(shared["read_bps"][ref.id][i])
+                    acc.reads.append(shared["read"][ref.id][i])
+                    acc.writes.append(shared["write"][ref.id][i])
+                    acc.baseline.append((base.tx + base.rx) / per_node_gpu)
+                    acc.baseline_from.add(base.source)
+                    node_load = sum(series[i] for series in loads.values())
+                    if node_load >= 5:
+                        acc.shares.append(loads[ref.id][i] / node_load)
     # its history where it runs now: digests it left on a node it moved away from describe other hardware
     digests: dict[str, list[Digest]] = defaultdict(list)
     for wid, acc in accs.items():
@@ -532,6 +688,15 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 own_network=acc.own_net,
                 sched_step=acc.step,
                 held_mem_mib=max(acc.held_mem, default=0.0),
+                front_baseline_bps=None if None in acc.baseline_from else _median(acc.baseline),
+                # The least certain source of any of its nodes.
+                baseline_from=None
+                if None in acc.baseline_from
+                else ("site" if "site" in acc.baseline_from else "node"),
+                node_share=_mean(acc.shares) if acc.shares else 1.0,
+                write_bps=_median(acc.writes) * per_gpu,
+                shared_bursts=acc.shared_bursts,
+                lockstep=gpu_lockstep(acc.per_gpu),
             )
         )
     return out

@@ -44,6 +44,8 @@ PATTERN_CLASS = {
     "llm_serving": WorkloadClass.INFERENCE,
     "loader_bound_training": WorkloadClass.TRAINING,
     "lora_fine_tuning": WorkloadClass.TRAINING,
+    "embedding_batch": WorkloadClass.BATCH_INFERENCE,
+    "offline_llm_batch": WorkloadClass.BATCH_INFERENCE,
 }
 
 

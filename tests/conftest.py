@@ -282,12 +282,13 @@ def write_agent_config(directory: Path, port: int, prefix: str, node: str, inter
 
 
 def simulated_fleet(
-    scenario: str, nodes: int, windows: int = 18, seed: int = 1, site: str = "s1"
+    scenario: str, nodes: int, windows: int = 18, seed: int = 1, site: str = "s1", names: bool = True
 ) -> tuple[Fleet, dict[str, Pattern]]:
-    """A fleet state fed with ``windows`` simulated windows of every node (no broker), and the ground truth."""
+    """A fleet state fed with ``windows`` simulated windows of every node (no broker), and the ground truth.
+    ``names`` false: every process is ``python3`` with no program, so only behaviour tells workloads apart."""
     fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
     truth = {}
-    for node in build_scenario(scenario, nodes, seed):
+    for node in build_scenario(scenario, nodes, seed, names=names):
         birth, telemetry = offline_windows(node, windows, site=site, seed=seed)
         assert fleet.ingest(node_topic(FLEET_PREFIX, site, node.name, TopicKind.BIRTH), encode(birth))
         for w in telemetry:

@@ -7,20 +7,13 @@ from conftest import simulated_fleet
 
 from agent.protocol import WorkloadClass
 from collectors.scenarios import build_scenario
-from collectors.simulated import Pattern
 from optimizer.catalog import load_catalog
 from optimizer.classify import classify
 from optimizer.costs import Demand
 from optimizer.features import workload_features
+from optimizer.offline import PATTERN_CLASS
 from optimizer.planner import Movable, NodeSlot, Problem, solve
 from optimizer.recommend import PlanSettings, build_plan
-
-EXPECTED = {
-    Pattern.TRAINING: WorkloadClass.TRAINING,
-    Pattern.INFERENCE: WorkloadClass.INFERENCE,
-    Pattern.BATCH_INFERENCE: WorkloadClass.BATCH_INFERENCE,
-    Pattern.IDLE: WorkloadClass.IDLE,
-}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -30,7 +23,7 @@ def test_demo_workloads_are_classified_correctly(seed: int) -> None:
     assert {f.id for f in features} == set(truth)
     for f in features:
         result = classify(f)
-        assert result.workload_class is EXPECTED[truth[f.id]], (f.name, result)
+        assert result.workload_class is PATTERN_CLASS[truth[f.id].value], (f.name, result)
         assert result.confidence >= 0.6
         assert result.evidence
 

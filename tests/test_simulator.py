@@ -15,7 +15,7 @@ from agent.protocol import encode
 from agent.simulate import ManualClock, SimulatedFleet, offline_windows
 from collectors.base import Entity, Sample
 from collectors.profiles import PROFILES
-from collectors.scenarios import SCENARIOS, build_scenario
+from collectors.scenarios import SCENARIOS, ScenarioNode, build_scenario
 from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
 
 
@@ -148,3 +148,17 @@ async def test_published_payloads_carry_no_ground_truth(mosquitto: MosquittoServ
     for payload in received:
         keys = json.dumps(json.loads(payload))
         assert not any(f'"{word}"' in keys for word in truth), keys[:300]
+
+
+def test_a_workload_in_the_hosts_network_namespace_has_sockets_but_no_counters_of_its_own() -> None:
+    """Slurm jobs and host-network pods share the node's namespace: the agent reads their listening sockets and
+    clients, but the only traffic counters are the node's."""
+    server = _spec(Pattern.LLM_SERVING, gpus=2, listen_ports=(8000,), peers=12, program="vllm")
+    windows = {}
+    for quirks in (frozenset(), frozenset({"host_network"})):
+        node = ScenarioNode("n", "h100", (server,), frozenset(), quirks, schema=2)
+        _, ws = offline_windows(node, 4, seed=3)
+        windows[bool(quirks)] = [w.workloads[0] for w in ws[1:]]
+    assert all(w.net_tx_bps is not None and w.listen_ports == [8000] for w in windows[False])
+    assert all(w.net_tx_bps is None and w.net_rx_bps is None for w in windows[True])
+    assert all(w.listen_ports == [8000] and (w.inbound_connections or 0) >= 1 for w in windows[True])
