@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from agent.protocol import Recommendation
-from collectors.simspeed import moved
-from collectors.simulated import SimulatedNode
+from collectors.sim.node import SimulatedNode
+from collectors.sim.speed import moved
 
 log = logging.getLogger(__name__)
 

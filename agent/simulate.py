@@ -1,5 +1,5 @@
 """Run a simulated fleet: one real :class:`agent.service.Agent` per virtual node, all in one process, each
-with its own MQTT connection, fed by :class:`collectors.simulated.SimulatedNode` instead of hardware."""
+with its own MQTT connection, fed by :class:`collectors.sim.node.SimulatedNode` instead of hardware."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from agent.protocol import Birth, Telemetry, encode
 from agent.service import Agent
 from agent.spool import MemoryQueue
 from agent.window import WindowBuilder
-from collectors.scenarios import ScenarioNode, simulated_node
-from collectors.simulated import DAY_S, SimulatedNode
+from collectors.sim.node import DAY_S, SimulatedNode
+from collectors.sim.scenarios import ScenarioNode, simulated_node
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def shift_to_now(windows: list[Telemetry]) -> list[Telemetry]:
     return [w.model_copy(update={"start": w.start + shift, "end": w.end + shift}) for w in windows]
 
 
-# One window per 10-minute history digest (optimizer/history.py), a little over 10 minutes apart so that short
+# One window per 10-minute history digest (optimizer/ingest/history.py), a little over 10 minutes apart so that short
 # cycles (checkpoints every few minutes) are not always caught at the same phase.
 PAST_WINDOW_EVERY = 610.0
 

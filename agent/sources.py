@@ -12,8 +12,8 @@ from collectors.base import Collector
 from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.partitioned import PARTITIONS, PartitionedNode
-from collectors.profiles import PROFILES
-from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.node import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.profiles import PROFILES
 from collectors.storage import StorageCollector
 from collectors.workload_facts import WithFacts
 

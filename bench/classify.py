@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.protocol import Telemetry, TopicKind, WorkloadClass, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.classify import classify
-from optimizer.features import workload_features
-from optimizer.fleet import Fleet
-from optimizer.offline import PATTERN_CLASS, render_score, score
+from collectors.sim.scenarios import build_scenario
+from optimizer.commands.offline import PATTERN_CLASS, render_score, score
+from optimizer.decide.classify import classify
+from optimizer.decide.features import workload_features
+from optimizer.ingest.fleet import Fleet
 
 SCENARIOS = ("mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
 TARGETS = {"mixed": (0.97, None), "hard": (0.97, None), "realistic": (0.90, 0.05)}  # macro-F1, confidently wrong

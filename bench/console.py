@@ -43,12 +43,12 @@ from agent.protocol import (
     encode,
     node_topic,
 )
-from optimizer.catalog import load_catalog
-from optimizer.config import ApiSettings, OptimizerConfig
-from optimizer.history import DIGEST_SECONDS, DIGESTS_KEPT, Digest
-from optimizer.lifecycle import Lifecycle
-from optimizer.service import Optimizer
-from optimizer.web.app import WebServer
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.history import DIGEST_SECONDS, DIGESTS_KEPT, Digest
+from optimizer.serve.config import ApiSettings, OptimizerConfig
+from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.service import Optimizer
+from optimizer.serve.web.app import WebServer
 
 PREFIX = "fleetfit/v1"
 SITES = ("east", "west")

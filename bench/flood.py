@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.protocol import TopicKind, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig
-from optimizer.fleet import Fleet
-from optimizer.service import ingest_limits, tune_gc
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.fleet import Fleet
+from optimizer.serve.config import OptimizerConfig
+from optimizer.serve.service import ingest_limits, tune_gc
 
 PREFIX = "fleetfit/v1"
 SITE = "bench"

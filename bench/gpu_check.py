@@ -38,9 +38,9 @@ from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
 from agent.sources import node_collectors
 from agent.window import WindowBuilder
 from collectors.gpu import NullGpuCollector
-from optimizer.classify import classify
-from optimizer.features import workload_features
-from optimizer.fleet import Fleet
+from optimizer.decide.classify import classify
+from optimizer.decide.features import workload_features
+from optimizer.ingest.fleet import Fleet
 
 WINDOW_S = 10.0
 PHASES = {  # phase → the class a right answer gives

@@ -36,12 +36,12 @@ from agent.config import MqttSettings
 from agent.mqtt import make_client
 from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows, shift_to_now
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.fleet import Fleet, NodeRecord
-from optimizer.service import Optimizer, tune_gc
-from optimizer.store import window_points
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.fleet import Fleet, NodeRecord
+from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+from optimizer.serve.service import Optimizer, tune_gc
+from optimizer.serve.store import window_points
 
 PREFIX = "fleetfit/v1"
 HORIZON = 60  # windows a node keeps: the optimizer's default horizon_windows

@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from optimizer.buy import parse_addition, with_additions
-from optimizer.catalog import load_catalog
-from optimizer.snapshot import Snapshot
+from optimizer.commands.buy import parse_addition, with_additions
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.snapshot import Snapshot
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
 BASE = {

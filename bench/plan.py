@@ -36,14 +36,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.protocol import WorkloadClass
-from collectors.profiles import PROFILES
-from collectors.scenarios import build_scenario
-from collectors.simulated import Pattern
-from optimizer.catalog import Catalog, load_catalog
-from optimizer.costs import fit_problem, monthly_cost
-from optimizer.offline import PATTERN_CLASS
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, hardware_of
+from collectors.sim.node import Pattern
+from collectors.sim.profiles import PROFILES
+from collectors.sim.scenarios import build_scenario
+from optimizer.commands.offline import PATTERN_CLASS
+from optimizer.decide.catalog import Catalog, load_catalog
+from optimizer.decide.costs import fit_problem, monthly_cost
+from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, hardware_of
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
 
 
 def fleet(nodes: int, seed: int, split: bool = True, spare: float = 0.0) -> Snapshot:

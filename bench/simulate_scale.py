@@ -31,7 +31,7 @@ async def transport_only(port: int, nodes: int, duration: float) -> None:
     """The baseline: N connections publishing one pre-encoded window each every 10 s."""
     from agent.protocol import TopicKind, encode, node_topic
     from agent.simulate import offline_windows
-    from collectors.scenarios import build_scenario
+    from collectors.sim.scenarios import build_scenario
 
     fleet = build_scenario("mixed", nodes, seed=1)
     payloads = {n.name: encode(offline_windows(n, 1, site="base")[1][0]) for n in fleet[:20]}
@@ -147,7 +147,7 @@ async def main() -> int:
         finally:
             broker.terminate()
             await asyncio.wait_for(broker.wait(), 30)
-    from collectors.scenarios import build_scenario
+    from collectors.sim.scenarios import build_scenario
 
     sim_nodes = len(build_scenario("mixed", args.nodes, seed=0))  # the scenario adds a few spare nodes
     expected = sim_nodes * args.duration / 10

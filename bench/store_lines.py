@@ -21,10 +21,10 @@ from influxdb_client.domain.write_precision import WritePrecision
 
 from agent.protocol import Birth, NicRole, Stats, Telemetry
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer import series
-from optimizer.series import Measurement
-from optimizer.store import window_points
+from collectors.sim.scenarios import build_scenario
+from optimizer.serve import series
+from optimizer.serve.series import Measurement
+from optimizer.serve.store import window_points
 
 
 def library_point(m: Measurement, tags: Mapping[str, str | None], fields: Mapping[str, float | None], ts: float) -> Any:

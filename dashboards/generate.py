@@ -1,4 +1,4 @@
-"""Builds the Grafana dashboards in this directory from the names the optimizer writes (optimizer/series.py).
+"""Builds the Grafana dashboards in this directory from the names the optimizer writes (optimizer/serve/series.py).
 
     .venv/bin/python dashboards/generate.py      # rewrites dashboards/*.json
 
@@ -15,8 +15,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from optimizer import series
-from optimizer.series import Measurement
+from optimizer.serve import series
+from optimizer.serve.series import Measurement
 
 DATASOURCE = {"type": "influxdb", "uid": "fleetfit-influxdb"}
 HERE = Path(__file__).resolve().parent

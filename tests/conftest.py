@@ -22,10 +22,10 @@ import pytest
 from agent.config import MqttSettings
 from agent.protocol import Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows, shift_to_now
-from collectors.scenarios import build_scenario
-from collectors.simulated import Pattern
-from optimizer.fleet import Fleet
-from optimizer.snapshot import Snapshot
+from collectors.sim.node import Pattern
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.snapshot import Snapshot
+from optimizer.ingest.fleet import Fleet
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")  # the console command, as users run it
 FLEET_PREFIX = "fleetfit/v1"

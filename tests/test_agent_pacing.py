@@ -19,9 +19,9 @@ from agent.pacing import Pacer
 from agent.protocol import TopicKind, encode, node_topic
 from agent.simulate import offline_windows
 from agent.spool import MemoryQueue
-from collectors.scenarios import build_scenario
-from optimizer.config import OptimizerSettings
-from optimizer.fleet import Fleet, IngestLimits
+from collectors.sim.scenarios import build_scenario
+from optimizer.ingest.fleet import Fleet, IngestLimits
+from optimizer.serve.config import OptimizerSettings
 
 BACKLOG = 60
 WINDOW_S = 10.0  # offline_windows' window length

@@ -17,15 +17,15 @@ from conftest import FLEETFIT, free_port, simulated_fleet, three_actions
 from webhook_server import WebhookServer, webhook_server
 
 from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
-from optimizer.alerts.alerter import Alerter
-from optimizer.alerts.delivery import Webhook, redact, retry_after
-from optimizer.alerts.journal import Journal
-from optimizer.alerts.notice import Item, Notice, Status, sample_notice
-from optimizer.alerts.payloads import GenericAlert, render
-from optimizer.alerts.settings import AlertSettings, ReceiverSettings, Severity
-from optimizer.catalog import load_catalog
-from optimizer.lifecycle import Lifecycle, RecState
-from optimizer.recommend import PlanSettings, plan_snapshot
+from optimizer.decide.catalog import load_catalog
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
+from optimizer.serve.alerts.alerter import Alerter
+from optimizer.serve.alerts.delivery import Webhook, redact, retry_after
+from optimizer.serve.alerts.journal import Journal
+from optimizer.serve.alerts.notice import Item, Notice, Status, sample_notice
+from optimizer.serve.alerts.payloads import GenericAlert, render
+from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings, Severity
+from optimizer.serve.lifecycle import Lifecycle, RecState
 
 SLACK_BLOCK_TYPES = {"header", "section", "context", "divider", "actions", "image"}
 CARD_ELEMENT_TYPES = {"TextBlock", "Container", "FactSet", "ColumnSet", "Image"}
@@ -328,8 +328,8 @@ async def test_the_optimizer_posts_a_settled_move_and_never_one_it_withdrew(tmp_
     """A real optimizer (lifecycle, planning, alert hooks) plans three times; between the first two plans a move
     is withdrawn (its workload pinned). Only the moves every plan proposed are posted, with no resolution for
     the withdrawn one, and a restarted optimizer posts nothing twice."""
-    from optimizer.config import OptimizerConfig, OptimizerSettings
-    from optimizer.service import Optimizer
+    from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+    from optimizer.serve.service import Optimizer
 
     fleet, _ = simulated_fleet("demo", 8, windows=8, site="s")
     now = [1000.0]
@@ -644,8 +644,8 @@ url_env = "OPS_WEBHOOK"
 
 async def test_optimizer_metrics_count_alerts_per_receiver(tmp_path: Path) -> None:
     from agent.metrics import render as render_metrics
-    from optimizer.config import OptimizerConfig
-    from optimizer.service import Optimizer
+    from optimizer.serve.config import OptimizerConfig
+    from optimizer.serve.service import Optimizer
 
     with webhook_server([(500, {})] * 4) as server:
         ok, broken = receiver(server, name="ok"), receiver(server, name="broken")
@@ -763,7 +763,7 @@ def test_demo_takes_webhooks_from_the_environment_and_a_file_not_argv(tmp_path: 
 def test_broker_password_comes_from_a_file_or_the_environment(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from optimizer.cliargs import broker_settings
+    from optimizer.commands.cliargs import broker_settings
 
     secret = tmp_path / "broker-password"
     secret.write_text("from-the-file\n")

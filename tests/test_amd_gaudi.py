@@ -26,12 +26,12 @@ from collectors.amd import AmdGpuCollector, open_amd_collector
 from collectors.attribution import Attributor
 from collectors.gaudi import GaudiCollector, open_gaudi_collector
 from collectors.gpu import RESCAN_S, NullGpuCollector
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerSettings
-from optimizer.fleet import Fleet, IngestLimits
-from optimizer.inventory import inventory_check
-from optimizer.shares import layout, pinned, tenancy, units
-from optimizer.snapshot import from_fleet
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.inventory import inventory_check
+from optimizer.decide.snapshot import from_fleet
+from optimizer.ingest.fleet import Fleet, IngestLimits
+from optimizer.ingest.shares import layout, pinned, tenancy, units
+from optimizer.serve.config import OptimizerSettings
 
 CATALOG = load_catalog()
 

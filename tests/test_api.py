@@ -10,11 +10,11 @@ import aiohttp
 from conftest import free_port, simulated_fleet
 
 from agent.config import MqttSettings
-from optimizer.catalog import load_catalog
-from optimizer.config import ApiSettings, OptimizerConfig
-from optimizer.lifecycle import Lifecycle
-from optimizer.service import Optimizer
-from optimizer.web.app import WebServer
+from optimizer.decide.catalog import load_catalog
+from optimizer.serve.config import ApiSettings, OptimizerConfig
+from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.service import Optimizer
+from optimizer.serve.web.app import WebServer
 
 
 @contextlib.asynccontextmanager

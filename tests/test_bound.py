@@ -7,9 +7,9 @@ import random
 import pytest
 from test_ordering import _random_fleet, replay
 
-from optimizer.catalog import load_catalog
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
 
 
 @pytest.mark.parametrize("seed", range(6))

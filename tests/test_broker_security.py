@@ -20,10 +20,10 @@ from agent.config import MqttSettings
 from agent.mqtt import make_client
 from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.service import Optimizer
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+from optimizer.serve.service import Optimizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "systemd" / "mosquitto"
 PREFIX = "fleetfit/v1"

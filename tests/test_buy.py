@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from conftest import FLEETFIT
 
-from optimizer.buy import BuyError, parse_addition, with_additions
-from optimizer.catalog import load_catalog
-from optimizer.purchases import AMORTISATION_MONTHS
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.snapshot import Snapshot
+from optimizer.commands.buy import BuyError, parse_addition, with_additions
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.snapshot import Snapshot
+from optimizer.plan.purchases import AMORTISATION_MONTHS
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
 
 SHORT = {
     "schema": 1,

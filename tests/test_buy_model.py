@@ -12,13 +12,13 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Plan, WorkloadClass
-from optimizer.buy import Addition, with_additions
-from optimizer.catalog import load_catalog
-from optimizer.costs import Demand
-from optimizer.planner import Movable, NodeSlot, Offer, Problem, solve
-from optimizer.purchases import AMORTISATION_MONTHS
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.snapshot import Snapshot
+from optimizer.commands.buy import Addition, with_additions
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.costs import Demand
+from optimizer.decide.snapshot import Snapshot
+from optimizer.plan.model import Movable, NodeSlot, Offer, Problem, solve
+from optimizer.plan.purchases import AMORTISATION_MONTHS
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
 
 MONTH = 730
 

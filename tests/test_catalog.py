@@ -11,9 +11,9 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Birth, FindingKind, GpuInfo, NicInfo, NicKind, NicRole, WorkloadClass
-from optimizer.catalog import CatalogError, load_catalog
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, measured, node_hardware
+from optimizer.decide.catalog import CatalogError, load_catalog
+from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, measured, node_hardware
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
 
 CATALOG = load_catalog()
 
@@ -87,7 +87,7 @@ def test_an_mi250x_die_costs_and_moves_data_as_half_its_module() -> None:
 
 
 def test_a_catalog_claiming_one_name_twice_is_refused(tmp_path: Path) -> None:
-    text = (Path(__file__).resolve().parent.parent / "optimizer" / "data" / "catalog.toml").read_text()
+    text = (Path(__file__).resolve().parent.parent / "optimizer" / "decide" / "data" / "catalog.toml").read_text()
     text = text.replace('match = ["NVIDIA L40"]', 'match = ["NVIDIA L40", "NVIDIA L4"]')
     path = tmp_path / "catalog.toml"
     path.write_text(text)

@@ -6,14 +6,14 @@ import pytest
 from conftest import simulated_fleet
 
 from agent.protocol import WorkloadClass
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.classify import classify
-from optimizer.costs import Demand
-from optimizer.features import workload_features
-from optimizer.offline import PATTERN_CLASS
-from optimizer.planner import Movable, NodeSlot, Problem, solve
-from optimizer.recommend import PlanSettings, build_plan
+from collectors.sim.scenarios import build_scenario
+from optimizer.commands.offline import PATTERN_CLASS
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.classify import classify
+from optimizer.decide.costs import Demand
+from optimizer.decide.features import workload_features
+from optimizer.plan.model import Movable, NodeSlot, Problem, solve
+from optimizer.plan.recommend import PlanSettings, build_plan
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

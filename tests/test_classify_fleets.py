@@ -11,13 +11,13 @@ from conftest import FLEET_PREFIX, simulated_fleet
 
 from agent.protocol import TopicKind, WorkloadClass, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.realistic import Background
-from collectors.scenarios import ScenarioNode
-from collectors.simulated import Pattern, WorkloadSpec
-from optimizer.classify import classify
-from optimizer.features import WorkloadFeatures, gpu_lockstep, workload_features
-from optimizer.fleet import Fleet
-from optimizer.offline import PATTERN_CLASS, score
+from collectors.sim.node import Pattern, WorkloadSpec
+from collectors.sim.scenarios import ScenarioNode
+from collectors.sim.workloads import Background
+from optimizer.commands.offline import PATTERN_CLASS, score
+from optimizer.decide.classify import classify
+from optimizer.decide.features import WorkloadFeatures, gpu_lockstep, workload_features
+from optimizer.ingest.fleet import Fleet
 
 # A chatty node: 0.9 MB/s of logs shipped, 0.5 MB of exporters scraped every 15 s, kubelet, journald.
 LOUD = Background(

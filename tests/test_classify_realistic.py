@@ -15,13 +15,13 @@ from conftest import FLEETFIT, simulated_fleet
 
 from agent.protocol import Birth, DiskInfo, DiskWindow, NicInfo, NicKind, NicRole, Stats, Telemetry, encode
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from collectors.simulated import Pattern
+from collectors.sim.node import Pattern
+from collectors.sim.scenarios import build_scenario
 from collectors.storage import StorageCollector
-from optimizer.classify import classify
-from optimizer.digest import digest, roles
-from optimizer.features import step_period, workload_features
-from optimizer.offline import PATTERN_CLASS, RecordingError, load_labels
+from optimizer.commands.offline import PATTERN_CLASS, RecordingError, load_labels
+from optimizer.decide.classify import classify
+from optimizer.decide.features import step_period, workload_features
+from optimizer.ingest.digest import digest, roles
 
 
 @pytest.mark.parametrize(("seed", "names"), [(11, True), (12, True), (13, False)])

@@ -2,7 +2,7 @@
 
 A row gives a base workload, one field set to a value just past the rule's threshold and to one just short of it,
 and the class that evidence must favour (or disfavour). The values come from the assumptions written beside each
-rule in optimizer/classify.py, not from running the classifier: moving a threshold past either value, or switching
+rule in optimizer/decide/classify.py, not from running the classifier: moving a threshold past either value, or switching
 the rule off, turns its row red.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from agent.protocol import WorkloadClass
-from optimizer.classify import classify, weigh
-from optimizer.features import Placement, WorkloadFeatures
+from optimizer.decide.classify import classify, weigh
+from optimizer.decide.features import Placement, WorkloadFeatures
 
 TR, INF, BAT, NB = (
     WorkloadClass.TRAINING,

@@ -15,9 +15,9 @@ from test_ordering import replay
 from webhook_server import webhook_server
 
 from agent.protocol import Plan, Telemetry, TopicKind, decode
-from collectors.profiles import PROFILES
-from collectors.scenarios import build_scenario
-from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from collectors.sim.profiles import PROFILES
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
 
 
 def test_agent_once_prints_a_window_the_protocol_accepts() -> None:
@@ -220,8 +220,8 @@ def test_plan_from_a_snapshot_and_refuse_a_broken_one(tmp_path: Path) -> None:
 def test_version_descriptions_and_a_group_without_its_verb() -> None:
     from importlib.metadata import version
 
-    from optimizer.cli import DEFAULT_STATE_DIR, build_parser
-    from optimizer.config import OptimizerSettings
+    from optimizer.commands.cli import DEFAULT_STATE_DIR, build_parser
+    from optimizer.serve.config import OptimizerSettings
 
     done = subprocess.run([FLEETFIT, "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and done.stdout.strip() == f"fleetfit {version('fleetfit')}"

@@ -15,8 +15,8 @@ from conftest import FLEETFIT
 
 from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.lifecycle import Lifecycle
+from collectors.sim.scenarios import build_scenario
+from optimizer.serve.lifecycle import Lifecycle
 
 EXAMPLE_FLEET = Path(__file__).resolve().parent.parent / "docs" / "examples" / "fleet.json"
 BROKER = "mqtt://127.0.0.1:1"  # nothing listens on port 1

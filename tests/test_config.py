@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig, ConfigError, load_config
-from optimizer.config import OptimizerConfig
+from optimizer.serve.config import OptimizerConfig
 
 
 def test_defaults_load_without_a_file() -> None:
@@ -59,7 +59,7 @@ def test_cli_fails_at_start_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "optimizer.toml"
     path.write_text("[plan]\nmin_confidence = 3\n")
     result = subprocess.run(
-        [sys.executable, "-m", "optimizer.cli", "optimizer", "--config", str(path)],
+        [sys.executable, "-m", "optimizer.commands.cli", "optimizer", "--config", str(path)],
         check=False,
         capture_output=True,
         text=True,

@@ -26,13 +26,13 @@ from conftest import FLEET_PREFIX, free_port
 from agent.config import MqttSettings
 from agent.protocol import Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.config import ApiSettings, OptimizerConfig
-from optimizer.fleet import Fleet
-from optimizer.lifecycle import Lifecycle
-from optimizer.service import Optimizer
-from optimizer.web.app import WebServer
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.fleet import Fleet
+from optimizer.serve.config import ApiSettings, OptimizerConfig
+from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.service import Optimizer
+from optimizer.serve.web.app import WebServer
 
 TOKEN = "console-s3cret"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -392,7 +392,7 @@ async def test_pages_escape_agent_supplied_names(tmp_path: Path, hostile_fleet: 
 
 
 def test_the_optimizer_does_not_depend_on_its_http_layer() -> None:
-    """The HTTP layer (optimizer/web) depends on the optimizer; only the entry points that assemble a daemon
+    """The HTTP layer (optimizer/serve/web) depends on the optimizer; only the entry points that assemble a daemon
     (the command line and the demo) import it."""
     import ast
     import subprocess
@@ -406,12 +406,12 @@ def test_the_optimizer_does_not_depend_on_its_http_layer() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if any(n == "optimizer.web" or n.startswith("optimizer.web.") for n in names):
+            if any(n == "optimizer.serve.web" or n.startswith("optimizer.serve.web.") for n in names):
                 importers.add(path.name)
     assert importers <= {"cli.py", "demo.py"}
     code = (
-        "import sys, optimizer.service, optimizer.config, optimizer.report, optimizer.selfmetrics; "
-        "print(sorted(m for m in sys.modules if m.startswith('optimizer.web')))"
+        "import sys, optimizer.serve.service, optimizer.serve.config, optimizer.serve.report, optimizer.serve.selfmetrics; "
+        "print(sorted(m for m in sys.modules if m.startswith('optimizer.serve.web')))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert loaded.stdout.strip() == "[]"

@@ -15,14 +15,14 @@ from conftest import FLEETFIT, free_port, three_actions
 
 from agent.config import MqttSettings
 from agent.protocol import WorkloadClass
-from collectors.scenarios import SCENARIOS
-from optimizer.catalog import load_catalog
-from optimizer.cli import build_parser
-from optimizer.config import OptimizerConfig
-from optimizer.lifecycle import Lifecycle
-from optimizer.offline import Score, render_score
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.service import Optimizer
+from collectors.sim.scenarios import SCENARIOS
+from optimizer.commands.cli import build_parser
+from optimizer.commands.offline import Score, render_score
+from optimizer.decide.catalog import load_catalog
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
+from optimizer.serve.config import OptimizerConfig
+from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.service import Optimizer
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -134,7 +134,7 @@ async def test_optimizer_names_the_broker_it_lost(caplog: pytest.LogCaptureFixtu
     port = free_port()  # nothing listens here
     config = OptimizerConfig(mqtt=MqttSettings(host="127.0.0.1", port=port, reconnect_max_delay=0.2))
     optimizer = Optimizer(config, load_catalog())
-    with caplog.at_level(logging.WARNING, logger="optimizer.service"):
+    with caplog.at_level(logging.WARNING, logger="optimizer.serve.service"):
         task = asyncio.create_task(optimizer.run())
         for _ in range(100):
             if any("connection lost" in r.getMessage() for r in caplog.records):

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 from agent.config import MqttSettings
 from agent.protocol import WorkloadKind, WorkloadRef
 from collectors.attribution import Attributor, OwnerReader, SlurmJobs
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.lifecycle import Lifecycle
-from optimizer.report import UNATTRIBUTED, Ledger, owners_of, parse_since
-from optimizer.service import Optimizer
+from optimizer.decide.catalog import load_catalog
+from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.report import UNATTRIBUTED, Ledger, owners_of, parse_since
+from optimizer.serve.service import Optimizer
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
@@ -209,8 +209,8 @@ def test_report_post_refuses_an_unknown_receiver_in_one_line(tmp_path: Path) -> 
 
 
 def test_digest_fits_each_platform_by_listing_fewer_owners() -> None:
-    from optimizer.report import Showback
-    from optimizer.report_chat import render
+    from optimizer.serve.report import Showback
+    from optimizer.serve.report_chat import render
 
     rows = [
         Showback(f"team-{n:03d}-&-<x>", {"training": 100.0 * n}, 2.5 * n, {"idle_allocation": n}) for n in range(300)

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from optimizer import series
+from optimizer.serve import series
 
 ROOT = Path(__file__).resolve().parent.parent / "dashboards"
 PANEL_TYPES = {"stat", "timeseries", "table", "bargauge", "gauge", "text"}

@@ -26,11 +26,11 @@ from agent.clock import Clock
 from agent.mqtt import make_client
 from agent.protocol import NodeStatus, Plan, State, Telemetry, TopicKind, decode, encode, recommendations_topic
 from agent.simulate import SimulatedFleet
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.recommend import PlanSettings
-from optimizer.service import Optimizer
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.plan.recommend import PlanSettings
+from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+from optimizer.serve.service import Optimizer
 
 
 @contextlib.asynccontextmanager
@@ -59,8 +59,8 @@ async def collecting(settings: object, topic_filter: str) -> AsyncIterator[list[
 async def test_simulated_fleet_through_mosquitto_to_a_plan(
     mosquitto: MosquittoServer, prefix: str, tmp_path: Path
 ) -> None:
-    from optimizer.lifecycle import Lifecycle
-    from optimizer.snapshot import Snapshot
+    from optimizer.decide.snapshot import Snapshot
+    from optimizer.serve.lifecycle import Lifecycle
 
     mqtt = mosquitto.settings(prefix)
     nodes = build_scenario("demo", 8, seed=3)

@@ -33,11 +33,11 @@ from agent.service import Agent
 from agent.session import next_session
 from agent.simulate import SimulatedFleet, offline_windows
 from agent.spool import DiskSpool, window_key
-from collectors.scenarios import build_scenario, simulated_node
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.fleet import Fleet
-from optimizer.service import Optimizer
+from collectors.sim.scenarios import build_scenario, simulated_node
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.fleet import Fleet
+from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+from optimizer.serve.service import Optimizer
 
 pytestmark = pytest.mark.fault
 

@@ -6,8 +6,8 @@ import json
 
 from agent.protocol import NodeStatus, State, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.fleet import Fleet
+from collectors.sim.scenarios import build_scenario
+from optimizer.ingest.fleet import Fleet
 
 P = "fleetfit/v1"
 

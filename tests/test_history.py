@@ -21,12 +21,12 @@ from agent.protocol import (
     encode,
     node_topic,
 )
-from optimizer.catalog import load_catalog
-from optimizer.classify import classify
-from optimizer.features import workload_features
-from optimizer.fleet import Fleet
-from optimizer.history import DIGESTS_KEPT
-from optimizer.recommend import PlanSettings, build_plan
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.classify import classify
+from optimizer.decide.features import workload_features
+from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.history import DIGESTS_KEPT
+from optimizer.plan.recommend import PlanSettings, build_plan
 
 P, SITE, DAY = "p", "s", 86_400
 

@@ -44,15 +44,15 @@ from agent.protocol import (
 )
 from agent.simulate import offline_windows
 from agent.spool import MemoryQueue
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.config import ApiSettings, OptimizerConfig, OptimizerSettings, SiteSettings
-from optimizer.fleet import Fleet
-from optimizer.lifecycle import Lifecycle, Offloaded
-from optimizer.report import Ledger
-from optimizer.service import Optimizer, ingest_limits
-from optimizer.store import Store, StoreSettings
-from optimizer.web.app import WebServer
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.fleet import Fleet
+from optimizer.serve.config import ApiSettings, OptimizerConfig, OptimizerSettings, SiteSettings
+from optimizer.serve.lifecycle import Lifecycle, Offloaded
+from optimizer.serve.report import Ledger
+from optimizer.serve.service import Optimizer, ingest_limits
+from optimizer.serve.store import Store, StoreSettings
+from optimizer.serve.web.app import WebServer
 
 pytestmark = pytest.mark.fault
 
@@ -240,7 +240,7 @@ def test_a_node_cannot_hijack_another_nodes_pod() -> None:
         forged = b.model_copy(update={"workloads": [pod]})
         assert fleet.ingest(topic("aaa", b2.node, TopicKind.TELEMETRY), encode(forged))  # the GPU data stays
         clock.now += 10
-    from optimizer.features import workload_features
+    from optimizer.decide.features import workload_features
 
     features = {f.id: f for f in workload_features(fleet, "aaa")}
     assert features[pod.id].nodes == [b1.node]
@@ -249,7 +249,7 @@ def test_a_node_cannot_hijack_another_nodes_pod() -> None:
 
 
 def test_a_slurm_job_spans_nodes_and_a_silent_pods_node_hands_it_over() -> None:
-    from optimizer.features import workload_features
+    from optimizer.decide.features import workload_features
 
     clock = Clock()
     fleet = live_fleet(clock)
@@ -291,7 +291,7 @@ def test_one_nodes_flood_never_hides_anothers_refusal_from_the_log(caplog: pytes
             topic("aaa", evil.node, TopicKind.TELEMETRY), mutated(evil_windows[0], BAD_WINDOWS["GPU index 70"])
         )
     caplog.clear()
-    with caplog.at_level("WARNING", logger="optimizer.fleet"):
+    with caplog.at_level("WARNING", logger="optimizer.ingest.fleet"):
         bad = mutated(honest_windows[0], BAD_WINDOWS["GPU index 70"])
         assert fleet.ingest(topic("aaa", honest.node, TopicKind.TELEMETRY), bad) is None
     assert [r for r in caplog.records if f"/{honest.node}/" in r.getMessage()], "the honest node's refusal is logged"
@@ -451,7 +451,7 @@ async def test_a_node_that_breaks_planning_is_left_out_and_named(
     assert mig is not None and mig.birth is not None
     only_mig = GpuInfo.model_construct(index=0, uuid="MIG-0", model="NVIDIA H100", memory_mib=10_000, parent=7)
     mig.birth = Birth.model_construct(**{**dict(mig.birth), "gpus": [only_mig]})
-    import optimizer.snapshot as snapshot_module
+    import optimizer.decide.snapshot as snapshot_module
 
     original = snapshot_module.SnapshotNode
 
@@ -489,7 +489,7 @@ async def test_a_site_that_fails_to_plan_does_not_stop_the_others(
     optimizer = _optimizer(tmp_path)
     for site in ("aaa", "good", "zzz"):
         _feed(optimizer, site, range(8))
-    import optimizer.service as service_module
+    import optimizer.serve.service as service_module
 
     original = service_module.plan_snapshot
 
@@ -552,7 +552,7 @@ async def test_a_batch_the_store_refuses_is_dropped_and_counted() -> None:
     with webhook_server([(400, {}), (503, {})]) as server:
         store = Store(StoreSettings(url=f"http://127.0.0.1:{server.port}", batch_size=2, flush_interval=0.05))
         store._backoff.base = 0.05
-        from optimizer.lineproto import encode_line
+        from optimizer.serve.lineproto import encode_line
 
         lines = [encode_line("m", {"t": "a"}, {"v": float(i)}, time.time()) for i in range(4)]
         store.add(line for line in lines if line is not None)
@@ -976,7 +976,7 @@ async def test_a_task_that_dies_stops_the_optimizer_and_shutdown_still_flushes(t
 async def test_a_dead_broker_link_stops_the_agents_watchdog(tmp_path: Path) -> None:
     from agent.config import AgentConfig, AgentSettings
     from agent.service import Agent
-    from collectors.scenarios import simulated_node
+    from collectors.sim.scenarios import simulated_node
 
     server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     server.bind(str(tmp_path / "notify"))
@@ -1191,8 +1191,8 @@ async def test_a_corrupt_state_file_is_moved_aside_and_the_optimizer_plans_and_a
 
 
 def _state_optimizer(state_dir: Path, hooks_url: str) -> Optimizer:
-    from optimizer.alerts.alerter import Alerter
-    from optimizer.alerts.settings import AlertSettings, ReceiverSettings
+    from optimizer.serve.alerts.alerter import Alerter
+    from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings
 
     os.environ["FLEETFIT_TEST_HOOK"] = hooks_url
     lifecycle = Lifecycle.in_state_dir(state_dir, repair=True)
@@ -1352,7 +1352,7 @@ def test_an_account_a_job_gives_itself_is_claimed_unless_the_scheduler_confirms_
     fleet.ingest(
         topic("aaa", birth.node, TopicKind.TELEMETRY), encode(windows[0].model_copy(update={"workloads": [claimed]}))
     )
-    from optimizer.report import owners_of
+    from optimizer.serve.report import owners_of
 
     assert owners_of(fleet, "aaa") == {claimed.id: "finance-team (claimed)"}
 

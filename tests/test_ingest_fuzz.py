@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from agent.protocol import MAX_PAYLOAD_BYTES, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.fleet import Fleet
+from collectors.sim.scenarios import build_scenario
+from optimizer.ingest.fleet import Fleet
 
 P = "fleetfit/v1"
 NODE = build_scenario("demo", 8)[0]

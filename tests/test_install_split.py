@@ -27,7 +27,7 @@ class NotInstalled:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
         return None
 sys.meta_path.insert(0, NotInstalled())
-from optimizer.cli import main
+from optimizer.commands.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -100,7 +100,7 @@ OPTIMIZER_SIDE = {
 
 
 def test_every_optimizer_command_without_its_extra_says_in_one_line_what_to_install() -> None:
-    from optimizer.cli import build_parser
+    from optimizer.commands.cli import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
     assert commands - {"agent", "simulate", "demo"} == set(OPTIMIZER_SIDE)  # a new command is listed here
@@ -137,7 +137,7 @@ def test_installing_the_package_prints_no_warning(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
     assert {
-        "optimizer/web/static/console.css",
-        "optimizer/web/static/console.js",
-        "optimizer/data/catalog.toml",
+        "optimizer/serve/web/static/console.css",
+        "optimizer/serve/web/static/console.js",
+        "optimizer/decide/data/catalog.toml",
     } <= names

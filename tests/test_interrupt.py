@@ -9,7 +9,7 @@ import time
 
 from ortools.sat.python import cp_model
 
-from optimizer.interrupt import SolveStop
+from optimizer.plan.interrupt import SolveStop
 
 LIMIT_S = 3.0
 

@@ -12,9 +12,9 @@ import pytest
 from conftest import FLEETFIT, three_actions
 
 from agent.protocol import Plan
-from optimizer.catalog import load_catalog
-from optimizer.lifecycle import Lifecycle, LifecycleError, RecState
-from optimizer.recommend import PlanSettings, plan_snapshot
+from optimizer.decide.catalog import load_catalog
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
+from optimizer.serve.lifecycle import Lifecycle, LifecycleError, RecState
 
 
 @pytest.fixture(scope="module")

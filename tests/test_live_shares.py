@@ -21,15 +21,15 @@ from agent.window import WindowBuilder
 from collectors.attribution import Attributor
 from collectors.base import Entity, Sample
 from collectors.gpu import NvmlGpuCollector, open_gpu_collector
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.costs import Demand, fit_problem, monthly_cost
-from optimizer.fleet import Fleet
-from optimizer.lifecycle import Lifecycle
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.service import Optimizer
-from optimizer.shares import layout, mig_profile, partition_share
-from optimizer.snapshot import Snapshot, from_fleet, resolve
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.costs import Demand, fit_problem, monthly_cost
+from optimizer.decide.snapshot import Snapshot, from_fleet, resolve
+from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.shares import layout, mig_profile, partition_share
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
+from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.service import Optimizer
 
 PREFIX = "fleetfit/v1"
 NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value

@@ -412,8 +412,8 @@ def test_a_driver_without_samples_falls_back_to_one_reading(tmp_path: Path) -> N
 
 def test_a_birth_listing_only_mig_instances_is_planned_as_its_gpus(tmp_path: Path) -> None:
     from agent.protocol import GpuInfo, encode
-    from optimizer.fleet import Fleet
-    from optimizer.snapshot import from_fleet
+    from optimizer.decide.snapshot import from_fleet
+    from optimizer.ingest.fleet import Fleet
 
     slices = [
         GpuInfo(

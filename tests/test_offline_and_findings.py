@@ -9,10 +9,10 @@ from conftest import simulated_fleet
 
 from agent.protocol import FindingKind, WorkloadClass, encode
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.catalog import load_catalog
-from optimizer.offline import RecordingError, classify_all, load, score
-from optimizer.recommend import PlanSettings, build_plan
+from collectors.sim.scenarios import build_scenario
+from optimizer.commands.offline import RecordingError, classify_all, load, score
+from optimizer.decide.catalog import load_catalog
+from optimizer.plan.recommend import PlanSettings, build_plan
 
 T, INF, B = WorkloadClass.TRAINING, WorkloadClass.INFERENCE, WorkloadClass.BATCH_INFERENCE
 

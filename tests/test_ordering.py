@@ -13,14 +13,14 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Plan, Recommendation
-from optimizer.alerts.notice import Item, Notice, Status
-from optimizer.alerts.payloads import render
-from optimizer.alerts.settings import Severity
-from optimizer.catalog import load_catalog
-from optimizer.lifecycle import Lifecycle, RecState
-from optimizer.ordering import Action, order
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from optimizer.plan.ordering import Action, order
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
+from optimizer.serve.alerts.notice import Item, Notice, Status
+from optimizer.serve.alerts.payloads import render
+from optimizer.serve.alerts.settings import Severity
+from optimizer.serve.lifecycle import Lifecycle, RecState
 
 EPS = 1e-6
 

@@ -1,6 +1,6 @@
 """After a move lands: the load observed on the new hardware against the projection, the finding when they part,
 and the correction factors that teach later plans. The closed loop runs a simulated fleet whose hardware has its
-own speeds (collectors/simspeed.py) under an optimizer given a catalog that is wrong by a factor of two."""
+own speeds (collectors/sim/speed.py) under an optimizer given a catalog that is wrong by a factor of two."""
 
 from __future__ import annotations
 
@@ -27,16 +27,16 @@ from agent.protocol import (
 from agent.scheduler import apply_acknowledged, carry_out
 from agent.simulate import ManualClock
 from agent.window import WindowBuilder
-from collectors.profiles import PROFILES
-from collectors.simspeed import WORLD, memory_share
-from collectors.simspeed import speed as world_speed
-from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
-from optimizer.catalog import Catalog, load_catalog
-from optimizer.config import ApiSettings, OptimizerConfig
-from optimizer.lifecycle import Lifecycle, RecState
-from optimizer.outcomes import Observation, Outcome, learn
-from optimizer.service import Optimizer
-from optimizer.web.app import WebServer
+from collectors.sim.node import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.profiles import PROFILES
+from collectors.sim.speed import WORLD, memory_share
+from collectors.sim.speed import speed as world_speed
+from optimizer.decide.catalog import Catalog, load_catalog
+from optimizer.serve.config import ApiSettings, OptimizerConfig
+from optimizer.serve.lifecycle import Lifecycle, RecState
+from optimizer.serve.outcomes import Observation, Outcome, learn
+from optimizer.serve.service import Optimizer
+from optimizer.serve.web.app import WebServer
 
 SITE = "loop"
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from conftest import FLEETFIT
 
-from optimizer.catalog import CatalogError, load_catalog
-from optimizer.features import Placement, WorkloadFeatures
-from optimizer.performance import relative_speed, speed
-from optimizer.recommend import PlanSettings, plan_snapshot
-from optimizer.shape import measured_shape
-from optimizer.snapshot import Snapshot
+from optimizer.decide.catalog import CatalogError, load_catalog
+from optimizer.decide.features import Placement, WorkloadFeatures
+from optimizer.decide.performance import relative_speed, speed
+from optimizer.decide.shape import measured_shape
+from optimizer.decide.snapshot import Snapshot
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
 
 CATALOG = load_catalog()
 DATA = Path(__file__).resolve().parent / "data" / "mlperf"
-SHIPPED = Path(__file__).resolve().parent.parent / "optimizer" / "data" / "catalog.toml"
+SHIPPED = Path(__file__).resolve().parent.parent / "optimizer" / "decide" / "data" / "catalog.toml"
 
 
 # ------------------------------------------------------------------------------------------ the catalog

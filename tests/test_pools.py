@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 
 from agent.protocol import WorkloadClass
-from optimizer.catalog import load_catalog
-from optimizer.costs import Demand
-from optimizer.planner import Movable, NodeSlot, Problem, solve
-from optimizer.pools import Pool, assign, build_pools
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.costs import Demand
+from optimizer.plan.model import Movable, NodeSlot, Problem, solve
+from optimizer.plan.pools import Pool, assign, build_pools
 
 
 def _inference(wid: str, node: str, gpus: int, util: float = 20, service: str | None = None) -> Movable:

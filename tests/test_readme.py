@@ -7,8 +7,8 @@ import argparse
 import re
 from pathlib import Path
 
-from collectors.scenarios import SCENARIOS
-from optimizer.cli import build_parser
+from collectors.sim.scenarios import SCENARIOS
+from optimizer.commands.cli import build_parser
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z-]*")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from optimizer.rounding import Candidate, fill
+from optimizer.plan.rounding import Candidate, fill
 
 HARDWARE = {"dear-1": "dear", "cheap-1": "cheap"}
 

@@ -20,12 +20,12 @@ from agent.config import MqttSettings
 from agent.mqtt import make_client
 from agent.protocol import TopicKind, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer.alerts.alerter import Alerter
-from optimizer.catalog import load_catalog
-from optimizer.config import OptimizerConfig, OptimizerSettings
-from optimizer.lifecycle import Lifecycle
-from optimizer.service import Optimizer
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.serve.alerts.alerter import Alerter
+from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.service import Optimizer
 
 SITES = ("s1", "s2", "s3", "s4")
 NODES = 8  # the demo scenario's first eight nodes: a site whose plan holds moves (tests/test_alerts.py)

@@ -14,9 +14,9 @@ from agent.clock import Clock
 from agent.protocol import encode
 from agent.simulate import ManualClock, SimulatedFleet, offline_windows
 from collectors.base import Entity, Sample
-from collectors.profiles import PROFILES
-from collectors.scenarios import SCENARIOS, ScenarioNode, build_scenario
-from collectors.simulated import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.node import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.profiles import PROFILES
+from collectors.sim.scenarios import SCENARIOS, ScenarioNode, build_scenario
 
 
 def _spec(pattern: Pattern, gpus: int = 8, **kw: object) -> WorkloadSpec:

@@ -14,15 +14,15 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Plan, Recommendation
-from collectors.profiles import PROFILES
-from collectors.scenarios import build_scenario
-from collectors.simspeed import memory_share
-from collectors.simulated import Pattern
-from optimizer.catalog import load_catalog
-from optimizer.offline import PATTERN_CLASS
-from optimizer.planner import Kept, Movable, NodeSlot, Problem, solve
-from optimizer.recommend import PlanSettings, keep_margin, plan_snapshot
-from optimizer.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from collectors.sim.node import Pattern
+from collectors.sim.profiles import PROFILES
+from collectors.sim.scenarios import build_scenario
+from collectors.sim.speed import memory_share
+from optimizer.commands.offline import PATTERN_CLASS
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from optimizer.plan.model import Kept, Movable, NodeSlot, Problem, solve
+from optimizer.plan.recommend import PlanSettings, keep_margin, plan_snapshot
 
 CATALOG = load_catalog()
 
@@ -247,9 +247,9 @@ async def test_a_live_optimizer_without_new_telemetry_makes_the_same_plan_every_
     lifecycle, and proposes the same actions in the same waves."""
     from conftest import simulated_fleet
 
-    from optimizer.config import OptimizerConfig, OptimizerSettings
-    from optimizer.lifecycle import Lifecycle
-    from optimizer.service import Optimizer
+    from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+    from optimizer.serve.lifecycle import Lifecycle
+    from optimizer.serve.service import Optimizer
 
     fleet, _ = simulated_fleet("mixed", 24, windows=8, seed=4, site="s")
     config = OptimizerConfig(optimizer=OptimizerSettings(state_dir=tmp_path))

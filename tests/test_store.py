@@ -10,12 +10,12 @@ from conftest import VictoriaMetrics, fault_size
 
 from agent.protocol import Stats, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.scenarios import build_scenario
-from optimizer import series
-from optimizer.catalog import load_catalog
-from optimizer.fleet import Fleet
-from optimizer.recommend import PlanSettings, build_plan
-from optimizer.store import Store, StoreSettings, plan_points, point, window_points
+from collectors.sim.scenarios import build_scenario
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.fleet import Fleet
+from optimizer.plan.recommend import PlanSettings, build_plan
+from optimizer.serve import series
+from optimizer.serve.store import Store, StoreSettings, plan_points, point, window_points
 
 
 def _settings(url: str, **kw: object) -> StoreSettings:

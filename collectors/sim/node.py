@@ -1,0 +1,487 @@
+"""A simulated GPU node: N GPUs of one profile running workloads of known patterns.
+
+It implements the collector interface for GPUs, NICs, disks and host at once, so a simulated node goes through
+the agent's real code path (rates, windows, protocol, MQTT). Time comes from an injected clock, which lets a
+simulation run faster than real time. The pattern of each workload is ground truth kept here; it never enters
+a telemetry payload.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from agent.protocol import DiskInfo, GpuInfo, NicInfo, NicKind, NicRole, WorkloadKind, WorkloadRef
+from collectors.base import Entity, Inventory, Sample
+from collectors.sim import workloads as realistic
+from collectors.sim.profiles import NodeProfile
+
+GB = 1e9
+DAY_S = 86_400.0
+DIURNAL_FLOOR = 0.1  # trough / peak of online inference over a day: about 10x
+
+
+class Pattern(StrEnum):
+    """Ground-truth workload patterns; the values match the optimizer's class names where one exists."""
+
+    TRAINING = "training"
+    FINE_TUNING = "fine_tuning"
+    INFERENCE = "inference"
+    BATCH_INFERENCE = "batch_inference"
+    INTERACTIVE = "interactive"
+    IDLE = "idle"
+    # Production behaviours (collectors/sim/workloads.py): what real serving engines and training jobs look like.
+    LLM_SERVING = "llm_serving"  # continuous batching (vLLM, SGLang, TGI, TensorRT-LLM), tensor-parallel or not
+    LOADER_BOUND_TRAINING = "loader_bound_training"  # training starved by its input pipeline
+    LORA_FINE_TUNING = "lora_fine_tuning"  # adapter fine-tuning on one GPU, small saves
+    EMBEDDING_BATCH = "embedding_batch"  # data-parallel batch encoding or scoring, one replica per GPU
+    OFFLINE_LLM_BATCH = "offline_llm_batch"  # offline LLM generation (vLLM's LLM class, run-batch)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """A simulated workload. ``level`` is the pattern's utilisation level as a fraction (the peak mean for
+    online inference); ``mem_fraction`` the share of each GPU's memory it holds."""
+
+    id: str
+    name: str
+    pattern: Pattern
+    gpus: tuple[int, ...]
+    hint: str
+    level: float
+    mem_fraction: float
+    multi_node: bool = False
+    checkpoint_period_s: float = 600.0
+    checkpoint_seconds: float = 30.0
+    stall_rate: float = 0.002  # per second: chance a data-loader stall starts (training)
+    stall_seconds: tuple[float, float] = (5.0, 20.0)
+    diurnal_phase: float = 0.0
+    diurnal_period_s: float = DAY_S
+    burst_sigma: float = 0.3  # second-to-second load variation of online inference (log-normal sigma)
+    noise: float = 1.5  # utilisation noise, percentage points
+    cell_rate: float = 0.03  # notebook: per second, chance a cell run starts
+    # How hard the work drives the GPU: share of (limit - idle) power drawn at 100 % utilisation. Dense matmuls
+    # (training, embeddings) run near the limit; memory-bound decode keeps kernels running at far lower power.
+    power_intensity: float = 0.95
+    tensor_share: float = 0.6  # GPM tensor-pipe activity as a share of utilisation (Hopper and newer)
+    dram_share: float = 0.4  # GPM DRAM bandwidth utilisation as a share of utilisation
+    program: str | None = None  # what a schema-2 agent reads from the command line
+    listen_ports: tuple[int, ...] = ()
+    peers: int = 0  # distinct clients holding connections to a server at peak
+    input_bps: float = 0.0  # per node: training / batch input read rate (NFS or object storage on the front end)
+    save_bytes: float = 0.0  # per checkpoint; 0: the pattern's default
+    save_to_network: bool = False  # checkpoints go to shared storage over the front end, not to local disks
+    step_s: float = 4.0  # loader-bound training: one step's period
+    duty: float = 0.4  # loader-bound training: share of a step the GPUs compute
+    client_scale: float = 1.0  # online inference: client traffic relative to the textbook 1.5 GB/s per GPU at peak
+    rps_peak: float = 20.0  # LLM serving: requests per second at the daily peak
+    request_s: float = 8.0  # LLM serving: seconds a request stays in flight (prefill + decode)
+    output_bps: float = 0.0  # batch encoding: results written per node at full load
+    input_from_disk: bool = False  # batch: input staged on local disks rather than read over the front end
+    tp: int = 1  # offline LLM generation: tensor-parallel degree of each replica
+    chunk_s: float = 0.0  # offline LLM generation: seconds per chunk of prompts (0: one never-ending chunk)
+    speed: float = 1.0  # how fast its GPUs serve its load against those it was sized on (collectors/sim/speed.py)
+
+
+@dataclass(slots=True)
+class _GpuState:
+    util: float = 0.0
+    mem_mib: float = 0.0
+    nvlink_bps: float = 0.0
+    pcie_bps: float = 0.0
+    intensity: float = 0.95
+    tensor_share: float = 0.6
+    dram_share: float = 0.4
+
+
+class SimulatedNode:
+    """Collector for one virtual node. ``clock`` returns the simulation's wall time in seconds."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        node: str,
+        profile: NodeProfile,
+        workloads: list[WorkloadSpec],
+        clock: Callable[[], float],
+        seed: int = 0,
+        gpu_only: bool = False,
+        quirks: frozenset[str] = frozenset(),
+        schema: int = 2,
+        background: realistic.Background | None = None,
+    ) -> None:
+        """``quirks``: ``md_raid`` (checkpoint volume on md RAID 0), ``roce_frontend`` (the front-end NICs are
+        ConnectX ports with an RDMA device), ``host_network`` (workloads run in the host's network namespace, as
+        Slurm jobs and host-network pods do: the agent reads their sockets but has no counters of their own, the
+        node's being every workload's). ``schema`` 1 behaves like an agent from before schema 2: no process
+        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric. ``background``: what the
+        node itself sends and writes whatever its GPUs do (scrapes, log shipping, kubelet); none by default."""
+        used = [g for w in workloads for g in w.gpus]
+        if len(used) != len(set(used)) or any(g >= profile.gpus for g in used):
+            raise ValueError(f"{node}: workloads overlap or exceed the node's {profile.gpus} GPUs")
+        self.node = node
+        self.profile = profile
+        self.specs = list(workloads)
+        self.gpu_only = gpu_only  # beside the real NIC and disk collectors of the machine it runs on
+        self._clock = clock
+        self.rng = random.Random(f"{seed}:{node}")
+        self._start = clock()
+        self._last = self._start
+        self._counters: dict[tuple[str, str], float] = {}
+        self._episode_until: dict[str, float] = {}  # per workload: end of a stall or burst
+        self.quirks = quirks
+        self.schema = schema
+        self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
+        self._netns: dict[str, tuple[float, float, float]] = {}  # per workload: tx bytes, rx bytes, seconds
+        self.background = background
+        # Its own generator, so that adding a node's background leaves its workloads' draws as they were.
+        self._background_rng = random.Random(f"{seed}:{node}:background")
+
+    def release(self, workload: str) -> WorkloadSpec | None:
+        """Stop running ``workload`` here (a scheduler moved it away); its spec, or None if it was not here."""
+        spec = next((w for w in self.specs if w.id == workload), None)
+        if spec is not None:
+            self.specs.remove(spec)
+        return spec
+
+    def free_gpus(self) -> list[int]:
+        held = {g for w in self.specs for g in w.gpus}
+        return [g for g in range(self.profile.gpus) if g not in held]
+
+    def admit(self, spec: WorkloadSpec) -> None:
+        """Start running ``spec`` on its GPUs, which must be free."""
+        if not set(spec.gpus) <= set(self.free_gpus()):
+            raise ValueError(f"{self.node}: GPUs {spec.gpus} are not free")
+        self.specs.append(spec)
+
+    @property
+    def started(self) -> float:
+        """When the simulation began, on its clock: the time its daily cycles count from."""
+        return self._start
+
+    # ------------------------------------------------------------------ the collector interface
+
+    def inventory(self) -> Inventory:
+        p = self.profile
+        gpus = [
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-sim-{self.node}-{i}",
+                model=p.gpu_model,
+                memory_mib=p.memory_mib,
+                nvlink_links=p.nvlink_links,
+                pcie_gen=p.pcie_gen,
+                pcie_width=16,
+                power_limit_w=p.power_limit_w,
+            )
+            for i in range(p.gpus)
+        ]
+        nics = []
+        for n in p.nics:
+            front = n.kind is NicKind.ETHERNET
+            kind = NicKind.ROCE if front and "roce_frontend" in self.quirks else n.kind
+            # An agent before schema 2 took every RDMA-capable port for the fabric; the current one knows the port
+            # carrying the default route is the front end.
+            fabric = kind in (NicKind.INFINIBAND, NicKind.ROCE) and (self.schema < 2 or not front)
+            nics.append(
+                NicInfo(
+                    name=n.name,
+                    kind=kind,
+                    role=NicRole.EAST_WEST if fabric else NicRole.NORTH_SOUTH,
+                    speed_mbps=n.speed_mbps,
+                )
+            )
+        if self.gpu_only:
+            return Inventory(gpus=gpus, driver_version="sim", cuda_version="sim")
+        size = 7_680 * 10**9
+        disks = [DiskInfo(name="nvme0n1", size_bytes=size)]
+        if "md_raid" in self.quirks:
+            member = "md127" if self.schema >= 2 else None
+            disks = [
+                DiskInfo(name="nvme0n1", size_bytes=size, member_of=member),
+                DiskInfo(name="nvme1n1", size_bytes=size, member_of=member),
+                DiskInfo(name="md127", size_bytes=2 * size),
+            ]
+        return Inventory(gpus=gpus, nics=nics, disks=disks, driver_version="sim", cuda_version="sim")
+
+    def workloads(self) -> list[WorkloadRef]:
+        refs = []
+        for w in self.specs:
+            ref = WorkloadRef(
+                id=w.id,
+                kind=WorkloadKind.KUBERNETES_POD,
+                name=w.name,
+                gpus=list(w.gpus),
+                hint=w.hint,
+                owner=simulated_namespace(w.name),
+            )
+            if self.schema >= 2:
+                ref = ref.model_copy(update=self._facts(w))
+            refs.append(ref)
+        return refs
+
+    def _facts(self, w: WorkloadSpec) -> dict[str, object]:
+        """What a schema-2 agent reads of the workload's processes over the window since the last call."""
+        tx, rx, seconds = self._netns.pop(w.id, (0.0, 0.0, 0.0))
+        facts: dict[str, object] = {"program": w.program}
+        if seconds > 0 and "host_network" not in self.quirks:
+            facts.update(net_tx_bps=round(tx / seconds, 1), net_rx_bps=round(rx / seconds, 1))
+        if w.listen_ports:
+            load = self.diurnal(w, self._last - self._start) if w.pattern is Pattern.LLM_SERVING else 1.0
+            peers = max(1, round(w.peers * load))
+            facts.update(
+                listen_ports=list(w.listen_ports),
+                inbound_peers=peers,
+                inbound_connections=peers * (4 if w.peers > 2 else 1),
+            )
+        else:  # as the agent reports a process that listens on nothing (collectors/workload_facts.py)
+            facts.update(listen_ports=[], inbound_peers=0, inbound_connections=0)
+        return facts
+
+    def close(self) -> None:
+        return None
+
+    def sample(self) -> list[Sample]:
+        now = self._clock()
+        dt = max(now - self._last, 0.0)
+        self._last = now
+        t = now - self._start
+        p = self.profile
+        gpus = [_GpuState() for _ in range(p.gpus)]
+        fabric_bps = north_bps = north_rx_bps = read_bps = write_bps = 0.0
+        for w in self.specs:
+            f, n, nrx, r, wr = self._drive(w, t, gpus)
+            fabric_bps += f
+            north_bps += n
+            north_rx_bps += nrx
+            read_bps += r
+            write_bps += wr
+            tx, rx, seconds = self._netns.get(w.id, (0.0, 0.0, 0.0))
+            self._netns[w.id] = (tx + n * dt, rx + nrx * dt, seconds + dt)
+        if self.background is not None:  # the node's own: not in any workload's network namespace
+            tx, rx, read, write = self.background.traffic(self._background_rng, t)
+            north_bps += tx
+            north_rx_bps += rx
+            read_bps += read
+            write_bps += write
+
+        out: list[Sample] = []
+        for i, g in enumerate(gpus):
+            util = min(max(g.util, 0.0), 100.0)
+            gauges = {
+                "util": round(util, 1),
+                "mem_util": round(util * 0.6, 1),
+                "mem_used_mib": round(g.mem_mib, 0),
+                "power_w": round(p.idle_power_w + (p.power_limit_w - p.idle_power_w) * util / 100 * g.intensity, 1),
+                "temp_c": round(32 + util * 0.4 + self.rng.gauss(0, 0.5), 1),
+                "sm_clock_mhz": round(p.max_sm_clock_mhz * (0.95 if util > 1 else 0.1), 0),
+            }
+            counters = {
+                "pcie_tx_bps": self._advance(("gpu", f"{i}.pcie_tx"), g.pcie_bps, dt),
+                "pcie_rx_bps": self._advance(("gpu", f"{i}.pcie_rx"), g.pcie_bps, dt),
+            }
+            if p.nvlink_links:
+                counters["nvlink_tx_bps"] = self._advance(("gpu", f"{i}.nvl_tx"), g.nvlink_bps, dt)
+                counters["nvlink_rx_bps"] = self._advance(("gpu", f"{i}.nvl_rx"), g.nvlink_bps, dt)
+            if self._gpm:
+                gauges["sm_active"] = round(min(100.0, util * 0.92), 1)
+                gauges["tensor_active"] = round(util * g.tensor_share, 1)
+                gauges["dram_active"] = round(min(100.0, util * g.dram_share), 1)
+            out.append(Sample(Entity.GPU, str(i), gauges=gauges, counters=counters))
+        if self.gpu_only:
+            return out
+
+        fabric = [n for n in p.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)]
+        front = [n for n in p.nics if n.kind not in (NicKind.INFINIBAND, NicKind.ROCE)]
+        for group, total_tx, total_rx in (
+            (fabric, fabric_bps, fabric_bps),
+            (front, north_bps, north_rx_bps),
+        ):
+            for nic in group:
+                tx = total_tx / len(group) * self.jitter(0.05)
+                rx = total_rx / len(group) * self.jitter(0.05)
+                out.append(
+                    Sample(
+                        Entity.NIC,
+                        nic.name,
+                        counters={
+                            "rx_bps": self._advance(("nic", f"{nic.name}.rx"), rx, dt),
+                            "tx_bps": self._advance(("nic", f"{nic.name}.tx"), tx, dt),
+                            "errors": 0,
+                            "drops": 0,
+                        },
+                    )
+                )
+        # A RAID 0 over two NVMe drives: each member carries half and md127 counts the same bytes again.
+        disks = [("nvme0n1", 0.5), ("nvme1n1", 0.5), ("md127", 1.0)] if "md_raid" in self.quirks else [("nvme0n1", 1.0)]
+        for disk, part in disks:
+            out.append(
+                Sample(
+                    Entity.DISK,
+                    disk,
+                    counters={
+                        "read_bps": self._advance(("disk", f"{disk}.rb"), read_bps * part, dt),
+                        "write_bps": self._advance(("disk", f"{disk}.wb"), write_bps * part, dt),
+                        "read_iops": self._advance(("disk", f"{disk}.ro"), read_bps * part / 131_072, dt),
+                        "write_iops": self._advance(("disk", f"{disk}.wo"), write_bps * part / 131_072, dt),
+                    },
+                )
+            )
+        busy = sum(g.util for g in gpus) / max(len(gpus), 1)
+        out.append(
+            Sample(
+                Entity.HOST,
+                "host",
+                gauges={
+                    "cpu_util": round(5 + busy * 0.3 + self.rng.gauss(0, 1) ** 2, 1),
+                    "mem_used_pct": 35.0,
+                },
+            )
+        )
+        return out
+
+    # ------------------------------------------------------------------ the patterns
+
+    def jitter(self, sigma: float) -> float:
+        return max(0.0, 1.0 + self.rng.gauss(0, sigma))
+
+    def _advance(self, key: tuple[str, str], rate: float, dt: float) -> int:
+        total = self._counters.get(key, 0.0) + max(rate, 0.0) * dt
+        self._counters[key] = total
+        return int(total)
+
+    def _drive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> realistic.Traffic:
+        """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north tx, north rx, read, write)
+        bytes/s."""
+        if w.pattern in _REALISTIC:
+            fabric, tx, rx, read, write = _REALISTIC[w.pattern](self, w, t, gpus)
+            if w.save_to_network:  # checkpoints to NFS / object storage leave by the front end
+                return fabric, tx + write, rx, read, 0.0
+            return fabric, tx, rx, read, write
+        for g in w.gpus:
+            gpus[g].intensity = w.power_intensity
+            gpus[g].tensor_share, gpus[g].dram_share = w.tensor_share, w.dram_share
+        if w.pattern in (Pattern.TRAINING, Pattern.FINE_TUNING):
+            fabric, north, read, write = self._training(w, t, gpus)
+            rx = 0.05 * north + w.input_bps * self.jitter(0.15)
+            if w.save_to_network:
+                return fabric, north + write, rx, read, 0.0
+            return fabric, north, rx, read, write
+        if w.pattern is Pattern.BATCH_INFERENCE:
+            fabric, north, read, write = self._inference(w, t, gpus)
+            # Offline scoring reads its input (disk, or NFS / object storage on the front end) and writes results;
+            # it answers no clients.
+            load = sum(gpus[g].util for g in w.gpus) / max(len(w.gpus), 1) / 100
+            return fabric, 0.02 * north, w.input_bps * load * self.jitter(0.15), read, write
+        if w.pattern is Pattern.INFERENCE:
+            fabric, north, read, write = self._inference(w, t, gpus)
+            return fabric, north * w.client_scale, north * w.client_scale * 0.05, read, write
+        if w.pattern is Pattern.INTERACTIVE:
+            fabric, north, read, write = self._interactive(w, t, gpus)
+            return fabric, north, north * 0.05, read, write
+        for g in w.gpus:  # idle: memory held, nothing running
+            gpus[g].util = 0.0
+            gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+
+    def episode(
+        self, w: WorkloadSpec, t: float, rate: float, seconds: tuple[float, float], key: str | None = None
+    ) -> bool:
+        """True while a random episode (a stall, a burst) of ``w`` lasts; episodes start at ``rate`` per second.
+        ``key`` keeps episodes apart within a workload (one per GPU of independent replicas)."""
+        key = key or w.id
+        until = self._episode_until.get(key, -1.0)
+        if t >= until and self.rng.random() < rate:
+            until = self._episode_until[key] = t + self.rng.uniform(*seconds)
+        return t < until
+
+    def _training(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+        """GPUs in lockstep at the job's level; gradient all-reduce over NVLink (or PCIe) and, for multi-node
+        jobs, the fabric; checkpoint write bursts every ``checkpoint_period_s``; data-loader stalls."""
+        p, rng = self.profile, self.rng
+        stalled = self.episode(w, t, w.stall_rate, w.stall_seconds)
+        common = w.level * 100 + rng.gauss(0, w.noise)
+        mem = w.mem_fraction * p.memory_mib
+        for g in w.gpus:
+            util = 3.0 if stalled else common + rng.gauss(0, w.noise * 0.6)
+            gpus[g].util = util
+            gpus[g].mem_mib = mem * (1 + rng.gauss(0, 0.002))
+            sync = util / 100 if len(w.gpus) > 1 else 0.0
+            if p.nvlink_links:
+                gpus[g].nvlink_bps = p.nvlink_gbps * GB * 0.35 * sync * self.jitter(0.1)
+                gpus[g].pcie_bps = 2 * GB * util / 100
+            else:
+                gpus[g].pcie_bps = (12 * GB * sync + 2 * GB * util / 100) * self.jitter(0.1)
+        fabric = 25 * GB * len(w.gpus) / 8 * self.jitter(0.1) if w.multi_node and not stalled else 0.0
+        write = 3 * GB * self.jitter(0.1) if (t % w.checkpoint_period_s) < w.checkpoint_seconds else 0.0
+        read = 0.0 if stalled else 0.2 * GB
+        return fabric, 0.02 * GB * len(w.gpus) / 8, read, write
+
+    def diurnal(self, w: WorkloadSpec, t: float) -> float:
+        """Load factor of online inference at second ``t``: between DIURNAL_FLOOR and 1 over a period."""
+        wave = 0.5 + 0.5 * math.sin(2 * math.pi * t / w.diurnal_period_s + w.diurnal_phase)
+        return DIURNAL_FLOOR + (1 - DIURNAL_FLOOR) * wave
+
+    def _inference(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+        """Online: bursty load on a daily cycle, north-south traffic and KV cache following it, a model-load read
+        burst at start. Batch: steady high load, no gradient traffic, no checkpoints."""
+        p, rng = self.profile, self.rng
+        online = w.pattern is Pattern.INFERENCE
+        if online:
+            load = min(1.0, w.level * self.diurnal(w, t) * math.exp(rng.gauss(0, w.burst_sigma)) / w.speed)
+        else:
+            load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
+        mem = w.mem_fraction * p.memory_mib
+        for g in w.gpus:
+            if online:
+                gpu_load = min(1.0, load * self.jitter(0.15))
+            else:  # replicas share nothing: each GPU's load wanders on its own around the job's level
+                gpu_load = min(1.0, max(0.0, w.level + rng.gauss(0, w.noise / 100 * 2)))
+            gpus[g].util = gpu_load * 100
+            gpus[g].mem_mib = mem + (0.15 * p.memory_mib * load if online else 0.0)  # KV cache follows load
+            gpus[g].pcie_bps = 0.5 * GB * gpu_load
+        north = 1.5 * GB * load * len(w.gpus)
+        read = 0.3 * GB * load  # batch: reads its input
+        if online:
+            read = 3 * GB if t < 20 else 0.0  # weights loaded from local NVMe at start
+        return 0.0, north, read, 0.0
+
+    def _interactive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+        """A notebook: idle most of the time, a cell run now and then."""
+        rng = self.rng
+        burst = self.episode(w, t, w.cell_rate, (5.0, 30.0))
+        for g in w.gpus:
+            gpus[g].util = rng.uniform(50, 95) if burst else rng.choice((0.0, 0.0, 1.0))
+            gpus[g].mem_mib = w.mem_fraction * self.profile.memory_mib
+        return 0.0, 0.01 * GB if burst else 0.0, 0.0, 0.0
+
+
+_REALISTIC = {
+    Pattern.LLM_SERVING: realistic.llm_serving,
+    Pattern.LOADER_BOUND_TRAINING: realistic.loader_bound_training,
+    Pattern.LORA_FINE_TUNING: realistic.lora_fine_tuning,
+    Pattern.EMBEDDING_BATCH: realistic.embedding_batch,
+    Pattern.OFFLINE_LLM_BATCH: realistic.offline_llm_batch,
+}
+
+
+# Simulated pods live in a namespace per team, chosen from the workload's name as a platform team would
+# name things, so that per-owner views and reports have several owners to show.
+_TEAMS = (
+    ("research", ("pretrain", "finetune", "train", "ddp", "lora", "rl")),
+    ("serving", ("serving", "chat", "-api", "rerank", "embed")),
+    ("data-science", ("notebook", "alloc", "jupyter", "explore")),
+    ("batch", ("batch", "offline", "eval", "score")),
+)
+
+
+def simulated_namespace(name: str) -> str:
+    """The Kubernetes namespace a simulated workload runs in."""
+    for team, words in _TEAMS:
+        if any(w in name for w in words):
+            return f"team-{team}"
+    return "team-platform"

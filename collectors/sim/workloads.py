@@ -1,0 +1,230 @@
+"""Production behaviours of serving engines and training jobs, for the simulator.
+
+Each model states the assumption it rests on, from how the real systems work; none is fitted to the classifier.
+
+* Continuous-batching LLM servers (vLLM, SGLang, TGI, TensorRT-LLM): the engine steps whenever any request is in
+  flight, and NVML's utilisation counts the time any kernel runs, so the GPU reads 85–99 % while requests are in
+  flight and ~0 only when none is. The KV cache is preallocated at start (vLLM's ``gpu_memory_utilization`` 0.9),
+  so memory sits near 90 % and flat whatever the load. Decode is memory-bound: tensor pipes are lightly used and
+  the board draws well under its limit. Text is small on the wire: a few KB per request. Tensor-parallel engines
+  all-reduce activations every forward pass, so their GPUs move in lockstep and NVLink bytes follow the batch.
+* Training starved by its input pipeline: every rank waits for its batch, so all GPUs drop to ~0 together and
+  compute together; a step repeats with a fixed period (seen at 1 Hz when the step is longer than ~2 s, flat at
+  the duty cycle when shorter). Input streams in over the front-end NIC from NFS or object storage.
+* Adapter (LoRA) fine-tuning: one GPU, no gradient all-reduce, saves of the adapter only (50–200 MB) at a fixed
+  cadence, dense matmuls (near the power limit while busy).
+* Batch encoding (sentence-transformers, Hugging Face pipelines, Ray Data ``map_batches`` with an encoder or a
+  classifier): one independent replica per GPU, nothing exchanged between them, so each GPU's load dips on its
+  own when its next batch is late; dense matmuls near the power limit; the caching allocator holds a fixed batch's
+  activations, so memory is flat and no optimiser state ever appears; input read steadily (object storage or NFS
+  on the front end, or a local copy), results written steadily (embeddings are about as large as the text they
+  encode; scores are bytes), never in checkpoint bursts.
+* Offline LLM generation (vLLM's ``LLM`` class or ``vllm run-batch``, SGLang's offline engine): the engine's batch
+  stays full while prompts remain, so the GPUs read 92–99 % with a preallocated KV cache (flat memory near 90 %)
+  and memory-bound decode; tensor-parallel replicas all-reduce activations as a server does, data-parallel
+  replicas run apart. A script feeding prompts in chunks lets each batch drain at the chunk's end (the long
+  generations finish last) before the next chunk starts. Prompts and generated text are KB each: little traffic,
+  no listening port.
+* A node's own traffic, whatever its GPUs do (``Background``): node_exporter, dcgm-exporter and kubelet's
+  cAdvisor scraped every 15 or 30 s, a log shipper (fluent-bit, vector, promtail) sending the node's and its
+  containers' logs, kubelet's status updates, lease renewals and watches against the API server, journald and
+  container logs flushed to disk by the file system's 5 s commit. Together 0.3–1 MB/s out, a tenth of that in.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collectors.sim.node import SimulatedNode, WorkloadSpec, _GpuState
+
+GB = 1e9
+MB = 1e6
+Traffic = tuple[float, float, float, float, float]  # fabric, north tx, north rx, disk read, disk write (bytes/s)
+
+
+def _poisson(node: SimulatedNode, mean: float) -> int:
+    """A Poisson draw (normal approximation above 30)."""
+    rng = node.rng
+    if mean > 30:
+        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
+    limit, k, p = math.exp(-mean), 0, 1.0
+    while True:
+        p *= rng.random()
+        if p <= limit:
+            return k
+        k += 1
+
+
+def llm_serving(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+    """A continuous-batching server: busy whenever a request is in flight, flat preallocated memory."""
+    p, rng = node.profile, node.rng
+    arrivals = w.rps_peak * node.diurnal(w, t)
+    in_flight = _poisson(node, arrivals * w.request_s / w.speed)  # slower GPUs hold each request longer
+    fill = min(1.0, in_flight / 64)  # share of the engine's batch slots in use
+    busy = in_flight > 0
+    level = 86 + 12 * (1 - math.exp(-in_flight / 6)) + rng.gauss(0, 1.0) if busy else rng.choice((0.0, 0.0, 1.0))
+    mem = w.mem_fraction * p.memory_mib
+    tp = len(w.gpus) > 1
+    for g in w.gpus:
+        state = gpus[g]
+        state.util = level + (rng.gauss(0, 0.5) if busy else 0.0)
+        state.mem_mib = mem
+        state.intensity = 0.35 + 0.35 * fill
+        state.tensor_share = 0.15 + 0.2 * fill
+        state.dram_share = 0.75
+        all_reduce = (0.5 + 6 * fill) * GB * node.jitter(0.1) if (busy and tp) else 0.0
+        if p.nvlink_links:
+            state.nvlink_bps = all_reduce
+            state.pcie_bps = 0.05 * GB if busy else 0.0
+        else:
+            state.pcie_bps = all_reduce * 0.5 + (0.05 * GB if busy else 0.0)
+    # Prompts in, streamed tokens out (server-sent events): tens of KB per request.
+    return 0.0, arrivals * 40e3 * node.jitter(0.2), arrivals * 12e3 * node.jitter(0.2), 0.0, 0.05 * MB
+
+
+def loader_bound_training(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+    """Ranks compute for ``duty`` of each ``step_s`` and wait for input together the rest of it."""
+    p, rng = node.profile, node.rng
+    if w.step_s < 2.0:  # several steps per NVML sample: the reading averages to the duty cycle
+        computing, level = True, w.duty * 96 + rng.gauss(0, w.noise)
+    else:
+        phase = (t % w.step_s) / w.step_s
+        computing, level = phase < w.duty, 94 + rng.gauss(0, w.noise)
+    mem = w.mem_fraction * p.memory_mib
+    share = w.duty if w.step_s < 2.0 else (1.0 if computing else 0.0)
+    for g in w.gpus:
+        state = gpus[g]
+        state.util = level + rng.gauss(0, 0.6) if computing else rng.uniform(0, 3)
+        state.mem_mib = mem * (1 + rng.gauss(0, 0.001))
+        state.intensity = w.power_intensity
+        state.tensor_share, state.dram_share = w.tensor_share, w.dram_share
+        sync = (1 + 3 * rng.random()) * GB * share if len(w.gpus) > 1 else 0.0  # all-reduce at 1-4 GB/s
+        if p.nvlink_links:
+            state.nvlink_bps, state.pcie_bps = sync, 0.3 * GB * share
+        else:
+            state.pcie_bps = sync + 0.3 * GB * share
+    fabric = 2 * GB * share * len(w.gpus) / 8 * node.jitter(0.1) if w.multi_node else 0.0
+    save = w.save_bytes or 20 * GB
+    write = min(2 * GB, save) if (t % w.checkpoint_period_s) < max(1.0, save / (2 * GB)) else 0.0
+    return fabric, 2 * MB, w.input_bps * node.jitter(0.15), 0.0, write
+
+
+def lora_fine_tuning(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+    """One GPU, steady dense compute, an adapter saved every ``checkpoint_period_s``."""
+    p, rng = node.profile, node.rng
+    stalled = node.episode(w, t, w.stall_rate, w.stall_seconds)
+    for g in w.gpus:
+        state = gpus[g]
+        state.util = rng.uniform(0, 4) if stalled else w.level * 100 + rng.gauss(0, w.noise)
+        state.mem_mib = w.mem_fraction * p.memory_mib * (1 + rng.gauss(0, 0.001))
+        state.intensity = w.power_intensity
+        state.tensor_share, state.dram_share = w.tensor_share, w.dram_share
+        state.pcie_bps = 0.2 * GB * (0 if stalled else w.level)
+    save = w.save_bytes or 120 * MB
+    write = save if (t % w.checkpoint_period_s) < 1.0 else 0.0
+    return 0.0, 0.1 * MB, 0.5 * MB, 0.0, write
+
+
+def _writeback(t: float, rate: float) -> float:
+    """Writes of ``rate`` bytes/s as the page cache flushes them: every 5 s (ext4's commit interval), five
+    seconds' worth at once."""
+    return 5 * rate if t % 5.0 < 1.0 else 0.0
+
+
+def embedding_batch(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+    """Independent replicas, one per GPU, each dipping on its own when its next batch is late."""
+    p, rng = node.profile, node.rng
+    active = 0.0
+    for g in w.gpus:
+        state = gpus[g]
+        late = node.episode(w, t, w.stall_rate, w.stall_seconds, key=f"{w.id}:{g}")
+        util = rng.uniform(5, 45) if late else w.level * 100 + rng.gauss(0, w.noise)
+        state.util = util
+        active += max(0.0, min(util, 100.0)) / 100 / len(w.gpus)
+        state.mem_mib = w.mem_fraction * p.memory_mib * (1 + rng.gauss(0, 0.0005))
+        state.intensity = w.power_intensity
+        state.tensor_share, state.dram_share = w.tensor_share, w.dram_share
+        state.pcie_bps = 0.05 * GB * util / 100  # token ids or images in, vectors out: no peer traffic
+        state.nvlink_bps = 0.0
+    intake = w.input_bps * active * node.jitter(0.15)
+    output = w.output_bps * active * node.jitter(0.15)
+    rx, read = (0.0, intake) if w.input_from_disk else (intake, 0.0)
+    if w.save_to_network:  # uploaded in parts of a few MB as they fill: steady at 1 Hz
+        return 0.0, output + 0.05 * MB, rx + 0.01 * MB, read, 0.0
+    return 0.0, 0.05 * MB, rx + 0.01 * MB, read, _writeback(t, output)
+
+
+def offline_llm_batch(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+    """Tensor-parallel groups of ``w.tp`` GPUs, each a replica working through prompts chunk by chunk."""
+    p, rng = node.profile, node.rng
+    tp = max(1, min(w.tp, len(w.gpus)))
+    chunk = w.chunk_s if w.chunk_s > 0 else math.inf  # 0: one queue of prompts, the batch always full
+    mem = w.mem_fraction * p.memory_mib
+    written = 0.0
+    for r in range(len(w.gpus) // tp):
+        group = w.gpus[r * tp : (r + 1) * tp]
+        # Replicas start apart (their chunks were of different prompts) and drain at different moments.
+        fill = 1.0
+        if chunk < math.inf:
+            phase = (t + chunk * (r * 0.37 + w.diurnal_phase / (2 * math.pi))) % chunk
+            drain = min(25.0, 0.15 * chunk)
+            if phase >= chunk - 2.0:  # results detokenised and written, the next chunk tokenised
+                fill, written = 0.0, written + 2 * MB
+            elif phase >= chunk - 2.0 - drain:
+                fill = max(0.02, (chunk - 2.0 - phase) / drain) ** 2  # the long generations finish last
+        busy = fill > 0
+        level = 86 + 12 * (1 - math.exp(-fill * 64 / 6)) + rng.gauss(0, 1.0) if busy else rng.choice((0.0, 1.0))
+        for g in group:
+            state = gpus[g]
+            state.util = level + (rng.gauss(0, 0.5) if busy else 0.0)
+            state.mem_mib = mem
+            state.intensity = 0.35 + 0.35 * fill
+            state.tensor_share = 0.15 + 0.2 * fill
+            state.dram_share = 0.75
+            all_reduce = (0.5 + 6 * fill) * GB * node.jitter(0.1) if (busy and tp > 1) else 0.0
+            if p.nvlink_links:
+                state.nvlink_bps, state.pcie_bps = all_reduce, (0.02 * GB if busy else 0.0)
+            else:
+                state.nvlink_bps, state.pcie_bps = 0.0, all_reduce * 0.5 + (0.02 * GB if busy else 0.0)
+    prompts = w.input_bps * node.jitter(0.3)  # a few KB per prompt, read as the engine takes them
+    if w.save_to_network:
+        return 0.0, written + 0.02 * MB, prompts, 0.0, 0.0
+    return 0.0, 0.02 * MB, 0.01 * MB, prompts, written
+
+
+@dataclass(frozen=True, slots=True)
+class Background:
+    """A node's own traffic (the module's last assumption); drawn per node by ``draw_background``."""
+
+    logs_bps: float  # log shipping out
+    scrape_bytes: float  # one round of metrics scrapes, gzip-compressed responses
+    scrape_s: float
+    scrape_offset: float
+    control_bps: float  # kubelet and the API server, each way
+    journal_bps: float  # logs written to local disk
+
+    def traffic(self, rng: random.Random, t: float) -> tuple[float, float, float, float]:
+        """(front-end tx, front-end rx, disk read, disk write) bytes/s at second ``t``."""
+        scrape = (t + self.scrape_offset) % self.scrape_s < 1.0
+        tx = self.logs_bps * max(0.0, rng.gauss(1, 0.3)) + self.control_bps * max(0.0, rng.gauss(1, 0.5))
+        rx = self.control_bps * 1.5 * max(0.0, rng.gauss(1, 0.5)) + 0.02 * self.logs_bps  # watches, acks
+        if scrape:
+            tx, rx = tx + self.scrape_bytes, rx + 3e3
+        return tx, rx, 5e3 * rng.random(), _writeback(t, self.journal_bps)
+
+
+def draw_background(rng: random.Random) -> Background:
+    """Per node: log volume depends on what runs and how verbose it is; exporters' payloads on the number of
+    devices and containers."""
+    return Background(
+        logs_bps=rng.uniform(0.2e6, 0.85e6),
+        scrape_bytes=rng.uniform(0.1e6, 0.6e6),
+        scrape_s=rng.choice((15.0, 30.0)),
+        scrape_offset=rng.uniform(0, 30),
+        control_bps=rng.uniform(5e3, 25e3),
+        journal_bps=rng.uniform(0.1e6, 1e6),
+    )

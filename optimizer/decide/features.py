@@ -1,0 +1,702 @@
+"""Workload features from telemetry windows: the signals the classifier and the planner reason about.
+
+A workload is what the agents attributed GPUs to; the same workload id seen on several nodes is one workload
+(multi-node training). Node-level traffic (NICs, disks) is shared among a node's workloads by how it follows
+their load, after the node's own traffic is taken off.
+
+Every node sends and writes things of its own whatever its GPUs do: metrics scraped every 15-30 s (node_exporter,
+dcgm-exporter, kubelet's cAdvisor), logs shipped (fluent-bit, vector, promtail), kubelet's status updates and
+watches, NFS keepalives, journald flushing to disk: typically 0.3-1 MB/s out and a tenth of that in, steady. Left
+in, it reads as a trickle of client traffic on every workload, so an allocation nobody uses looks like a service at
+its quietest hour. The baseline taken off is, in order of preference, the node's median in windows where none of
+its GPUs did anything (its own measurement), or the busiest of the site's nodes that run no workload (an upper
+bound of what ordinary nodes send), or, with neither, nothing (``front_baseline_bps`` is then None and traffic
+shared among workloads is the node's, not theirs alone).
+
+Utilisation and memory features are of what the workload holds: a MIG instance's utilisation is of the instance
+(GPM samples each instance on its own), and a GPU shared by several workloads (time-slicing, MPS) reads the
+same utilisation for each of them, since NVML measures the GPU, not a process. How much of a GPU a workload
+holds (``Placement.held``, from optimizer/ingest/shares.py) turns them into whole-GPU figures for the planner.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from optimizer.ingest.digest import WindowDigest
+from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.history import Digest
+from optimizer.ingest.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
+
+CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
+NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
+QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
+QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    gpu_model: str
+    gpu_memory_mib: int
+    gpus: tuple[int, ...]
+    held: float = 0.0  # GPUs' worth it holds here: MIG slices, partitions and shared GPUs count their share
+    profile: str | None = None  # the MIG profile of its one device, when it holds that instance alone
+
+
+@dataclass(slots=True)
+class WorkloadFeatures:
+    id: str
+    name: str
+    hint: str | None
+    placements: list[Placement]
+    windows: int = 0
+    mean_util: float = 0.0
+    p95_util: float = 0.0  # p95 over the horizon of the per-second load (mean across the workload's GPUs)
+    burstiness: float = 0.0  # coefficient of variation of per-second utilisation within windows
+    gpu_spread: float = 0.0  # mean spread across the workload's GPUs, relative to their level
+    zero_seconds: float = 0.0  # share of seconds at (near) 0 % utilisation
+    mem_used_mib: float = 0.0  # peak per-GPU memory in use
+    mem_fraction: float = 0.0  # of the GPU's memory
+    mem_stability: float = 0.0  # cv of memory in use across windows
+    gpu_link_bps: float = 0.0  # NVLink + PCIe bytes/s per GPU (gradient synchronisation)
+    east_west_bps: float = 0.0  # fabric NIC bytes/s per GPU of the workload
+    north_south_bps: float = 0.0  # front-end NIC bytes/s per GPU of the workload
+    checkpoint_windows: float = 0.0  # share of windows with a checkpoint-sized write burst
+    write_bursts: int = 0
+    history_hours: float = 0.0  # how far back the 10-minute digests reach
+    daily_peak_p95: float = 0.0  # the highest p95 of any 10-minute period in the last day
+    diurnal_ratio: float | None = None  # busiest / quietest 10-minute mean, given 12 h or more of digests
+    busy_cv: float = 0.0  # variation of per-second utilisation over the seconds the GPUs did anything
+    busy_level: float = 0.0  # mean utilisation over those seconds
+    busy_seconds: int = 0
+    node_front_bps: float = 0.0  # the front-end traffic of its nodes, per GPU of those nodes: what could be its
+    period_s: int | None = None  # the step period, where per-second load repeats (autocorrelation peak)
+    period_strength: float = 0.0  # that peak's autocorrelation
+    intensity: float | None = None  # board power per unit of utilisation, 0-1: dense matmuls near 1
+    tensor_share: float | None = None  # GPM tensor-pipe activity / utilisation
+    dram_share: float | None = None  # GPM DRAM bandwidth / utilisation
+    shape_tensor: float | None = None  # the same two over every window with work (>= 5 %), for the shape
+    shape_dram: float | None = None
+    ingress_bps: float = 0.0  # front-end bytes in per GPU (requests, or input from NFS / object storage)
+    egress_bps: float = 0.0  # front-end bytes out per GPU
+    disk_read_bps: float = 0.0  # node disk reads per GPU of the workload
+    program: str | None = None  # schema 2: what the command line runs
+    listen_ports: tuple[int, ...] = ()
+    inbound_connections: int | None = None  # the most seen in a window
+    inbound_peers: int | None = None
+    own_network: bool = False  # ingress/egress are the workload's own network namespace, not a share of the node
+    sched_step: str | None = None
+    held_mem_mib: float = 0.0  # peak memory it holds in all (its part of shared GPUs), across its devices
+    # The node's own front-end traffic (both directions) per GPU of the node, taken off before traffic is shared
+    # among its workloads; None where it could not be told (no quiet window, no node without workloads).
+    front_baseline_bps: float | None = None
+    baseline_from: str | None = None  # "node": its own quiet windows; "site": nodes without workloads; None
+    node_share: float = 1.0  # its share of the GPU work done on its nodes: node-level I/O is its own near 1
+    write_bps: float = 0.0  # disk writes per GPU, beyond the node's own: results written steadily
+    # Save bursts on its node while it and others computed hard and steadily, each counted 1/N among the N such jobs:
+    # one of them saved, and which one node-level disks cannot tell.
+    shared_bursts: float = 0.0
+    lockstep: float | None = None  # correlation of its GPUs' second-to-second load; None with one GPU or idle
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(p.gpus) for p in self.placements)
+
+    @property
+    def allotment(self) -> tuple[int, float, str | None]:
+        """(GPUs the planner counts, the share of each it holds, MIG profile): whole GPUs are (n, 1, None); a
+        MIG instance, a compute partition or a shared GPU is (1, share, profile)."""
+        if len(self.placements) == 1:
+            p = self.placements[0]
+            if p.profile is not None or 0 < p.held < 1 - 1e-9:
+                return 1, min(1.0, max(SHARE_FLOOR, p.held)), p.profile
+        gpus = sum(max(1, math.ceil(p.held - 1e-9)) if p.held else len(p.gpus) for p in self.placements)
+        return max(gpus, 1), 1.0, None
+
+    @property
+    def held(self) -> float:
+        """GPUs' worth it holds in all."""
+        return sum(p.held if p.held else len(p.gpus) for p in self.placements)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [p.node for p in self.placements]
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.placements) > 1
+
+
+def _mean(values: Iterable[float]) -> float:
+    items = list(values)
+    return statistics.fmean(items) if items else 0.0
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _daily(digests: list[Digest]) -> tuple[float, float, float | None]:
+    """(hours covered, daily peak p95, busiest/quietest ratio given 12 h or more)."""
+    if not digests:
+        return 0.0, 0.0, None
+    hours = (max(d.end for d in digests) - min(d.end for d in digests)) / 3600
+    ratio = None
+    if hours >= 12:
+        quiet = min(d.mean_util for d in digests)
+        ratio = max(d.mean_util for d in digests) / max(quiet, 0.5)
+    return hours, max(d.peak_p95 for d in digests), ratio
+
+
+def _p95(values: Sequence[float]) -> float:
+    return statistics.quantiles(values, n=20, method="inclusive")[-1]
+
+
+def _cv(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 1e-9 else 0.0
+
+
+@dataclass(slots=True)
+class _Acc:
+    name: str = ""
+    hint: str | None = None
+    placements: dict[str, Placement] = field(default_factory=dict)
+    util_means: list[float] = field(default_factory=list)
+    util_p95: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+    cvs: list[float] = field(default_factory=list)
+    spreads: list[float] = field(default_factory=list)
+    zeros: list[float] = field(default_factory=list)
+    mem: list[float] = field(default_factory=list)
+    links: list[float] = field(default_factory=list)
+    east: list[float] = field(default_factory=list)
+    north: list[float] = field(default_factory=list)
+    ckpt: list[float] = field(default_factory=list)
+    windows: int = 0
+    busy: list[float] = field(default_factory=list)  # per-second load while anything ran
+    centred: list[float] = field(default_factory=list)  # per-second load less its window's mean
+    intensity: list[float] = field(default_factory=list)
+    node_front: list[float] = field(default_factory=list)
+    tensor: list[float] = field(default_factory=list)
+    dram: list[float] = field(default_factory=list)
+    gpm: list[tuple[float, float]] = field(default_factory=list)  # (tensor, dram) per unit of utilisation
+    ingress: list[float] = field(default_factory=list)
+    egress: list[float] = field(default_factory=list)
+    reads: list[float] = field(default_factory=list)
+    own_net: bool = False
+    program: str | None = None
+    listen: tuple[int, ...] = ()
+    connections: int | None = None
+    peers: int | None = None
+    step: str | None = None
+    held_mem: list[float] = field(default_factory=list)
+    writes: list[float] = field(default_factory=list)
+    shared_bursts: float = 0.0
+    baseline: list[float] = field(default_factory=list)  # its nodes' own front-end traffic per GPU, where known
+    baseline_from: set[str | None] = field(default_factory=set)
+    shares: list[float] = field(default_factory=list)  # its part of its node's GPU work, per window
+    per_gpu: dict[int, list[float]] = field(default_factory=dict)  # per-second load of each GPU, on its first node
+    first_node: str | None = None
+
+
+def _profile(devices: Layout, index: int) -> str | None:
+    device = devices.devices.get(index)
+    return device.profile if device is not None else None
+
+
+def _pinned(window: WindowDigest) -> dict[str, dict[int, float | None]]:
+    """Workload → device → MiB its processes pin, as the agents report it (schema 2, ``gpu_mem_mib``)."""
+    refs = {r.id: r for r in window.workloads}
+    return {
+        v.workload: pinned(refs[v.workload].gpus, v.gpu_mem_mib)
+        for v in window.volatile
+        if v.gpu_mem_mib is not None and v.workload in refs
+    }
+
+
+def _held_memory(
+    window: WindowDigest, own: dict[int, float | None], gpus: tuple[int, ...], parts: dict[int, float]
+) -> float:
+    """Memory the workload holds on its devices this window: what its processes pin where the agent reports it
+    (NVML's per-process figure), else its part of each device's memory in use."""
+    total = 0.0
+    for g in window.gpus:
+        if g.index in gpus:
+            mine = own.get(g.index)
+            total += mine if mine is not None else (g.mem_max_mib or 0.0) * parts.get(g.index, 1.0)
+    return total
+
+
+def _fold_window(
+    acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool, node: str
+) -> None:
+    gpus = [g for g in window.gpus if g.index in gpu_ids]
+    if not gpus:
+        return
+    acc.windows += 1
+    acc.util_means.append(_mean(g.util_mean for g in gpus))
+    acc.util_p95.append(max(g.util_p95 for g in gpus))
+    acc.cvs.extend(_cv(g.series) for g in gpus if len(g.series) > 1)
+    series = [g.series for g in gpus if len(g.series)]
+    if series:
+        seconds = min(len(s) for s in series)
+        acc.first_node = acc.first_node or node
+        if node == acc.first_node and len(series) == len(gpus) > 1:
+            for g in gpus:
+                acc.per_gpu.setdefault(g.index, []).extend(g.series[:seconds])
+        levels = []
+        for i in range(seconds):
+            column = [s[i] for s in series]
+            level = statistics.fmean(column)
+            levels.append(level)
+            if len(series) > 1:
+                acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
+        acc.load.extend(levels)
+        acc.busy.extend(v for v in levels if v >= 5)
+        centre = statistics.fmean(levels) if levels else 0.0
+        acc.centred.extend(v - centre for v in levels)
+    util = _mean(g.util_mean for g in gpus)
+    if util >= 5:
+        # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
+        pairs = [(g.tensor_active, g.dram_active) for g in gpus]
+        known = [(t, d) for t, d in pairs if t is not None and d is not None]
+        if known:
+            acc.gpm.append((_mean(t for t, _ in known) / util, _mean(d for _, d in known) / util))
+    if util >= 50:
+        # Power rises from ~10 % of the limit at idle (more on small cards: an L4 idles at ~20 %) by the work's
+        # intensity per unit of utilisation; only busy windows are read, where the idle share matters least.
+        fractions = [g.power_frac for g in gpus if g.power_frac is not None]
+        if fractions:
+            acc.intensity.append(min(1.5, max(0.0, (_mean(fractions) - 0.1) / (0.9 * util / 100))))
+        tensor = [g.tensor_active for g in gpus if g.tensor_active is not None]
+        dram = [g.dram_active for g in gpus if g.dram_active is not None]
+        if tensor:
+            acc.tensor.append(_mean(tensor) / util)
+        if dram:
+            acc.dram.append(_mean(dram) / util)
+    for g in gpus:
+        acc.zeros.extend(1.0 if v < 2 else 0.0 for v in g.series)
+        if g.mem_max_mib is not None:
+            acc.mem.append(g.mem_max_mib)
+        acc.links.append(g.link_bps)
+    acc.east.append(east)
+    acc.north.append(north)
+    acc.ckpt.append(1.0 if ckpt else 0.0)
+
+
+def _window_load(window: WindowDigest, gpu_ids: Sequence[int]) -> float:
+    """GPU-percent of work a workload did in a window: its GPUs' mean utilisation summed."""
+    ids = set(gpu_ids)
+    return sum(g.util_mean for g in window.gpus if g.index in ids)
+
+
+def _trains_hard(window: WindowDigest, gpu_ids: Sequence[int]) -> bool:
+    ids = set(gpu_ids)
+    gpus = [g for g in window.gpus if g.index in ids]
+    if not gpus:
+        return False
+    mean = sum(g.util_mean for g in gpus) / len(gpus)
+    variation = sum(g.util_std / max(g.util_mean, 1.0) for g in gpus) / len(gpus)
+    return mean >= 60 and variation < 0.15
+
+
+def _servers(window: WindowDigest) -> set[str]:
+    """Workloads listening with three clients or more (schema 2): a server writes logs, not checkpoints, so a
+    continuous-batching server computing as steadily as training is no claimant to a save burst beside it."""
+    listening = {r.id for r in window.workloads if r.listen_ports}
+    return {v.workload for v in window.volatile if v.workload in listening and (v.inbound_peers or 0) >= 3}
+
+
+def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> list[float]:
+    """Non-negative least squares by coordinate descent: a ≥ 0 minimising |target - Σ a_j columns_j|²."""
+    coef = [0.0] * len(columns)
+    residual = list(target)
+    norms = [sum(v * v for v in col) for col in columns]
+    for _ in range(rounds):
+        moved = 0.0
+        for j, col in enumerate(columns):
+            if norms[j] <= 0:
+                continue
+            step = sum(c * r for c, r in zip(col, residual, strict=True)) / norms[j]
+            new = max(0.0, coef[j] + step)
+            delta = new - coef[j]
+            if delta:
+                coef[j] = new
+                residual = [r - delta * c for r, c in zip(residual, col, strict=True)]
+                moved = max(moved, abs(delta) * max(col, default=0.0))
+        if moved < 1e-6 * (max(target, default=0.0) + 1):
+            break
+    return coef
+
+
+def _steady(traffic: list[float]) -> list[float]:
+    """A node's traffic with one-off spikes (a model loaded at start-up, a checkpoint) clipped to three times its
+    median, so the regression below attributes what flows steadily, not an event, to every window."""
+    if len(traffic) < 6:
+        return traffic
+    cap = 3 * statistics.median(traffic)
+    return [min(t, cap) for t in traffic]
+
+
+def _attribute(loads: dict[str, list[float]], traffic: list[float]) -> dict[str, list[float]]:
+    """Split a node's per-window traffic among its workloads.
+
+    One workload gets it all. Several: traffic is regressed on each workload's per-window load (non-negative
+    least squares), so the workload whose activity the traffic follows gets it — a serving workload's client
+    traffic does not end up on the fine-tuning job beside it. With too few windows to regress, it is shared by
+    load.
+    """
+    ids = list(loads)
+    if len(ids) == 1:
+        return {ids[0]: list(traffic)}
+    if len(traffic) >= 6 and any(traffic):
+        coef = nnls([loads[i] for i in ids], traffic)
+        return {i: [c * x for x in loads[i]] for i, c in zip(ids, coef, strict=True)}
+    out: dict[str, list[float]] = {}
+    for w, total in enumerate(traffic):
+        whole = sum(loads[i][w] for i in ids)
+        for i in ids:
+            out.setdefault(i, []).append(total * loads[i][w] / whole if whole else total / len(ids))
+    return out
+
+
+def _bursts(peaks: list[float], floor: float = CHECKPOINT_BURST_BPS) -> list[bool]:
+    """Windows with a save burst: a busiest second well above the node's usual one.
+
+    Relative as well as absolute, because a LoRA adapter save is 50-200 MB where a full checkpoint is tens of GB,
+    and logs write a steady trickle."""
+    usual = statistics.median(peaks) if peaks else 0.0
+    return [p >= max(floor, 8 * usual) for p in peaks]
+
+
+def _save_bursts(windows: list[WindowDigest]) -> list[bool]:
+    """Saves to local disks, or to shared storage (NFS, Lustre, object storage) out of the front-end NICs."""
+    disk = _bursts([w.peak_write_bps for w in windows])
+    network = _bursts([w.north_tx_peak_bps for w in windows], floor=NETWORK_SAVE_BPS)
+    return [a or b for a, b in zip(disk, network, strict=True)]
+
+
+def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None, float]:
+    """The lag at which per-second load repeats, and how strongly: an autocorrelation peak that follows a dip.
+
+    A training step (compute, then wait for data or the all-reduce) repeats with a fixed period; a server's load
+    follows arrivals and a notebook's bursts persist, then fade: neither rises again after falling."""
+    x = np.asarray(centred[-720:], dtype=np.float64)
+    n = len(x)
+    if n < 30 or not np.isfinite(x).all():
+        return None, 0.0
+    x = x - x.mean()
+    energy = float(np.dot(x, x))
+    if energy <= 1e-9 * n:
+        return None, 0.0
+    lags = min(max_lag, n // 3)
+    r = np.array([float(np.dot(x[:-lag], x[lag:])) / energy for lag in range(1, lags + 1)])
+    # The fundamental is the first lag that rises again after a dip. One of 2 s is at the 1 Hz sampling's Nyquist
+    # limit: an alternation every second is aliasing, not a step, and so are its multiples.
+    for lag in range(2, lags + 1):
+        value = r[lag - 1]
+        if value >= 0.35 and value - float(r[: lag - 1].min()) >= 0.35:
+            return (lag, float(value)) if lag >= 3 else (None, 0.0)
+    return None, 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """A node's own traffic, bytes/s: front-end out and in, disk reads and writes; ``source`` says where it was
+    measured ("node", "site"), None where nothing is known."""
+
+    tx: float = 0.0
+    rx: float = 0.0
+    read: float = 0.0
+    write: float = 0.0
+    source: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.source is not None
+
+
+BASELINE_CAP_BPS = 5e6
+"""Most of a node's own traffic taken for background, per channel: its services send and write at most a few MB/s.
+More than that in windows without GPU work is a workload's data moving (a model download, a stalled input
+pipeline still reading), not the node's."""
+
+
+def _channels(window: WindowDigest) -> tuple[float, float, float, float]:
+    return (max(window.north_bps - window.north_rx_bps, 0.0), window.north_rx_bps, window.read_bps, window.write_bps)
+
+
+def _quiet(window: WindowDigest) -> bool:
+    """A window in which no GPU of the node did any work."""
+    return bool(window.gpus) and all((max(g.series) if len(g.series) else g.util_p95) < QUIET_UTIL for g in window.gpus)
+
+
+def _medians(windows: Sequence[WindowDigest], source: str) -> Baseline:
+    columns = list(zip(*(_channels(w) for w in windows), strict=True))
+    tx, rx, read, write = (min(BASELINE_CAP_BPS, statistics.median(c)) for c in columns)
+    return Baseline(tx, rx, read, write, source)
+
+
+def site_baseline(fleet: Fleet, site: str, horizon: int | None = None) -> Baseline | None:
+    """What the site's nodes without workloads send and write: per node its median, then the busiest of them (the
+    90th percentile from ten nodes on), an upper bound of an ordinary node's own traffic. None without such nodes."""
+    per_node = []
+    for (rec_site, _), record in fleet.nodes.items():
+        windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
+        if rec_site == site and len(windows) >= QUIET_WINDOWS and not any(w.workloads for w in windows):
+            per_node.append(_medians(windows, "site"))
+    if not per_node:
+        return None
+
+    def high(values: list[float]) -> float:
+        ordered = sorted(values)
+        return ordered[math.ceil(0.9 * len(ordered)) - 1]
+
+    return Baseline(
+        high([b.tx for b in per_node]),
+        high([b.rx for b in per_node]),
+        high([b.read for b in per_node]),
+        high([b.write for b in per_node]),
+        "site",
+    )
+
+
+def node_baseline(windows: Sequence[WindowDigest], reference: Baseline | None) -> Baseline:
+    """The node's own traffic: its medians over windows in which its GPUs did nothing, given a few of them; else
+    the site's reference; else nothing known (zero taken off)."""
+    quiet = [w for w in windows if _quiet(w)]
+    if len(quiet) >= QUIET_WINDOWS:
+        return _medians(quiet, "node")
+    return reference if reference is not None else Baseline()
+
+
+def gpu_lockstep(per_gpu: dict[int, list[float]]) -> float | None:
+    """How closely its GPUs' per-second loads move together: the mean correlation of each GPU with the mean of the
+    others. Only where the load varies by a few points or more: at a flat 99 % every GPU looks alike, and noise
+    alone says nothing."""
+    if len(per_gpu) < 2:
+        return None
+    length = min(len(v) for v in per_gpu.values())
+    if length < 30:
+        return None
+    x = np.asarray([v[:length] for v in per_gpu.values()], dtype=np.float64)
+    if not np.isfinite(x).all() or float(np.median(x.std(axis=1))) < 3.0:
+        return None
+    correlations = []
+    for i in range(len(x)):
+        others = np.delete(x, i, axis=0).mean(axis=0)
+        a, b = x[i] - x[i].mean(), others - others.mean()
+        denominator = math.sqrt(float(np.dot(a, a)) * float(np.dot(b, b)))
+        if denominator > 1e-9:
+            correlations.append(float(np.dot(a, b)) / denominator)
+    return statistics.fmean(correlations) if correlations else None
+
+
+GONE_WINDOWS = 3  # a workload its node has not reported for this many of the node's windows has left it
+# The nodes of one multi-node job report it in the same minute; a workload first seen elsewhere later than that
+# after its last window on a node moved there (a rescheduled pod waits out eviction and start-up: minutes).
+TOGETHER_SECONDS = 60.0
+
+
+def departed(fleet: Fleet, site: str) -> set[tuple[str, str]]:
+    """(workload, node) pairs of workloads that left the node: the node has gone on reporting without them for
+    ``GONE_WINDOWS`` windows (it ended, or a scheduler moved it and it came back as a new pod), or they were seen
+    elsewhere only since a minute or more after their last window there (moved under the same id). A multi-node
+    job reports from all its nodes in the same minute. What a workload did on hardware it left says nothing of
+    where it runs."""
+    spans: dict[str, dict[str, tuple[float, float]]] = defaultdict(dict)
+    gone = set()
+    for (rec_site, node), record in fleet.nodes.items():
+        if rec_site != site or not record.windows:
+            continue
+        recent = {ref.id for window in list(record.windows)[-GONE_WINDOWS:] for ref in window.workloads}
+        for window in record.windows:
+            for ref in window.workloads:
+                first, last = spans[ref.id].get(node, (window.end, window.end))
+                spans[ref.id][node] = (min(first, window.end), max(last, window.end))
+                if ref.id not in recent:
+                    gone.add((ref.id, node))
+    for wid, by_node in spans.items():
+        if len(by_node) > 1:
+            newest = max(first for first, _ in by_node.values())
+            gone |= {(wid, node) for node, (_, last) in by_node.items() if last < newest - TOGETHER_SECONDS}
+    return gone
+
+
+def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> list[WorkloadFeatures]:
+    """Features of every workload seen in ``site`` over the last ``horizon`` windows of each node."""
+    accs: dict[str, _Acc] = defaultdict(_Acc)
+    reference = site_baseline(fleet, site, horizon)
+    gone = departed(fleet, site)
+    for (rec_site, _), record in sorted(fleet.nodes.items()):
+        if rec_site != site or record.birth is None:
+            continue
+        gpu_info = {g.index: g for g in record.birth.gpus}
+        devices = layout(record.birth)
+        windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
+        refs = {ref.id: ref for window in windows for ref in window.workloads}
+        # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
+        loads = {wid: [_window_load(w, devices.effective(ref.gpus)) for w in windows] for wid, ref in refs.items()}
+        bursts = _save_bursts(windows)
+        # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
+        # checkpoints; with several such jobs it is nobody's evidence.
+        hard = [
+            [r.id for r in w.workloads if _trains_hard(w, devices.effective(r.gpus)) and r.id not in _servers(w)]
+            if b
+            else []
+            for w, b in zip(windows, bursts, strict=True)
+        ]
+        base = node_baseline(windows, reference)
+        per_node_gpu = max(len(gpu_info), 1)
+        own = [_channels(w) for w in windows]
+        channels = {
+            "east": [w.east_bps for w in windows],
+            "tx": [max(c[0] - base.tx, 0.0) for c in own],
+            "rx": [max(c[1] - base.rx, 0.0) for c in own],
+            "read": [max(c[2] - base.read, 0.0) for c in own],
+            "write": [max(c[3] - base.write, 0.0) for c in own],
+        }
+        shared = {name: _attribute(loads, _steady(values)) if refs else {} for name, values in channels.items()}
+        for i, window in enumerate(windows):
+            facts_of = {v.workload: v for v in window.volatile}
+            pinned_mib = _pinned(window)
+            tenants = tenancy(window.workloads, devices, pinned_mib)
+            for ref in window.workloads:
+                if (ref.id, record.node) in gone:
+                    continue
+                acc = accs[ref.id]
+                acc.name, acc.hint = ref.name, ref.hint
+                acc.program = ref.program or acc.program
+                acc.listen = tuple(ref.listen_ports) or acc.listen
+                acc.step = ref.sched_step or acc.step
+                held_gpus = devices.effective(ref.gpus)
+                parts = tenants.get(ref.id, {})
+                first = gpu_info.get(held_gpus[0]) if held_gpus else None
+                alone = len(held_gpus) == 1 and parts.get(held_gpus[0]) == 1.0
+                # the latest window says what it holds now: tenants come and go
+                acc.placements[record.node] = Placement(
+                    node=record.node,
+                    gpu_model=first.model if first else "unknown",
+                    gpu_memory_mib=first.memory_mib if first else 0,
+                    gpus=held_gpus,
+                    held=units(parts, devices),
+                    profile=_profile(devices, held_gpus[0]) if alone else None,
+                )
+                # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
+                # does between checkpoints; a serving workload is bursty.
+                ckpt = bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
+                if bursts[i] and len(hard[i]) > 1 and ref.id in hard[i]:
+                    accs[ref.id].shared_bursts += 1 / len(hard[i])
+                ingress = shared["rx"][ref.id][i]
+                north = shared["tx"][ref.id][i] + ingress
+                facts = facts_of.get(ref.id)
+                if facts is not None:
+                    # None: the agent did not read its sockets, which says nothing (0 says no client was connected).
+                    if facts.inbound_connections is not None:
+                        acc.connections = max(acc.connections or 0, facts.inbound_connections)
+                    if facts.inbound_peers is not None:
+                        acc.peers = max(acc.peers or 0, facts.inbound_peers)
+                    if facts.net_rx_bps is not None and facts.net_tx_bps is not None:
+                        # A pod's own network namespace: its traffic, no regression needed.
+                        acc.own_net = True
+                        ingress, north = facts.net_rx_bps, facts.net_rx_bps + facts.net_tx_bps
+                before = acc.windows
+                _fold_window(acc, window, set(held_gpus), shared["east"][ref.id][i], north, ckpt, record.node)
+                if acc.windows > before:
+                    acc.held_mem.append(_held_memory(window, pinned_mib.get(ref.id, {}), held_gpus, parts))
+                    acc.node_front.append((channels["tx"][i] + channels["rx"][i]) / per_node_gpu)
+                    acc.ingress.append(ingress)
+                    acc.egress.append(max(north - ingress, 0.0))
+                    acc.reads.append(shared["read"][ref.id][i])
+                    acc.writes.append(shared["write"][ref.id][i])
+                    acc.baseline.append((base.tx + base.rx) / per_node_gpu)
+                    acc.baseline_from.add(base.source)
+                    node_load = sum(series[i] for series in loads.values())
+                    if node_load >= 5:
+                        acc.shares.append(loads[ref.id][i] / node_load)
+    # its history where it runs now: digests it left on a node it moved away from describe other hardware
+    digests: dict[str, list[Digest]] = defaultdict(list)
+    for wid, acc in accs.items():
+        for node in acc.placements:
+            held = fleet.record(site, node)
+            if held is not None:
+                digests[wid] += held.history.of(wid)
+    out = []
+    for wid, acc in sorted(accs.items()):
+        if acc.windows == 0:
+            continue
+        hours, daily_peak, diurnal = _daily(digests[wid])
+        placements = list(acc.placements.values())
+        memory = max((p.gpu_memory_mib for p in placements), default=0)
+        mem_peak = max(acc.mem, default=0.0)
+        gpus = max(sum(len(p.gpus) for p in placements), 1)
+        per_gpu = len(placements) / gpus
+        period, strength = step_period(acc.centred)
+        out.append(
+            WorkloadFeatures(
+                id=wid,
+                name=acc.name,
+                hint=acc.hint,
+                placements=placements,
+                windows=acc.windows,
+                mean_util=_mean(acc.util_means),
+                p95_util=_p95(acc.load) if len(acc.load) >= 20 else _mean(acc.util_p95),
+                burstiness=_mean(acc.cvs),
+                gpu_spread=_mean(acc.spreads),
+                zero_seconds=_mean(acc.zeros),
+                mem_used_mib=mem_peak,
+                mem_fraction=mem_peak / memory if memory else 0.0,
+                mem_stability=_cv(acc.mem),
+                gpu_link_bps=_mean(acc.links),
+                east_west_bps=_mean(acc.east) * per_gpu,
+                north_south_bps=_mean(acc.north) * per_gpu,
+                checkpoint_windows=_mean(acc.ckpt),
+                write_bursts=int(sum(acc.ckpt)),
+                history_hours=hours,
+                daily_peak_p95=daily_peak,
+                diurnal_ratio=diurnal,
+                busy_cv=_cv(acc.busy),
+                busy_level=_mean(acc.busy),
+                busy_seconds=len(acc.busy),
+                node_front_bps=_median(acc.node_front),
+                period_s=period,
+                period_strength=strength,
+                # A few busy windows (a notebook's cell) say little about how the work uses the GPU.
+                intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
+                tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
+                dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
+                shape_tensor=statistics.median(t for t, _ in acc.gpm) if len(acc.gpm) >= 3 else None,
+                shape_dram=statistics.median(d for _, d in acc.gpm) if len(acc.gpm) >= 3 else None,
+                # Medians: what the workload does most of the time, not a model load at its start.
+                ingress_bps=_median(acc.ingress) * per_gpu,
+                egress_bps=_median(acc.egress) * per_gpu,
+                disk_read_bps=_median(acc.reads) * per_gpu,
+                program=acc.program,
+                listen_ports=acc.listen,
+                inbound_connections=acc.connections,
+                inbound_peers=acc.peers,
+                own_network=acc.own_net,
+                sched_step=acc.step,
+                held_mem_mib=max(acc.held_mem, default=0.0),
+                front_baseline_bps=None if None in acc.baseline_from else _median(acc.baseline),
+                # The least certain source of any of its nodes.
+                baseline_from=None
+                if None in acc.baseline_from
+                else ("site" if "site" in acc.baseline_from else "node"),
+                node_share=_mean(acc.shares) if acc.shares else 1.0,
+                write_bps=_median(acc.writes) * per_gpu,
+                shared_bursts=acc.shared_bursts,
+                lockstep=gpu_lockstep(acc.per_gpu),
+            )
+        )
+    return out

@@ -1,0 +1,314 @@
+"""Message bodies per platform, each fitted under its size limit by listing fewer moves and saying
+"and N more". Names from agents are escaped for each platform (:mod:`optimizer.serve.alerts.escape`).
+
+- Slack: incoming webhook with Block Kit (``blocks`` + ``text`` fallback; at most 50 blocks).
+- Mattermost: its Slack-compatible ``attachments``.
+- Microsoft Teams Workflows: an Adaptive Card in a message attachment.
+- Generic: :class:`GenericAlert`, a documented and versioned JSON schema (docs/alerts.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from optimizer.plan.render import action_text, kind_of, savings_by_kind, total_text, waits, waves_of
+from optimizer.serve.alerts import escape
+from optimizer.serve.alerts.notice import Item, Notice
+from optimizer.serve.alerts.settings import ReceiverKind, Severity
+
+Json = dict[str, Any]
+
+SLACK_MAX_BLOCKS = 50
+SLACK_MAX_ITEMS = 44  # header, summary, 44 moves, "more", resolved, footer: 49 blocks
+SECTION_CHARS = 3000  # Slack's limits on a section's text and on a field
+FIELD_CHARS = 2000
+COLOURS = {Severity.CRITICAL: "#d00000", Severity.WARNING: "#e8a200", Severity.INFO: "#439fe0"}
+RESOLVED_COLOUR = "#2eb67d"
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _when(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def _headline(item: Item, number: int, esc: Callable[[str], str] = _same) -> str:
+    """The action as every listing of a plan words it, numbered in the order to carry it out."""
+    tag = " (reminder)" if item.status == "reminder" else ""
+    return f"{number}. {esc(action_text(item.recommendation))}{tag}"
+
+
+def _facts(item: Item, numbers: dict[str, int], esc: Callable[[str], str] = _same) -> list[tuple[str, str]]:
+    r = item.recommendation
+    wave = str(r.wave or 1)
+    if waiting := waits(r, numbers):
+        wave += f", {esc(waiting)}"
+    return [
+        ("Wave", wave),
+        ("Saving", f"${r.monthly_savings_usd:,.0f}/month"),
+        ("Class", f"{r.workload_class.value}, {r.confidence:.0%} sure"),
+        ("Risk", f"{esc(r.risk)} · {item.severity.value}"),
+        ("Impact", esc(_clip(r.performance_impact or "none expected", 300))),
+    ]
+
+
+def _resolved_line(item: Item, esc: Callable[[str], str] = _same) -> str:
+    r = item.recommendation
+    how = f"applied: now on {esc(r.to_hardware)}" if item.status == "applied" else "expired: no longer proposed"
+    return f"{esc(action_text(r))}: {how}"
+
+
+def _summary(notice: Notice) -> str:
+    recs = [i.recommendation for i in notice.firing]
+    return f"{len(recs)} recommended action(s) in {waves_of(recs)} wave(s), {total_text(recs)} in all"
+
+
+def _title(notice: Notice, esc: Callable[[str], str]) -> str:
+    """The notice's title with the (agent-reported) site name escaped."""
+    return notice.title().replace(f"· {notice.site}:", f"· {esc(notice.site)}:", 1)
+
+
+def _more(n: int) -> str:
+    return f"and {n} more"
+
+
+def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    md, clip = escape.slack, escape.slack_clip
+    blocks: list[Json] = [
+        {"type": "header", "text": {"type": "plain_text", "text": _clip(notice.title(), 150)}},
+    ]
+    numbers = notice.numbers
+    if notice.firing:
+        blocks.append(
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": f"{md(_summary(notice))} (site *{md(notice.site)}*)."},
+            }
+        )
+    for item in firing:
+        r = item.recommendation
+        headline = _headline(item, numbers[item.id], md)
+        blocks.append(
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": clip(f"*{headline}*\n{md(r.reason)}", SECTION_CHARS)},
+                "fields": [
+                    {"type": "mrkdwn", "text": clip(f"*{k}*\n{v}", FIELD_CHARS)} for k, v in _facts(item, numbers, md)
+                ],
+            }
+        )
+    if resolved:
+        lines = ["*Resolved*"]
+        for i in resolved:  # as many lines as the section holds; the rest count as "more"
+            line = f"• {_resolved_line(i, md)}"
+            if len("\n".join([*lines, line])) > SECTION_CHARS:
+                break
+            lines.append(line)
+        omitted += len(resolved) - (len(lines) - 1)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
+    footer = [{"type": "mrkdwn", "text": f"fleetfit plan of {_when(notice.generated_at)}"}]
+    if omitted:
+        footer.insert(0, {"type": "mrkdwn", "text": f"*{_more(omitted)}*"})
+    if notice.link:
+        footer.append({"type": "mrkdwn", "text": escape.slack_link(notice.link, "all recommendations")})
+    blocks.append({"type": "context", "elements": footer})
+    return {"text": _title(notice, md), "blocks": blocks}
+
+
+def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    md, plain = escape.markdown, escape.plain
+    attachments: list[Json] = []
+    numbers = notice.numbers
+    for item in firing:
+        r = item.recommendation
+        attachments.append(
+            {
+                "fallback": f"{_headline(item, numbers[item.id], plain)}, ${r.monthly_savings_usd:,.0f}/month",
+                "color": COLOURS[item.severity],
+                "title": _headline(item, numbers[item.id], md),  # Mattermost renders a title's links
+                "text": md(_clip(r.reason, 2000)),
+                "fields": [{"short": k != "Impact", "title": k, "value": v} for k, v in _facts(item, numbers, md)],
+            }
+        )
+    if resolved:
+        attachments.append(
+            {
+                "fallback": f"{len(resolved)} resolved",
+                "color": RESOLVED_COLOUR,
+                "title": "Resolved",
+                "text": "\n".join(f"- {_resolved_line(i, md)}" for i in resolved),
+            }
+        )
+    text = f"**{_title(notice, md)}**"
+    if notice.firing:
+        text += f"\n{md(_summary(notice))}"
+    if omitted:
+        text += f"\n_{_more(omitted)}_"
+    if notice.link:
+        text += f"\n[all recommendations]({escape.markdown_url(notice.link)})"
+    return {"username": "fleetfit", "text": text, "attachments": attachments}
+
+
+def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    md = escape.markdown
+    body: list[Json] = [
+        {"type": "TextBlock", "text": _title(notice, md), "size": "Large", "weight": "Bolder", "wrap": True},
+        {"type": "TextBlock", "text": f"fleetfit plan of {_when(notice.generated_at)}", "isSubtle": True},
+    ]
+    if notice.firing:
+        body.append({"type": "TextBlock", "text": md(_summary(notice)), "wrap": True})
+    numbers = notice.numbers
+    for item in firing:
+        headline = _headline(item, numbers[item.id], md)
+        body.append(
+            {
+                "type": "Container",
+                "separator": True,
+                "items": [
+                    {"type": "TextBlock", "text": headline, "weight": "Bolder", "wrap": True},
+                    {"type": "TextBlock", "text": md(_clip(item.recommendation.reason, 1000)), "wrap": True},
+                    {"type": "FactSet", "facts": [{"title": k, "value": v} for k, v in _facts(item, numbers, md)]},
+                ],
+            }
+        )
+    if resolved:
+        lines = "\n".join(f"- {_resolved_line(i, md)}" for i in resolved)
+        body.append({"type": "TextBlock", "text": f"**Resolved**\n\n{lines}", "wrap": True, "separator": True})
+    if omitted:
+        body.append({"type": "TextBlock", "text": _more(omitted), "isSubtle": True})
+    card: Json = {
+        "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+        "type": "AdaptiveCard",
+        "version": "1.4",
+        "msteams": {"width": "Full"},
+        "body": body,
+    }
+    if notice.link:
+        card["actions"] = [{"type": "Action.OpenUrl", "title": "All recommendations", "url": notice.link}]
+    return {
+        "type": "message",
+        "attachments": [
+            {"contentType": "application/vnd.microsoft.card.adaptive", "contentUrl": None, "content": card}
+        ],
+    }
+
+
+class GenericMove(BaseModel):
+    id: str
+    status: Literal["new", "reminder", "applied", "expired"]
+    severity: Severity
+    workload: str
+    workload_name: str
+    workload_class: str
+    confidence: float
+    gpus: int
+    from_node: str
+    from_hardware: str
+    to_node: str
+    to_hardware: str
+    monthly_savings_usd: float
+    risk: str
+    reason: str
+    performance_impact: str
+    evidence: list[str]
+    # within version 1, only added (docs/alerts.md): the kind of action and its place in the plan's order
+    kind: str = "move"
+    wave: int | None = None
+    after: list[str] = Field(default_factory=list)
+    swap: list[str] = Field(default_factory=list)
+    gpus_after: float | None = None
+    blocked_by: list[str] = Field(default_factory=list)
+    number: int | None = Field(default=None, description="its place in the order to carry the actions out (firing)")
+    action: str = Field(default="", description="the action in words, as the console and the command line put it")
+
+
+class GenericAlert(BaseModel):
+    """The generic webhook body (``schema`` ``fleetfit.alert``, ``version`` 1)."""
+
+    schema_: Literal["fleetfit.alert"] = Field(default="fleetfit.alert", alias="schema")
+    version: Literal[1] = 1
+    site: str
+    generated_at: datetime
+    title: str
+    severity: Severity = Field(description="the highest severity among the firing moves")
+    monthly_savings_usd: float = Field(description="all firing moves together, including omitted ones")
+    savings_by_kind: dict[str, float] = Field(
+        default_factory=dict, description="the same, per kind of action (move, reclaim, right_size, consolidate)"
+    )
+    firing: list[GenericMove]
+    resolved: list[GenericMove]
+    omitted: int = Field(ge=0, description="moves left out to stay under the receiver's size limit")
+    link: str | None = None
+
+
+def _generic_move(item: Item, number: int | None = None) -> GenericMove:
+    fields = item.recommendation.model_dump(mode="json")
+    fields["kind"] = kind_of(item.recommendation)
+    return GenericMove(
+        **fields,
+        status=item.status.value,
+        severity=item.severity,
+        number=number,
+        action=action_text(item.recommendation),
+    )
+
+
+def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    alert = GenericAlert(
+        site=notice.site,
+        generated_at=datetime.fromtimestamp(notice.generated_at, UTC),
+        title=notice.title(),
+        severity=notice.severity,
+        monthly_savings_usd=round(notice.monthly_savings, 2),
+        savings_by_kind={k: round(v, 2) for k, v in savings_by_kind(i.recommendation for i in notice.firing).items()},
+        firing=[_generic_move(i, notice.numbers[i.id]) for i in firing],
+        resolved=[_generic_move(i) for i in resolved],
+        omitted=omitted,
+        link=notice.link,
+    )
+    return alert.model_dump(mode="json", by_alias=True)
+
+
+Renderer = Callable[[Notice, list[Item], list[Item], int], Json]
+RENDERERS: dict[str, Renderer] = {"slack": slack, "mattermost": mattermost, "teams": teams, "generic": generic}
+
+
+def _encode(body: Json) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def render(kind: ReceiverKind, notice: Notice, max_bytes: int) -> bytes:
+    """The body for ``kind``, listing as many moves (firing first, then resolved) as fit in ``max_bytes``."""
+    renderer = RENDERERS[kind]
+    firing, resolved = notice.firing, notice.resolved
+    cap_firing = SLACK_MAX_ITEMS if kind == "slack" else len(firing)
+
+    def build(shown: int) -> bytes:
+        f = firing[: min(shown, cap_firing)]
+        r = resolved[: max(0, shown - len(f))]
+        return _encode(renderer(notice, f, r, len(firing) + len(resolved) - len(f) - len(r)))
+
+    lo, hi = 0, len(firing) + len(resolved)
+    best = build(hi)
+    if len(best) <= max_bytes:
+        return best
+    best = build(0)
+    while lo < hi:  # the most moves that fit
+        mid = (lo + hi + 1) // 2
+        body = build(mid)
+        if len(body) <= max_bytes:
+            lo, best = mid, body
+        else:
+            hi = mid - 1
+    return best

@@ -1,0 +1,132 @@
+"""Optimizer configuration (TOML sections ``[optimizer]``, ``[mqtt]``, ``[plan]``, ``[prices]``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from agent.config import MqttSettings, Section, secret_or_file
+from agent.protocol import Ident
+from optimizer.plan.recommend import PlanSettings
+from optimizer.serve.alerts.settings import AlertSettings
+from optimizer.serve.store import StoreSettings
+
+
+class ApiSettings(BaseModel):
+    """The HTTP API and console (``[api]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = Field(default="127.0.0.1", description="address to bind; empty: no HTTP API")
+    port: int = Field(default=8470, ge=0, le=65535)
+    token: SecretStr | None = Field(default=None, description="bearer token for state changes (FLEETFIT_API_TOKEN)")
+    token_file: Path | None = Field(default=None, description="file holding the bearer token (a credential)")
+    hosts: list[str] = Field(
+        default_factory=list,
+        description="names the API is reached by, beyond its listen address, localhost and (listening on every "
+        "address) this machine's names and addresses: a request naming another Host is refused (DNS rebinding)",
+    )
+    header_timeout: float = Field(default=10.0, gt=0, le=600, description="seconds a client has to send a request")
+    request_timeout: float = Field(default=30.0, gt=0, le=600, description="seconds to read and answer one request")
+    max_connections: int = Field(default=512, ge=8, le=60_000, description="open connections at most")
+
+    @model_validator(mode="after")
+    def _token_file(self) -> ApiSettings:
+        self.token = secret_or_file(self.token, self.token_file, "token")
+        return self
+
+
+class OptimizerSettings(Section):
+    client_id: str = Field(default="fleetfit-optimizer", min_length=1, max_length=64)
+    state_dir: Path = Path("/var/lib/fleetfit-optimizer")
+    solve_interval: float = Field(default=60.0, ge=0.5, le=86_400)
+    horizon_windows: int = Field(default=60, ge=3, le=100_000)
+    catalog: Path | None = None
+    shared_group: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="subscribe as this MQTT shared-subscription group: processes in it split the stream",
+    )
+    sites: list[Ident] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="the sites this optimizer plans (it follows only their nodes); empty: every site that no "
+        "optimizer listing sites claims. Optimizers sharing a broker agree who plans what through retained "
+        "presence messages (docs/operations.md, Scaling out)",
+    )
+    standby_sites: list[Ident] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="sites this optimizer follows and plans only while no optimizer online lists them in sites",
+    )
+    max_queued_messages: int = Field(
+        default=200_000, ge=1000, description="client-side queue; size the broker's max_queued_messages too"
+    )
+    max_clock_skew: float = Field(
+        default=86_400.0, gt=0, description="seconds a window may lie behind or ahead of now (a birth: ahead)"
+    )
+    node_replay_seconds: float = Field(
+        default=86_400.0,
+        ge=60,
+        description="seconds of window time one node may deliver at once: its spool replayed after an outage, or "
+        "what the broker kept for an optimizer that was away. Windows are limited by the time they cover, never by "
+        "when they arrive (the agent's spool holds a day at its defaults)",
+    )
+    node_time_rate: float = Field(
+        default=1.25, gt=1.0, description="seconds of window time one node may deliver a second, sustained (above 1)"
+    )
+    node_refusal_burst: int = Field(
+        default=360, ge=1, description="messages of one node refused at once before its next ones are refused unread"
+    )
+    node_refusal_rate: float = Field(default=1.0, gt=0, description="refusals a second one node may earn, sustained")
+    node_birth_burst: int = Field(
+        default=30, ge=2, description="births and states one node may send at once (one of each per connection)"
+    )
+    node_birth_rate: float = Field(default=0.2, gt=0, description="births and states a second, sustained")
+    node_window_rate: float | None = Field(
+        default=None, description="no longer used: windows are limited by the time they cover (node_replay_seconds)"
+    )
+    node_window_burst: int | None = Field(default=None, description="no longer used (see node_window_rate)")
+    request_resends: bool = Field(
+        default=True,
+        description="ask a node for windows missing from its sequence (dropped by a full broker queue); needs each "
+        "node's windows to reach one optimizer (no round-robin shared subscription)",
+    )
+    max_workloads_per_node: int = Field(
+        default=32, ge=1, le=10_000, description="distinct workloads within the horizon"
+    )
+    max_gpus_per_node: int = Field(
+        default=16,
+        ge=1,
+        le=64,
+        description="physical GPUs a node's birth may claim (AMD compute partitions count as their share of one)",
+    )
+
+    @model_validator(mode="after")
+    def _sites_once(self) -> OptimizerSettings:
+        both = sorted(set(self.sites) & set(self.standby_sites))
+        if both:
+            raise ValueError(f"standby_sites: {', '.join(both)} also in sites (a standby is for others' sites)")
+        return self
+
+
+class SiteSettings(Section):
+    """One site (``[sites.NAME]``)."""
+
+    inventory: Path | None = Field(
+        default=None,
+        description="CSV (node,hardware,gpus) from the site's inventory of record: nodes are planned "
+        "from it, and a node that claims other or more GPUs is flagged",
+    )
+
+
+class OptimizerConfig(Section):
+    optimizer: OptimizerSettings = Field(default_factory=OptimizerSettings)
+    mqtt: MqttSettings = Field(default_factory=MqttSettings)
+    plan: PlanSettings = Field(default_factory=PlanSettings)
+    influxdb: StoreSettings = Field(default_factory=StoreSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
+    prices: dict[str, float] = Field(default_factory=dict, description="price per GPU-hour by catalog key")
+    sites: dict[Ident, SiteSettings] = Field(default_factory=dict, description="per-site settings, by site id")

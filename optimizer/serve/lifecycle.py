@@ -1,0 +1,301 @@
+"""The recommendation lifecycle, kept in SQLite in the optimizer's state directory.
+
+A recommendation is ``new`` when a plan first proposes it; a person ``acknowledged`` or ``dismissed`` it; it is
+``applied`` once the workload is seen on the recommended hardware; it ``expired`` when plans stop proposing it
+before that. Ids are stable across solves, so states survive re-planning and restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import partial
+from pathlib import Path
+from typing import ParamSpec, TypeVar
+
+from agent.protocol import Plan, Recommendation
+from optimizer.plan.ordering import waiting_on
+from optimizer.plan.render import order_key
+from optimizer.serve import outcomes
+from optimizer.serve.outcomes import Outcome
+
+DB_NAME = "fleetfit.db"
+
+
+class RecState(StrEnum):
+    NEW = "new"
+    ACKNOWLEDGED = "acknowledged"
+    DISMISSED = "dismissed"
+    APPLIED = "applied"
+    EXPIRED = "expired"
+
+
+OPEN = (RecState.NEW, RecState.ACKNOWLEDGED)
+UNSEEN_EXPIRY_S = 3600.0  # an open move whose workload no plan has seen or classified for this long expires
+CHANGEABLE = {RecState.ACKNOWLEDGED: OPEN, RecState.DISMISSED: OPEN, RecState.NEW: (RecState.DISMISSED,)}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS recommendations (
+    id TEXT PRIMARY KEY,
+    site TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    state TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    changed REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS recommendations_site_state ON recommendations (site, state);
+"""
+
+
+class LifecycleError(ValueError):
+    pass
+
+
+# A pod a scheduler moves is a new pod: a new uid, and for a Deployment's pods a new name suffix
+# (``<deployment>-<replica set hash>-<5 characters>``); a StatefulSet's pod keeps its name. The name without
+# those suffixes is the service a moved pod continues.
+_POD_SUFFIX = re.compile(r"-(?:[bcdfghjklmnpqrstvwxz2456789]{6,10}-)?[bcdfghjklmnpqrstvwxz2456789]{5}$")
+
+
+def service_of(name: str) -> str:
+    """The service a workload's name belongs to: a Kubernetes pod name without its generated suffixes."""
+    return _POD_SUFFIX.sub("", name)
+
+
+def _successors(plan: Plan, placements: dict[str, str], rec: Recommendation) -> list[str]:
+    """Workloads that may continue ``rec``'s on its target hardware after a scheduler moved it: other ids of the
+    same service, on the recommended hardware."""
+    if not rec.workload_name:
+        return []
+    wanted = service_of(rec.workload_name)
+    return [
+        w.id
+        for w in plan.workloads
+        if w.id != rec.workload and placements.get(w.id) == rec.to_hardware and service_of(w.name) == wanted
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Tracked:
+    recommendation: Recommendation
+    site: str
+    state: RecState
+    first_seen: float
+    last_seen: float
+    changed: float
+
+
+class Lifecycle:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        # the daemon opens it on the event loop's thread and uses it from its writer thread (Offloaded)
+        self._db = sqlite3.connect(path, timeout=10, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
+        self._db.executescript(_SCHEMA)
+        self._db.executescript(outcomes.SCHEMA)
+        self.problem: str | None = None  # why states are not kept where they belong (optimizer.serve.statedb)
+
+    @classmethod
+    def in_state_dir(cls, state_dir: Path, repair: bool = False) -> Lifecycle:
+        """The lifecycle in ``state_dir``. With ``repair`` (the daemon), a damaged or foreign file is moved aside
+        and an unwritable directory replaced, so that the daemon starts whatever it finds (``problem`` says)."""
+        if not repair:
+            return cls(state_dir / DB_NAME)
+        from optimizer.serve.statedb import open_state
+
+        opened = open_state(state_dir, DB_NAME)
+        lifecycle = cls(opened.path)
+        lifecycle.problem = opened.problem
+        return lifecycle
+
+    def close(self) -> None:
+        self._db.close()
+
+    def record(
+        self, plan: Plan, placements: dict[str, str], now: float | None = None
+    ) -> list[tuple[Recommendation, RecState]]:
+        """Fold a plan in. ``placements`` maps each workload seen and classified to the hardware it runs on now;
+        an open move of a workload missing from it stays open for ``UNSEEN_EXPIRY_S``.
+
+        Returns the open moves this plan resolved: applied (the workload is on the recommended hardware) or
+        expired (no longer proposed)."""
+        now = time.time() if now is None else now
+        resolved: list[tuple[Recommendation, RecState]] = []
+        proposed = {r.id: r for r in plan.recommendations}
+        with self._db:
+            for r in plan.recommendations:
+                self._db.execute(
+                    "INSERT INTO recommendations (id, site, workload, state, first_seen, last_seen, changed, body) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen, body = excluded.body, "
+                    "state = CASE WHEN recommendations.state IN ('expired', 'applied') THEN 'new' "
+                    "ELSE recommendations.state END",
+                    (r.id, plan.site, r.workload, RecState.NEW, now, now, now, r.model_dump_json()),
+                )
+            rows = self._db.execute(
+                "SELECT id, workload, body, last_seen FROM recommendations WHERE site = ? AND state IN (?, ?)",
+                (plan.site, *OPEN),
+            ).fetchall()
+            for rec_id, workload, body, last_seen in rows:
+                if rec_id in proposed:
+                    continue
+                rec = Recommendation.model_validate_json(body)
+                here = workload in placements
+                successors = [] if here or rec.kind == "reclaim" else _successors(plan, placements, rec)
+                if not here and not successors and now - last_seen < UNSEEN_EXPIRY_S:
+                    # Not withdrawn, only not seen (a restart, a silent node, a class not yet known): kept open.
+                    continue
+                if rec.kind == "reclaim":  # released: the workload is gone
+                    done = not here
+                else:
+                    done = bool(successors) or placements.get(workload) == rec.to_hardware
+                new_state = RecState.APPLIED if done else RecState.EXPIRED
+                self._db.execute(
+                    "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?", (new_state, now, rec_id)
+                )
+                if done and len(successors) <= 1:  # several replicas there: which one continues it is unknown
+                    follow = successors[0] if successors else None
+                    outcomes.begin(self._db, plan.site, rec, now, follow)  # its load on the new hardware
+                resolved.append((rec, new_state))
+            self._mark_waiting(plan.site)
+        return resolved
+
+    def _mark_waiting(self, site: str) -> list[str]:
+        """Mark each open recommendation of ``site`` with the dismissed ones it waits for (``blocked_by``);
+        returns the ids whose mark changed. Call inside a transaction."""
+        rows = self._db.execute(
+            "SELECT id, state, body FROM recommendations WHERE site = ? AND state IN (?, ?, ?)",
+            (site, *OPEN, RecState.DISMISSED),
+        ).fetchall()
+        recs = {rec_id: Recommendation.model_validate_json(body) for rec_id, _, body in rows}
+        dismissed = {rec_id for rec_id, state, _ in rows if state == RecState.DISMISSED}
+        marks = waiting_on({i: [*r.after, *r.swap] for i, r in recs.items()}, dismissed)
+        changed = []
+        for rec_id, state, _ in rows:
+            rec = recs[rec_id]
+            if state != RecState.DISMISSED and rec.blocked_by != marks[rec_id]:
+                body = rec.model_copy(update={"blocked_by": marks[rec_id]}).model_dump_json()
+                self._db.execute("UPDATE recommendations SET body = ? WHERE id = ?", (body, rec_id))
+                changed.append(rec_id)
+        return changed
+
+    def states(self, rec_ids: Iterable[str]) -> dict[str, RecState]:
+        """The current state of each of ``rec_ids`` that is tracked."""
+        ids = list(rec_ids)
+        out: dict[str, RecState] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            query = f"SELECT id, state FROM recommendations WHERE id IN ({', '.join('?' for _ in chunk)})"
+            out.update((rec_id, RecState(state)) for rec_id, state in self._db.execute(query, chunk))
+        return out
+
+    def set_state(self, rec_id: str, state: RecState, now: float | None = None) -> Tracked:
+        """A person's decision: acknowledge or dismiss (or reopen a dismissed one as acknowledged)."""
+        current = self.get(rec_id)
+        if current is None:
+            raise LifecycleError(f"no recommendation {rec_id}")
+        allowed = CHANGEABLE.get(state, ())
+        if current.state not in allowed and current.state != state:
+            raise LifecycleError(f"recommendation {rec_id} is {current.state}; it cannot become {state}")
+        with self._db:
+            self._db.execute(
+                "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?",
+                (state, time.time() if now is None else now, rec_id),
+            )
+            self._mark_waiting(current.site)  # what waits on a dismissed action cannot go ahead as planned
+        updated = self.get(rec_id)
+        assert updated is not None
+        return updated
+
+    def get(self, rec_id: str) -> Tracked | None:
+        rows = list(self._select("WHERE id = ?", (rec_id,)))
+        return rows[0] if rows else None
+
+    def list(self, site: str | None = None, states: Iterable[RecState] = OPEN) -> list[Tracked]:
+        """Recommendations in ``states`` (the open ones by default), per site in the order to carry them out
+        (wave by wave), biggest saving first within a wave."""
+        clauses, args = [], []
+        if site:
+            clauses.append("site = ?")
+            args.append(site)
+        wanted = list(states)
+        if wanted:
+            clauses.append(f"state IN ({', '.join('?' for _ in wanted)})")
+            args += [s.value for s in wanted]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        return sorted(self._select(where, tuple(args)), key=lambda t: (t.site, *order_key(t.recommendation)))
+
+    def of_workload(self, workload: str, site: str | None = None) -> tuple[Tracked, ...]:
+        """Every move ever proposed for ``workload`` (in ``site``, when given), in any state, newest first, with the
+        applied move that made it (a rescheduled pod continues the one a move was proposed for)."""
+        mine = "(workload = ? OR id IN (SELECT id FROM outcomes WHERE workload = ?))"
+        where, args = (
+            (f"WHERE {mine} AND site = ?", (workload, workload, site)) if site else (f"WHERE {mine}", (workload,) * 2)
+        )
+        return tuple(sorted(self._select(where, args), key=lambda t: -t.first_seen))
+
+    def outcomes(self, site: str | None = None, now: float | None = None) -> builtins.list[Outcome]:
+        """Applied actions and what was observed after them (those of the last day, if ``now`` is given)."""
+        return outcomes.following(self._db, site, now)
+
+    def outcomes_of(self, rec_ids: Iterable[str]) -> dict[str, Outcome]:
+        return outcomes.of_ids(self._db, list(rec_ids))
+
+    def save_outcomes(self, observed: builtins.list[Outcome], now: float | None = None) -> None:
+        outcomes.save(self._db, observed, time.time() if now is None else now)
+
+    def _select(self, where: str, args: tuple[object, ...]) -> Iterable[Tracked]:
+        query = f"SELECT site, state, first_seen, last_seen, changed, body FROM recommendations {where}"
+        for site, state, first, last, changed, body in self._db.execute(query, args):
+            yield Tracked(Recommendation.model_validate(json.loads(body)), site, RecState(state), first, last, changed)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Offloaded:
+    """The daemon's lifecycle, off the event loop.
+
+    SQLite blocks while another process (``fleetfit recommendations ack``, a backup) holds the write lock, for
+    up to the connection's timeout. Writes run on one thread with the daemon's connection, in order; reads run
+    on another with their own connection, which WAL lets read while a write waits. The loop itself (ingest,
+    ``/healthz``, the console) never waits on the database.
+    """
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="fleetfit-db-write")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="fleetfit-db-read")
+        self._read_db: Lifecycle | None = None  # opened and used on the reader thread only
+
+    async def write(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn`` (a method of ``self.lifecycle``) on the writer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, partial(fn, *args, **kwargs))
+
+    async def read(self, fn: Callable[[Lifecycle], T]) -> T:
+        """Run ``fn`` with the reader thread's own connection."""
+        return await asyncio.get_running_loop().run_in_executor(self._reader, self._with_reader, fn)
+
+    def _with_reader(self, fn: Callable[[Lifecycle], T]) -> T:
+        if self._read_db is None:
+            self._read_db = Lifecycle(self.lifecycle.path)
+        return fn(self._read_db)
+
+    def close(self) -> None:
+        """Finish queued work and close the reader's connection (the daemon's stays with its owner)."""
+        self._writer.shutdown(wait=True)
+        if self._read_db is not None:
+            self._reader.submit(self._read_db.close).result()
+        self._reader.shutdown(wait=True)

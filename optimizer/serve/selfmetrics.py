@@ -1,0 +1,203 @@
+"""The optimizer's self-metrics (served on ``/metrics``): ingest, planning, the store and the alert hooks."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from agent.metrics import Family, counter, gauge, labelled
+from optimizer.serve import statedb
+
+if TYPE_CHECKING:
+    from optimizer.serve.service import Optimizer
+
+
+class Lag:
+    """Seconds from a window's end to its ingest, over the latest ``size`` windows."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._seconds: deque[float] = deque(maxlen=size)
+
+    def add(self, seconds: float) -> None:
+        self._seconds.append(max(0.0, seconds))
+
+    def quantiles(self) -> dict[str, float]:
+        if not self._seconds:
+            return {}
+        ordered = sorted(self._seconds)
+        return {q: ordered[min(len(ordered) - 1, int(float(q) * len(ordered)))] for q in ("0.5", "0.95", "1")}
+
+
+def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
+    fleet, plans = optimizer.fleet, sorted(optimizer.plans.items())
+    families = [
+        labelled("fleetfit_messages_accepted_total", "counter", "Messages accepted by kind.", "kind", fleet.accepted),
+        labelled(
+            "fleetfit_messages_rejected_total", "counter", "Messages rejected by reason.", "reason", fleet.rejected
+        ),
+        gauge("fleetfit_nodes", "Nodes known.", len(fleet.nodes)),
+        labelled(
+            "fleetfit_ingest_lag_seconds",
+            "gauge",
+            "Window end to ingest, latest 4096 windows.",
+            "quantile",
+            optimizer.lag.quantiles(),
+        ),
+        gauge("fleetfit_broker_connected", "1 while subscribed to the broker.", optimizer.connected.is_set()),
+        counter("fleetfit_plans_total", "Plans made.", optimizer.plans_made),
+        labelled(
+            "fleetfit_solve_seconds",
+            "gauge",
+            "Solve time of the last plan per site.",
+            "site",
+            {s: p.solver.solve_seconds for s, p in plans},
+        ),
+        labelled(
+            "fleetfit_recommendations",
+            "gauge",
+            "Recommended moves in the last plan per site.",
+            "site",
+            {s: len(p.recommendations) for s, p in plans},
+        ),
+        labelled(
+            "fleetfit_plan_failures_total",
+            "counter",
+            "Planning rounds that failed, per site (the site keeps its previous plan).",
+            "site",
+            optimizer.plan_failures,
+        ),
+        labelled(
+            "fleetfit_site_planning_failed",
+            "gauge",
+            "1 while the last planning round of the site failed.",
+            "site",
+            {s: float(s in optimizer.failing_sites) for s in optimizer.plan_failures},
+        ),
+        Family(
+            "fleetfit_nodes_excluded",
+            "gauge",
+            "Nodes the last plan of their site left out, and why.",
+            [
+                ({"site": s, "node": n, "reason": why.split(":", 1)[0]}, 1)
+                for s, nodes in sorted(optimizer.excluded_nodes.items())
+                for n, why in sorted(nodes.items())
+            ],
+        ),
+        Family(
+            "fleetfit_gpu_shares_estimated",
+            "gauge",
+            "GPU devices of each node whose share of a GPU the last plan estimated (mig_profile, partition_unknown).",
+            [
+                ({"site": s, "node": n, "reason": r}, v)
+                for s, counts in sorted(optimizer.share_estimates.items())
+                for (n, r), v in sorted(counts.items())
+            ],
+        ),
+        Family(
+            "fleetfit_node_rejections_total",
+            "counter",
+            "Messages and workload references rejected per node, by reason.",
+            [({"site": s, "node": n, "reason": r}, v) for (s, n, r), v in sorted(fleet.node_rejections.items())],
+        ),
+        labelled(
+            "fleetfit_workload_refs_dropped_total",
+            "counter",
+            "Workload references dropped from accepted windows, by reason.",
+            "reason",
+            fleet.dropped_refs,
+        ),
+        Family(
+            "fleetfit_fields_dropped_total",
+            "counter",
+            "Text fields left out of accepted windows (a control character, not what the schema allows), by field.",
+            [({"field": f, "reason": r}, v) for (f, r), v in sorted(fleet.dropped_fields.items())],
+        ),
+        gauge(
+            "fleetfit_windows_awaited",
+            "Windows missing from nodes' sequences, asked for again.",
+            sum(len(m) for r in list(fleet.nodes.values()) for m in r.missing.values()),
+        ),
+        counter(
+            "fleetfit_windows_refilled_total",
+            "Missing windows that arrived after all (sent again on request).",
+            sum(r.refilled for r in list(fleet.nodes.values())),
+        ),
+        Family(
+            "fleetfit_windows_lost_total",
+            "counter",
+            "Windows missing from a node's sequence that it could not send again within an hour (given up).",
+            [({"site": s, "node": n}, r.lost) for (s, n), r in sorted(fleet.nodes.items()) if r.lost],
+        ),
+        counter("fleetfit_resend_requests_total", "Requests to nodes for missing windows.", optimizer.resend_requests),
+        Family(
+            "fleetfit_inventory_mismatch",
+            "gauge",
+            "Nodes whose birth differs from their site's inventory of record (planned from the inventory).",
+            [({"site": s, "node": n}, 1) for (s, n) in sorted(fleet.inventory_flags)],
+        ),
+        Family(
+            "fleetfit_state_problems_total",
+            "counter",
+            "State file problems: damaged, foreign or read_only at start (moved aside or replaced), write_failed.",
+            [
+                ({"reason": r}, v)
+                for r, v in sorted({**statedb.problems, "write_failed": optimizer.state_write_failures}.items())
+                if v
+            ],
+        ),
+        gauge(
+            "fleetfit_state_degraded",
+            "1 while states and the alert log are not kept as they should be.",
+            optimizer.state_problem() is not None,
+        ),
+        counter(
+            "fleetfit_internal_errors_total", "Messages whose handling failed unexpectedly.", optimizer.internal_errors
+        ),
+        labelled(
+            "fleetfit_monthly_savings_usd",
+            "gauge",
+            "US$ a month the last plan per site would save.",
+            "site",
+            {s: p.monthly_savings_usd for s, p in plans},
+        ),
+    ]
+    if optimizer.store is not None:
+        store = optimizer.store
+        families += [
+            counter("fleetfit_store_points_written_total", "Points the time-series store accepted.", store.written),
+            counter("fleetfit_store_values_written_total", "Field values in those points.", store.values_written),
+            counter("fleetfit_store_points_dropped_total", "Points dropped from a full buffer.", store.dropped),
+            counter("fleetfit_store_write_failures_total", "Failed write attempts.", store.failures),
+            counter(
+                "fleetfit_store_points_rejected_total",
+                "Points the store refused as bad (HTTP 4xx), dropped.",
+                store.rejected,
+            ),
+            gauge("fleetfit_store_buffered_points", "Points waiting for the store.", len(store)),
+        ]
+    if optimizer.alerter is not None:
+        hooks = sorted(optimizer.alerter.webhooks.values(), key=lambda w: w.name)
+        families += [
+            labelled(
+                "fleetfit_alerts_sent_total",
+                "counter",
+                "Alert messages a receiver accepted.",
+                "receiver",
+                {w.name: w.sent for w in hooks},
+            ),
+            Family(
+                "fleetfit_alerts_failed_total",
+                "counter",
+                "Alert messages given up, by receiver and reason.",
+                [({"receiver": w.name, "reason": r}, n) for w in hooks for r, n in sorted(w.failed.items())],
+            ),
+            labelled(
+                "fleetfit_alert_retries_total",
+                "counter",
+                "Alert delivery retries.",
+                "receiver",
+                {w.name: w.retries for w in hooks},
+            ),
+            gauge("fleetfit_alerts_pending", "Moves gathering for the next alert message.", optimizer.alerter.pending),
+        ]
+    return families

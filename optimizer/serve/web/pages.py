@@ -1,0 +1,631 @@
+"""The console: pages a capacity team reads every day, rendered on the server.
+
+Every page is plain HTML with inline SVG charts, one stylesheet and one small script (for the
+acknowledge / dismiss / reopen buttons), all served from here: nothing is fetched from elsewhere. Filters are
+ordinary GET forms, so every page works from the keyboard and can be bookmarked. Agent-supplied text (workload
+and owner names) is escaped everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import sqlite3
+import time
+from collections.abc import Iterable
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from agent.protocol import Plan, Recommendation, WorkloadClass, WorkloadView
+from optimizer.plan.render import (
+    KINDS,
+    action_text,
+    change,
+    kind_of,
+    kind_word,
+    numbered,
+    order_key,
+    projected_load,
+    total_text,
+    waits,
+    waves_of,
+)
+from optimizer.serve.lifecycle import OPEN, Lifecycle, RecState, Tracked
+from optimizer.serve.outcomes import Outcome
+from optimizer.serve.report import UNATTRIBUTED, By, live_showback, owners_of, site_owners
+from optimizer.serve.service import Optimizer
+from optimizer.serve.web.charts import bar_chart, line_chart
+from optimizer.serve.web.views import Overview, Trend, overview, unblock
+
+MAX_ROWS = 200  # rows per table; the JSON API has the rest
+NAV = (("/", "Overview"), ("/recommendations", "Recommendations"), ("/findings", "Findings"), ("/owners", "Owners"))
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def money(value: float, digits: int = 0) -> str:
+    return f"${value:,.{digits}f}"
+
+
+def layout(title: str, path: str, body: str) -> str:
+    nav = "".join(
+        f'<a href="{href}"{" aria-current=page" if href == path else ""}>{esc(label)}</a>' for href, label in NAV
+    )
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)} · fleetfit</title>"
+        '<link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
+        '</head><body><a class="skip" href="#main">Skip to content</a>'
+        f'<header><span class="brand">fleetfit</span><nav aria-label="Console">{nav}</nav></header>'
+        f'<main id="main"><h1>{esc(title)}</h1>{body}</main></body></html>\n'
+    )
+
+
+def table(
+    caption: str, headers: Iterable[str], rows: list[list[str]], table_id: str, numeric: Iterable[int] = ()
+) -> str:
+    """A table of pre-escaped cells; ``numeric`` columns are right-aligned."""
+    right = set(numeric)
+    head = "".join(f'<th scope="col"{" class=num" if i in right else ""}>{esc(h)}</th>' for i, h in enumerate(headers))
+    shown = rows[:MAX_ROWS]
+    body = "".join(
+        "<tr>" + "".join(f"<td{' class=num' if i in right else ''}>{c}</td>" for i, c in enumerate(r)) + "</tr>"
+        for r in shown
+    )
+    more = f'<p class="note">{len(rows) - len(shown)} more not shown.</p>' if len(rows) > len(shown) else ""
+    return (
+        f'<table id="{table_id}"><caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table>{more}"
+    )
+
+
+def _observed(outcome: Outcome | None, projected: str) -> str:
+    """What was seen after an action was applied; an action with a projection that is not applied yet says so."""
+    if outcome is not None:
+        return outcome.describe()
+    return "not applied yet" if projected else ""
+
+
+def workload_link(workload: str, name: str, site: str | None = None) -> str:
+    """A link to a workload's page; ids are a site's own, so the link names the site."""
+    query = {"id": workload} | ({"site": site} if site else {})
+    return f'<a href="/workload?{urlencode(query)}">{esc(name or workload)}</a>'
+
+
+def cards(items: list[tuple[str, str, str]]) -> str:
+    return (
+        '<section class="cards" aria-label="Summary">'
+        + "".join(
+            f'<div class="card" id="{i}"><span class="label">{esc(k)}</span><span class="value">{v}</span></div>'
+            for i, k, v in items
+        )
+        + "</section>"
+    )
+
+
+class Console:
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
+        self._overview: tuple[tuple[int, int], Overview] | None = None
+        self._refresh: asyncio.Future[Overview] | None = None
+        self._trend = Trend()  # updated by one refresh at a time
+
+    def _plans(self) -> list[Plan]:
+        return [self.optimizer.plans[s] for s in sorted(self.optimizer.plans)]
+
+    async def _tracked(self, states: list[RecState]) -> list[Tracked] | None:
+        """The lifecycle's recommendations in ``states``, or None when the optimizer keeps no state."""
+        tracker = self.optimizer.tracker
+        if tracker is None:
+            return None
+
+        def query(db: Lifecycle) -> list[Tracked]:
+            return db.list(None, states)
+
+        try:
+            return await tracker.read(query)
+        except sqlite3.Error as exc:
+            raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
+
+    async def _open_ids(self) -> set[str]:
+        tracked = await self._tracked(list(OPEN))
+        if tracked is None:
+            return {r.id for p in self._plans() for r in p.recommendations}
+        return {t.recommendation.id for t in tracked}
+
+    def _page(self, title: str, path: str, body: str) -> web.Response:
+        return web.Response(text=layout(title, path, body), content_type="text/html", charset="utf-8")
+
+    # ------------------------------------------------------------------ overview
+
+    def warm(self) -> None:
+        """Start computing the overview now, so that the first visitor does not wait for it."""
+        self._refreshed()
+
+    def _refreshed(self) -> tuple[int, int]:
+        key = (self.optimizer.plans_made, len(self.optimizer.fleet.nodes))
+        fresh = self._overview is not None and self._overview[0] == key
+        if not fresh and (self._refresh is None or self._refresh.done()):
+            loop = asyncio.get_running_loop()
+            refresh = loop.run_in_executor(
+                None, overview, self.optimizer.fleet, self._plans(), self.optimizer.catalog, self._trend
+            )
+
+            def keep(done: asyncio.Future[Overview]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self._overview = (key, done.result())
+
+            refresh.add_done_callback(keep)
+            self._refresh = refresh
+        return key
+
+    async def _current_overview(self) -> Overview:
+        """Recomputed once per plan, off the loop (the first time, the trend walks every workload's day of
+        digests: most of a second at 5,000 workloads). Until the new one is ready the previous plan's is shown,
+        but never one made before the first plan (no nodes, no GPUs, nothing wasted) beside a plan's savings."""
+        while True:
+            key = self._refreshed()
+            kept = self._overview
+            if kept is not None and (kept[0] == key or kept[0][0] > 0 or key[0] == 0):
+                return kept[1]
+            assert self._refresh is not None
+            await asyncio.shield(self._refresh)  # then kept, by its done callback, before this resumes
+
+    async def overview(self, request: web.Request) -> web.Response:
+        plans = self._plans()
+        view = await self._current_overview()
+        open_ids = await self._open_ids()
+        savings = sum(r.monthly_savings_usd for p in plans for r in p.recommendations if r.id in open_ids)
+        moves = sum(1 for p in plans for r in p.recommendations if r.id in open_ids)
+        waste = sum(view.waste_by_kind.values())
+        findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
+        body = [
+            cards(
+                [
+                    ("card-nodes", "Nodes", f"{view.nodes:,}"),
+                    ("card-gpus", "GPUs", f"{view.gpus:,}"),
+                    ("card-workloads", "Workloads", f"{view.workloads:,}"),
+                    ("card-waste", "Wasted now", f"{money(waste, 2)}/hour"),
+                    ("card-savings", "Open savings", f'<a href="/recommendations">{money(savings)}/month</a>'),
+                    ("card-moves", "Open moves", f"{moves}"),
+                ]
+            )
+        ]
+        ownership = self.optimizer.ownership
+        if ownership.scoped:  # one of several optimizers sharing the broker: say which sites this one plans
+            owned = ", ".join(ownership.planning) or "none"
+            standby = ", ".join(ownership.standby) or "none"
+            body.append(
+                f'<p id="sites">Optimizer {esc(ownership.name)} plans {esc(owned)} '
+                f"(its sites: {esc(', '.join(ownership.sites) or 'none')}; standing by for: {esc(standby)}).</p>"
+            )
+        if not plans:
+            body.append('<p class="empty">No plan yet: the first comes one solve interval after telemetry arrives.</p>')
+        if findings:
+            top = "".join(
+                f"<li>{workload_link(f.workload, f.workload_name, site)} on {esc(', '.join(f.nodes))} "
+                f"[{esc(f.hardware)}]: {esc(f.kind.value.replace('_', ' '))}, {money(f.wasted_usd_per_hour, 2)}/hour"
+                f" — {esc(f.detail)}</li>"
+                for site, f in findings[:5]
+            )
+            body.append(
+                f'<section><h2>Biggest problems</h2><ol id="problems">{top}</ol>'
+                '<p><a href="/findings">All findings and blocked moves</a></p></section>'
+            )
+        hw_rows = [
+            [esc(h.name), f"{h.nodes:,}", f"{h.gpus:,}", f"{h.in_use:,}", money(h.price, 2), money(h.price * h.gpus, 0)]
+            for h in view.hardware
+        ]
+        cls_rows = [[esc(c.name), f"{c.workloads:,}", f"{c.gpus:,}", f"{c.mean_util:.0f} %"] for c in view.classes]
+        body.append('<div class="grid"><section><h2>GPUs by hardware</h2>')
+        body.append(
+            table(
+                "GPUs by hardware",
+                ["hardware", "nodes", "GPUs", "in use", "$/GPU-hour", "$/hour"],
+                hw_rows,
+                "by-hardware",
+                numeric=(1, 2, 3, 4, 5),
+            )
+        )
+        body.append("</section><section><h2>GPUs by class</h2>")
+        body.append(
+            table(
+                "GPUs and utilisation by workload class",
+                ["class", "workloads", "GPUs", "mean utilisation"],
+                cls_rows,
+                "by-class",
+                numeric=(1, 2, 3),
+            )
+        )
+        body.append("</section></div><section><h2>Wasted per hour, by finding kind</h2>")
+        body.append(
+            bar_chart(
+                "US$ wasted per hour by finding kind",
+                [(k.replace("_", " "), v) for k, v in view.waste_by_kind.items()],
+                "${:,.2f}/h",
+            )
+        )
+        body.append("</section><section><h2>Utilisation over the last day, by class</h2>")
+        body.append(line_chart("Mean GPU utilisation by class, 10-minute digests", list(view.trend.items()), " %", 100))
+        body.append("</section>")
+        return self._page("Fleet overview", "/", "".join(body))
+
+    # ------------------------------------------------------------------ recommendations
+
+    async def recommendations(self, request: web.Request) -> web.Response:
+        q = request.query
+        want_site, want_class, want_kind = q.get("site", ""), q.get("class", ""), q.get("action", "")
+        want_state = q.get("state", "open")
+        plans = self._plans()
+        # each site's plan numbers its actions in the order to carry them out; `after` refers to those numbers
+        numbers = {p.site: numbered(p.recommendations) for p in plans}
+        states = [s.value for s in RecState]
+        if want_state == "open":
+            wanted_states = {s.value for s in OPEN}
+        elif want_state in states:
+            wanted_states = {want_state}
+        else:
+            wanted_states = set(states)
+        tracked = await self._tracked([RecState(s) for s in wanted_states])
+        rows_src: list[tuple[str, Recommendation, str]]
+        if tracked is None:
+            rows_src = [(p.site, r, RecState.NEW.value) for p in plans for r in p.recommendations]
+        else:
+            rows_src = [(t.site, t.recommendation, t.state.value) for t in tracked]
+        sites = sorted({s for s, _, _ in rows_src} | {p.site for p in plans})
+        selected = [
+            (site, r, state)
+            for site, r, state in rows_src
+            if state in wanted_states
+            and (not want_site or site == want_site)
+            and (not want_class or r.workload_class.value == want_class)
+            and (not want_kind or kind_of(r) == want_kind)
+        ]
+        # execution order: the plan's order per site; actions no longer planned after them, in their own order
+        unplanned = 10**6
+        selected.sort(key=lambda x: (x[0], numbers.get(x[0], {}).get(x[1].id, unplanned), order_key(x[1])))
+        owners = site_owners(self.optimizer.fleet)
+        rows = []
+        for n, (site, r, state) in enumerate(selected, 1):
+            number = numbers.get(site, {})
+            rows.append(
+                [
+                    str(number[r.id]) if r.id in number else "–",
+                    str(r.wave) if r.id in number and r.wave is not None else "–",
+                    esc(waits(r, number)) if r.id in number else "",
+                    esc(site),
+                    f"{esc(kind_word(r.kind))} {workload_link(r.workload, r.workload_name, site)}: {esc(change(r))}",
+                    esc(owners.get((site, r.workload), UNATTRIBUTED)),
+                    esc(r.workload_class.value),
+                    money(r.monthly_savings_usd),
+                    esc(r.risk),
+                    f'<span class="state" data-state="{esc(state)}">{esc(state)}</span>',
+                    _buttons(r, state, n),
+                ]
+            )
+        recs = [r for _, r, _ in selected]
+        body = [
+            _filters(sites, want_site, want_class, want_kind, want_state),
+            _token_box(),
+            f'<p id="summary">{len(selected)} action(s) shown, in {waves_of(recs)} wave(s), '
+            f"{esc(total_text(recs, money))} in all. The actions of a wave can be carried out in parallel; one that "
+            "names another (after #2) waits for it. Acknowledge an action you will carry out, dismiss one you will "
+            "not; the state lasts across plans.</p>",
+            '<p id="status" role="status" aria-live="polite"></p>',
+            table(
+                "Recommended actions in the order to carry them out",
+                ["#", "wave", "after", "site", "action", "owner", "class", "saving/month", "risk", "state", "decide"],
+                rows,
+                "recommendations",
+                numeric=(0, 1, 7),
+            ),
+        ]
+        details = "".join(
+            f"<li><strong>{esc(action_text(r))}</strong>: {esc(r.reason)}. Impact: {esc(r.performance_impact)}.</li>"
+            for _, r, _ in selected[:MAX_ROWS]
+        )
+        if details:
+            body.append(f"<section><h2>Why</h2><ul>{details}</ul></section>")
+        return self._page("Recommendations", "/recommendations", "".join(body))
+
+    # ------------------------------------------------------------------ findings
+
+    async def findings(self, request: web.Request) -> web.Response:
+        plans = self._plans()
+        owners = site_owners(self.optimizer.fleet)
+        findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
+        f_rows = [
+            [
+                esc(site),
+                workload_link(f.workload, f.workload_name, site),
+                esc(owners.get((site, f.workload), UNATTRIBUTED)),
+                esc(f.kind.value.replace("_", " ")),
+                f"{esc(', '.join(f.nodes))} <small>[{esc(f.hardware)}]</small>",
+                money(f.wasted_usd_per_hour, 2),
+                f"{f.confidence:.2f}",
+                esc(f.detail),
+            ]
+            for site, f in findings
+        ]
+        blocked = sorted(((p.site, b) for p in plans for b in p.blocked), key=lambda x: -x[1].monthly_savings_usd)
+        b_rows = [
+            [
+                esc(site),
+                workload_link(b.workload, b.workload_name, site),
+                f"{esc(b.node)} <small>[{esc(b.hardware)}]</small>",
+                esc(b.reason),
+                esc(unblock(b.reason)),
+                money(b.monthly_savings_usd),
+            ]
+            for site, b in blocked
+        ]
+        waste = sum(f.wasted_usd_per_hour for _, f in findings)
+        body = (
+            f'<p id="summary">{len(findings)} finding(s) wasting {money(waste, 2)}/hour; '
+            f"{len(blocked)} misplacement(s) the plan does not move.</p>"
+            + "<section><h2>Findings</h2>"
+            + table(
+                "Misplacements, most wasteful first",
+                ["site", "workload", "owner", "kind", "where", "wasted/hour", "confidence", "detail"],
+                f_rows,
+                "findings",
+                numeric=(5, 6),
+            )
+            + "</section><section><h2>Blocked moves</h2>"
+            + table(
+                "Misplacements not moved, and what would unblock them",
+                ["site", "workload", "where", "why not moved", "what would unblock it", "would save/month"],
+                b_rows,
+                "blocked",
+                numeric=(5,),
+            )
+            + "</section>"
+        )
+        return self._page("Findings and blocked moves", "/findings", body)
+
+    # ------------------------------------------------------------------ workload detail
+
+    async def workload(self, request: web.Request) -> web.Response:
+        found = self._find_workload(request)
+        if len(found) > 1:
+            return self._page("Workloads of that name", "", _choices(found))
+        plan, w = found[0]
+        wid = w.id
+        owners = owners_of(self.optimizer.fleet, plan.site)
+        history = []
+        for node in w.nodes:
+            record = self.optimizer.fleet.record(plan.site, node)
+            if record is not None:
+                history += [(node, d) for d in record.history.of(w.id)]
+        util = [
+            (f"mean utilisation ({node})", [(d.end, d.mean_util) for n, d in history if n == node]) for node in w.nodes
+        ]
+        peak = [(f"p95 peak ({node})", [(d.end, d.peak_p95) for n, d in history if n == node]) for node in w.nodes]
+        memory = [
+            (f"memory per GPU, GiB ({node})", [(d.end, d.mem_max_mib / 1024) for n, d in history if n == node])
+            for node in w.nodes
+        ]
+        tracker = self.optimizer.tracker
+        mine: tuple[Tracked, ...] = ()
+        if tracker is not None:
+
+            def query(db: Lifecycle) -> tuple[tuple[Tracked, ...], dict[str, Outcome]]:
+                rows = db.of_workload(wid, plan.site)
+                return rows, db.outcomes_of(t.recommendation.id for t in rows)
+
+            try:
+                mine, outcomes = await tracker.read(query)
+            except sqlite3.Error as exc:
+                raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
+        rec_rows = [
+            [
+                esc(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.first_seen))),
+                esc(time.strftime("%Y-%m-%d %H:%M", time.gmtime(t.changed))),
+                esc(action_text(t.recommendation)),
+                money(t.recommendation.monthly_savings_usd),
+                f'<span class="state" data-state="{esc(t.state.value)}">{esc(t.state.value)}</span>',
+                esc(projected_load(t.recommendation)),
+                esc(_observed(outcomes.get(t.recommendation.id), projected_load(t.recommendation))),
+            ]
+            for t in mine
+        ]
+        if tracker is None:
+            rec_rows = [
+                [
+                    "now",
+                    "now",
+                    esc(action_text(r)),
+                    money(r.monthly_savings_usd),
+                    "new",
+                    esc(projected_load(r)),
+                    "",
+                ]
+                for r in plan.recommendations
+                if r.workload == wid
+            ]
+        findings = [f for f in plan.findings if f.workload == wid]
+        blocked = [b for b in plan.blocked if b.workload == wid]
+        facts = [
+            ("Site", esc(plan.site)),
+            ("Class", f'<span id="class">{esc(w.workload_class.value)}</span> (confidence {w.confidence:.2f})'),
+            ("Owner", esc(owners.get(w.id, UNATTRIBUTED))),
+            ("Hardware", f"{w.gpus} × {esc(w.hardware)} on {esc(', '.join(w.nodes))}"),
+            ("Mean utilisation", f"{w.mean_util:.0f} %"),
+            ("Id", f"<code>{esc(w.id)}</code>"),
+            ("This page", f'<code id="address">/workload?{esc(urlencode({"site": plan.site, "name": w.name}))}</code>'),
+        ]
+        body = [
+            "<dl class=facts>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>",
+            "<section><h2>Evidence</h2><ul id=evidence>"
+            + "".join(f"<li>{esc(e)}</li>" for e in w.evidence)
+            + "</ul></section>",
+        ]
+        for f in findings:
+            body.append(
+                f'<p class="finding">Finding: {esc(f.kind.value.replace("_", " "))}, '
+                f"{money(f.wasted_usd_per_hour, 2)}/hour — {esc(f.detail)}</p>"
+            )
+        for b in blocked:
+            body.append(f'<p class="finding">Not moved: {esc(b.reason)}; {esc(unblock(b.reason))}.</p>')
+        body.append("<section><h2>The last day</h2>")
+        body.append(line_chart("GPU utilisation, 10-minute digests", util + peak, " %", 100))
+        body.append(line_chart("GPU memory held per GPU", memory, " GiB"))
+        body.append("</section><section><h2>Recommendation history</h2>")
+        body.append(
+            table(
+                "Actions proposed for this workload",
+                ["first proposed", "last change", "action", "saving/month", "state", "projected load", "observed load"],
+                rec_rows,
+                "history",
+                numeric=(3,),
+            )
+        )
+        body.append("</section>")
+        return self._page(w.name or w.id, "", "".join(body))
+
+    def _find_workload(self, request: web.Request) -> list[tuple[Plan, WorkloadView]]:
+        """The workloads ``/workload`` names: by ``id`` (as links and the API give it) or by ``name`` (what people
+        call it; an ``id`` that is no workload's is tried as a name too), in ``site`` when given. HTTP 404 with
+        how to ask when none is."""
+        q = request.query
+        wid, name, site = q.get("id", ""), q.get("name", ""), q.get("site", "")
+        plans = [p for p in self._plans() if not site or p.site == site]
+        found = [(p, w) for p in plans for w in p.workloads if w.id == wid] if wid else []
+        if not found and (name or wid):
+            found = [(p, w) for p in plans for w in p.workloads if w.name == (name or wid)]
+        if found:
+            return found
+        asked = ", ".join(f"{k} {esc(v[:200])}" for k, v in (("site", site), ("id", wid), ("name", name)) if v)
+        raise web.HTTPNotFound(
+            text=layout(
+                "Workload not found",
+                "",
+                f"<p>No workload with {asked or 'no id or name'} in the current plans. A workload's page is "
+                "<code>/workload?site=SITE&amp;name=NAME</code> (its name, as the plans show it) or "
+                "<code>/workload?site=SITE&amp;id=ID</code> (its id, as <code>/api/v1/workloads</code> lists it).</p>",
+            ),
+            content_type="text/html",
+        )
+
+    # ------------------------------------------------------------------ owners
+
+    async def owners(self, request: web.Request) -> web.Response:
+        by_raw = request.query.get("by", "owner")
+        by: By = by_raw if by_raw in ("owner", "site", "hardware") else "owner"  # type: ignore[assignment]
+        rows = live_showback(
+            self._plans(), site_owners(self.optimizer.fleet), self.optimizer.catalog, await self._open_ids(), by
+        )
+        classes = [c.value for c in WorkloadClass if any(r.gpus.get(c.value) for r in rows)]  # those in use
+        kinds = sorted({k for r in rows for k in r.wasted_usd})
+        cells = [
+            [
+                esc(r.key),
+                f"{r.workloads:,}",
+                *(f"{r.gpus.get(c, 0):,.0f}" for c in classes),
+                money(r.held_usd, 2),
+                money(r.wasted_total, 2),
+                esc(
+                    ", ".join(f"{k.replace('_', ' ')} {money(r.wasted_usd[k], 2)}" for k in kinds if k in r.wasted_usd)
+                ),
+                money(r.open_savings_usd_month),
+            ]
+            for r in rows
+        ]
+        choices = "".join(
+            f'<option value="{b}"{" selected" if b == by else ""}>{b}</option>' for b in ("owner", "site", "hardware")
+        )
+        body = (
+            '<form class="filters" method="get" action="/owners"><label>Group by '
+            f'<select name="by">{choices}</select></label><button type="submit">Show</button></form>'
+            "<p>Now, from the current plans: GPUs held by class, what they cost and waste per hour, and the open "
+            "savings. <code>fleetfit report</code> sums the same figures over time.</p>"
+            + table(
+                f"GPU use and waste per {by}",
+                [
+                    by,
+                    "workloads",
+                    *(f"{c.replace('_', ' ')} GPUs" for c in classes),
+                    "$ held/hour",
+                    "$ wasted/hour",
+                    "wasted by kind",
+                    "open savings/month",
+                ],
+                cells,
+                "owners",
+                numeric=(*tuple(range(1, len(classes) + 4)), len(classes) + 5),
+            )
+            + "<div class=grid><section><h2>Held per hour</h2>"
+            + bar_chart(f"US$ held per hour per {by}", [(r.key, r.held_usd) for r in rows[:20]], "${:,.2f}/h", 520)
+            + "</section><section><h2>Wasted per hour</h2>"
+            + bar_chart(
+                f"US$ wasted per hour per {by}",
+                [(r.key, r.wasted_total) for r in rows if r.wasted_total][:20],
+                "${:,.2f}/h",
+                520,
+            )
+            + "</section></div>"
+        )
+        return self._page(f"GPU use per {by}", "/owners", body)
+
+
+def _choices(found: list[tuple[Plan, WorkloadView]]) -> str:
+    """Several workloads answer to one name (replicas of a service, or the same name in several sites)."""
+    items = "".join(
+        f"<li>{workload_link(w.id, w.name, p.site)} in site {esc(p.site)}: {w.gpus} × {esc(w.hardware)} on "
+        f"{esc(', '.join(w.nodes))} (<code>{esc(w.id)}</code>)</li>"
+        for p, w in found[:MAX_ROWS]
+    )
+    return f'<p>{len(found)} workloads answer to that name:</p><ul id="choices">{items}</ul>'
+
+
+def _buttons(r: Recommendation, state: str, n: int) -> str:
+    """The decisions a person may take on a move in ``state`` (the lifecycle enforces the same rules)."""
+    allowed = []
+    if state == RecState.NEW.value:
+        allowed.append(("ack", "Acknowledge"))
+    if state in (RecState.NEW.value, RecState.ACKNOWLEDGED.value):
+        allowed.append(("dismiss", "Dismiss"))
+    if state == RecState.DISMISSED.value:
+        allowed.append(("reopen", "Reopen"))
+    return "".join(
+        f'<button type="button" class="decide" data-id="{esc(r.id)}" data-action="{a}" '
+        f'aria-label="{label} {esc(r.workload_name)}">{label}</button>'
+        for a, label in allowed
+    )
+
+
+def _select(
+    name: str, label: str, options: list[str], chosen: str, any_label: str = "any", labels: dict[str, str] | None = None
+) -> str:
+    shown = labels or {}
+    opts = f'<option value="">{any_label}</option>' if any_label else ""
+    opts += "".join(
+        f'<option value="{esc(o)}"{" selected" if o == chosen else ""}>{esc(shown.get(o, o))}</option>' for o in options
+    )
+    return f'<label>{esc(label)} <select name="{name}" id="filter-{name}">{opts}</select></label>'
+
+
+def _filters(sites: list[str], site: str, cls: str, act: str, state: str) -> str:
+    states = ["open", "all", *(s.value for s in RecState)]
+    return (
+        '<form class="filters" method="get" action="/recommendations" aria-label="Filter recommendations">'
+        + _select("site", "Site", sites, site)
+        + _select("class", "Class", [c.value for c in WorkloadClass], cls)
+        + _select("action", "Action", list(KINDS), act, labels=KINDS)
+        + _select("state", "State", states, state, any_label="")
+        + '<button type="submit">Filter</button></form>'
+    )
+
+
+def _token_box() -> str:
+    return (
+        '<form id="token-form" class="token" aria-label="API token">'
+        '<label>API token <input type="password" id="token" autocomplete="off" '
+        'placeholder="needed to decide; kept for this browser session"></label>'
+        '<button type="submit">Use token</button> <button type="button" id="token-forget">Forget</button> '
+        '<span id="token-state"></span></form>'
+    )
