@@ -1,7 +1,7 @@
 """How fast the agent publishes windows: a token bucket on the agent's own clock.
 
-The optimizer limits each node by the time its windows cover, never by when they arrive (optimizer/ingest/fleet.py), so a
-backlog is never refused for arriving at once. Pacing keeps a long replay from arriving as one burst all the
+The optimizer limits each node by the time its windows cover, never by when they arrive (optimizer/ingest/fleet.py), so
+a backlog is never refused for arriving at once. Pacing keeps a long replay from arriving as one burst all the
 same: the broker, the optimizer's queue and the store take it in step with the live windows. The defaults: 300
 windows at once, then 0.9 a second (a day of spool drains in about three hours beside the live windows).
 

@@ -21,8 +21,9 @@ from agent.protocol import Birth, Telemetry, encode
 from agent.service import Agent
 from agent.spool import MemoryQueue
 from agent.window import WindowBuilder
-from collectors.sim.node import DAY_S, SimulatedNode
+from collectors.sim.node import SimulatedNode
 from collectors.sim.scenarios import ScenarioNode, simulated_node
+from collectors.sim.spec import DAY_S
 
 log = logging.getLogger(__name__)
 

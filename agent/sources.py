@@ -12,8 +12,9 @@ from collectors.base import Collector
 from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.partitioned import PARTITIONS, PartitionedNode
-from collectors.sim.node import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.node import SimulatedNode
 from collectors.sim.profiles import PROFILES
+from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.storage import StorageCollector
 from collectors.workload_facts import WithFacts
 

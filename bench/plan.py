@@ -36,9 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agent.protocol import WorkloadClass
-from collectors.sim.node import Pattern
 from collectors.sim.profiles import PROFILES
 from collectors.sim.scenarios import build_scenario
+from collectors.sim.spec import Pattern
 from optimizer.commands.offline import PATTERN_CLASS
 from optimizer.decide.catalog import Catalog, load_catalog
 from optimizer.decide.costs import fit_problem, monthly_cost

@@ -22,8 +22,8 @@ import pytest
 from agent.config import MqttSettings
 from agent.protocol import Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows, shift_to_now
-from collectors.sim.node import Pattern
 from collectors.sim.scenarios import build_scenario
+from collectors.sim.spec import Pattern
 from optimizer.decide.snapshot import Snapshot
 from optimizer.ingest.fleet import Fleet
 

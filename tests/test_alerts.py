@@ -26,6 +26,7 @@ from optimizer.serve.alerts.notice import Item, Notice, Status, sample_notice
 from optimizer.serve.alerts.payloads import GenericAlert, render
 from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings, Severity
 from optimizer.serve.lifecycle import Lifecycle, RecState
+from optimizer.serve.selfmetrics import optimizer_metrics
 
 SLACK_BLOCK_TYPES = {"header", "section", "context", "divider", "actions", "image"}
 CARD_ELEMENT_TYPES = {"TextBlock", "Container", "FactSet", "ColumnSet", "Image"}
@@ -653,7 +654,7 @@ async def test_optimizer_metrics_count_alerts_per_receiver(tmp_path: Path) -> No
         optimizer = Optimizer(OptimizerConfig(), load_catalog(), alerter=alerter)
         alerter.observe(plan_of([rec(1)]), {})
         await alerter.flush()
-        text = render_metrics(optimizer.self_metrics())
+        text = render_metrics(optimizer_metrics(optimizer))
         await alerter.close()
     # two attempts each, four 500s: both receivers gave up, counted by reason
     assert 'fleetfit_alerts_sent_total{receiver="ok"} 0' in text

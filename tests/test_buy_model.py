@@ -16,7 +16,8 @@ from optimizer.commands.buy import Addition, with_additions
 from optimizer.decide.catalog import load_catalog
 from optimizer.decide.costs import Demand
 from optimizer.decide.snapshot import Snapshot
-from optimizer.plan.model import Movable, NodeSlot, Offer, Problem, solve
+from optimizer.plan.model import solve
+from optimizer.plan.problem import Movable, NodeSlot, Offer, Problem
 from optimizer.plan.purchases import AMORTISATION_MONTHS
 from optimizer.plan.recommend import PlanSettings, plan_snapshot
 

@@ -12,7 +12,8 @@ from optimizer.decide.catalog import load_catalog
 from optimizer.decide.classify import classify
 from optimizer.decide.costs import Demand
 from optimizer.decide.features import workload_features
-from optimizer.plan.model import Movable, NodeSlot, Problem, solve
+from optimizer.plan.model import solve
+from optimizer.plan.problem import Movable, NodeSlot, Problem
 from optimizer.plan.recommend import PlanSettings, build_plan
 
 

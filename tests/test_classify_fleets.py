@@ -11,8 +11,8 @@ from conftest import FLEET_PREFIX, simulated_fleet
 
 from agent.protocol import TopicKind, WorkloadClass, encode, node_topic
 from agent.simulate import offline_windows
-from collectors.sim.node import Pattern, WorkloadSpec
 from collectors.sim.scenarios import ScenarioNode
+from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.sim.workloads import Background
 from optimizer.commands.offline import PATTERN_CLASS, score
 from optimizer.decide.classify import classify

@@ -15,8 +15,8 @@ from conftest import FLEETFIT, simulated_fleet
 
 from agent.protocol import Birth, DiskInfo, DiskWindow, NicInfo, NicKind, NicRole, Stats, Telemetry, encode
 from agent.simulate import offline_windows
-from collectors.sim.node import Pattern
 from collectors.sim.scenarios import build_scenario
+from collectors.sim.spec import Pattern
 from collectors.storage import StorageCollector
 from optimizer.commands.offline import PATTERN_CLASS, RecordingError, load_labels
 from optimizer.decide.classify import classify

@@ -50,6 +50,7 @@ from optimizer.ingest.fleet import Fleet
 from optimizer.serve.config import ApiSettings, OptimizerConfig, OptimizerSettings, SiteSettings
 from optimizer.serve.lifecycle import Lifecycle, Offloaded
 from optimizer.serve.report import Ledger
+from optimizer.serve.selfmetrics import optimizer_metrics
 from optimizer.serve.service import Optimizer, ingest_limits
 from optimizer.serve.store import Store, StoreSettings
 from optimizer.serve.web.app import WebServer
@@ -508,7 +509,7 @@ async def test_a_site_that_fails_to_plan_does_not_stop_the_others(
     assert health["failing_sites"] == {"aaa": "ValueError: solver crashed"}
     from agent.metrics import render
 
-    text = render(optimizer.self_metrics())
+    text = render(optimizer_metrics(optimizer))
     assert 'fleetfit_plan_failures_total{site="aaa"} 2' in text
     assert 'fleetfit_site_planning_failed{site="aaa"} 1' in text
     await optimizer.plan_once()
@@ -1121,7 +1122,7 @@ async def test_a_node_claiming_more_than_the_site_inventory_is_planned_from_the_
         assert {w.hardware for w in plan.workloads} == {"L40S 48GB"}
         from agent.metrics import render
 
-        assert 'fleetfit_inventory_mismatch{site="aaa",node="evil"} 1' in render(optimizer.self_metrics())
+        assert 'fleetfit_inventory_mismatch{site="aaa",node="evil"} 1' in render(optimizer_metrics(optimizer))
 
 
 # -------------------------------------------------------------------------------------- the state directory

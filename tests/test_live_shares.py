@@ -29,6 +29,7 @@ from optimizer.ingest.shares import layout, mig_profile, partition_share
 from optimizer.plan.recommend import PlanSettings, plan_snapshot
 from optimizer.serve.config import OptimizerConfig, OptimizerSettings
 from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.selfmetrics import optimizer_metrics
 from optimizer.serve.service import Optimizer
 
 PREFIX = "fleetfit/v1"
@@ -323,7 +324,7 @@ async def test_the_optimizer_exports_which_nodes_shares_it_estimated(tmp_path: P
     _ingest(optimizer.fleet, "garbage", [_h100(), _slice(1, "banana", 20_390)], [_ref("g", [1])])
     (plan,) = await optimizer.plan_once()
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
-    text = render(optimizer.self_metrics())
+    text = render(optimizer_metrics(optimizer))
     assert 'fleetfit_gpu_shares_estimated{site="s1",node="garbage",reason="mig_profile"} 1' in text
 
 

@@ -27,8 +27,9 @@ from agent.protocol import (
 from agent.scheduler import apply_acknowledged, carry_out
 from agent.simulate import ManualClock
 from agent.window import WindowBuilder
-from collectors.sim.node import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.node import SimulatedNode
 from collectors.sim.profiles import PROFILES
+from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.sim.speed import WORLD, memory_share
 from collectors.sim.speed import speed as world_speed
 from optimizer.decide.catalog import Catalog, load_catalog

@@ -11,8 +11,9 @@ import pytest
 from agent.protocol import WorkloadClass
 from optimizer.decide.catalog import load_catalog
 from optimizer.decide.costs import Demand
-from optimizer.plan.model import Movable, NodeSlot, Problem, solve
+from optimizer.plan.model import solve
 from optimizer.plan.pools import Pool, assign, build_pools
+from optimizer.plan.problem import Movable, NodeSlot, Problem
 
 
 def _inference(wid: str, node: str, gpus: int, util: float = 20, service: str | None = None) -> Movable:

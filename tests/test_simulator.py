@@ -14,9 +14,10 @@ from agent.clock import Clock
 from agent.protocol import encode
 from agent.simulate import ManualClock, SimulatedFleet, offline_windows
 from collectors.base import Entity, Sample
-from collectors.sim.node import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.node import SimulatedNode
 from collectors.sim.profiles import PROFILES
 from collectors.sim.scenarios import SCENARIOS, ScenarioNode, build_scenario
+from collectors.sim.spec import Pattern, WorkloadSpec
 
 
 def _spec(pattern: Pattern, gpus: int = 8, **kw: object) -> WorkloadSpec:

@@ -14,14 +14,15 @@ import pytest
 from conftest import FLEETFIT
 
 from agent.protocol import Plan, Recommendation
-from collectors.sim.node import Pattern
 from collectors.sim.profiles import PROFILES
 from collectors.sim.scenarios import build_scenario
+from collectors.sim.spec import Pattern
 from collectors.sim.speed import memory_share
 from optimizer.commands.offline import PATTERN_CLASS
 from optimizer.decide.catalog import load_catalog
 from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
-from optimizer.plan.model import Kept, Movable, NodeSlot, Problem, solve
+from optimizer.plan.model import solve
+from optimizer.plan.problem import Kept, Movable, NodeSlot, Problem
 from optimizer.plan.recommend import PlanSettings, keep_margin, plan_snapshot
 
 CATALOG = load_catalog()

@@ -11,90 +11,15 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 
 from agent.protocol import DiskInfo, GpuInfo, NicInfo, NicKind, NicRole, WorkloadKind, WorkloadRef
 from collectors.base import Entity, Inventory, Sample
 from collectors.sim import workloads as realistic
 from collectors.sim.profiles import NodeProfile
+from collectors.sim.spec import GpuState, Pattern, WorkloadSpec
 
 GB = 1e9
-DAY_S = 86_400.0
 DIURNAL_FLOOR = 0.1  # trough / peak of online inference over a day: about 10x
-
-
-class Pattern(StrEnum):
-    """Ground-truth workload patterns; the values match the optimizer's class names where one exists."""
-
-    TRAINING = "training"
-    FINE_TUNING = "fine_tuning"
-    INFERENCE = "inference"
-    BATCH_INFERENCE = "batch_inference"
-    INTERACTIVE = "interactive"
-    IDLE = "idle"
-    # Production behaviours (collectors/sim/workloads.py): what real serving engines and training jobs look like.
-    LLM_SERVING = "llm_serving"  # continuous batching (vLLM, SGLang, TGI, TensorRT-LLM), tensor-parallel or not
-    LOADER_BOUND_TRAINING = "loader_bound_training"  # training starved by its input pipeline
-    LORA_FINE_TUNING = "lora_fine_tuning"  # adapter fine-tuning on one GPU, small saves
-    EMBEDDING_BATCH = "embedding_batch"  # data-parallel batch encoding or scoring, one replica per GPU
-    OFFLINE_LLM_BATCH = "offline_llm_batch"  # offline LLM generation (vLLM's LLM class, run-batch)
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadSpec:
-    """A simulated workload. ``level`` is the pattern's utilisation level as a fraction (the peak mean for
-    online inference); ``mem_fraction`` the share of each GPU's memory it holds."""
-
-    id: str
-    name: str
-    pattern: Pattern
-    gpus: tuple[int, ...]
-    hint: str
-    level: float
-    mem_fraction: float
-    multi_node: bool = False
-    checkpoint_period_s: float = 600.0
-    checkpoint_seconds: float = 30.0
-    stall_rate: float = 0.002  # per second: chance a data-loader stall starts (training)
-    stall_seconds: tuple[float, float] = (5.0, 20.0)
-    diurnal_phase: float = 0.0
-    diurnal_period_s: float = DAY_S
-    burst_sigma: float = 0.3  # second-to-second load variation of online inference (log-normal sigma)
-    noise: float = 1.5  # utilisation noise, percentage points
-    cell_rate: float = 0.03  # notebook: per second, chance a cell run starts
-    # How hard the work drives the GPU: share of (limit - idle) power drawn at 100 % utilisation. Dense matmuls
-    # (training, embeddings) run near the limit; memory-bound decode keeps kernels running at far lower power.
-    power_intensity: float = 0.95
-    tensor_share: float = 0.6  # GPM tensor-pipe activity as a share of utilisation (Hopper and newer)
-    dram_share: float = 0.4  # GPM DRAM bandwidth utilisation as a share of utilisation
-    program: str | None = None  # what a schema-2 agent reads from the command line
-    listen_ports: tuple[int, ...] = ()
-    peers: int = 0  # distinct clients holding connections to a server at peak
-    input_bps: float = 0.0  # per node: training / batch input read rate (NFS or object storage on the front end)
-    save_bytes: float = 0.0  # per checkpoint; 0: the pattern's default
-    save_to_network: bool = False  # checkpoints go to shared storage over the front end, not to local disks
-    step_s: float = 4.0  # loader-bound training: one step's period
-    duty: float = 0.4  # loader-bound training: share of a step the GPUs compute
-    client_scale: float = 1.0  # online inference: client traffic relative to the textbook 1.5 GB/s per GPU at peak
-    rps_peak: float = 20.0  # LLM serving: requests per second at the daily peak
-    request_s: float = 8.0  # LLM serving: seconds a request stays in flight (prefill + decode)
-    output_bps: float = 0.0  # batch encoding: results written per node at full load
-    input_from_disk: bool = False  # batch: input staged on local disks rather than read over the front end
-    tp: int = 1  # offline LLM generation: tensor-parallel degree of each replica
-    chunk_s: float = 0.0  # offline LLM generation: seconds per chunk of prompts (0: one never-ending chunk)
-    speed: float = 1.0  # how fast its GPUs serve its load against those it was sized on (collectors/sim/speed.py)
-
-
-@dataclass(slots=True)
-class _GpuState:
-    util: float = 0.0
-    mem_mib: float = 0.0
-    nvlink_bps: float = 0.0
-    pcie_bps: float = 0.0
-    intensity: float = 0.95
-    tensor_share: float = 0.6
-    dram_share: float = 0.4
 
 
 class SimulatedNode:
@@ -251,7 +176,7 @@ class SimulatedNode:
         self._last = now
         t = now - self._start
         p = self.profile
-        gpus = [_GpuState() for _ in range(p.gpus)]
+        gpus = [GpuState() for _ in range(p.gpus)]
         fabric_bps = north_bps = north_rx_bps = read_bps = write_bps = 0.0
         for w in self.specs:
             f, n, nrx, r, wr = self._drive(w, t, gpus)
@@ -354,7 +279,7 @@ class SimulatedNode:
         self._counters[key] = total
         return int(total)
 
-    def _drive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> realistic.Traffic:
+    def _drive(self, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> realistic.Traffic:
         """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north tx, north rx, read, write)
         bytes/s."""
         if w.pattern in _REALISTIC:
@@ -399,7 +324,7 @@ class SimulatedNode:
             until = self._episode_until[key] = t + self.rng.uniform(*seconds)
         return t < until
 
-    def _training(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+    def _training(self, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> tuple[float, float, float, float]:
         """GPUs in lockstep at the job's level; gradient all-reduce over NVLink (or PCIe) and, for multi-node
         jobs, the fabric; checkpoint write bursts every ``checkpoint_period_s``; data-loader stalls."""
         p, rng = self.profile, self.rng
@@ -426,7 +351,7 @@ class SimulatedNode:
         wave = 0.5 + 0.5 * math.sin(2 * math.pi * t / w.diurnal_period_s + w.diurnal_phase)
         return DIURNAL_FLOOR + (1 - DIURNAL_FLOOR) * wave
 
-    def _inference(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+    def _inference(self, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> tuple[float, float, float, float]:
         """Online: bursty load on a daily cycle, north-south traffic and KV cache following it, a model-load read
         burst at start. Batch: steady high load, no gradient traffic, no checkpoints."""
         p, rng = self.profile, self.rng
@@ -450,7 +375,7 @@ class SimulatedNode:
             read = 3 * GB if t < 20 else 0.0  # weights loaded from local NVMe at start
         return 0.0, north, read, 0.0
 
-    def _interactive(self, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> tuple[float, float, float, float]:
+    def _interactive(self, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> tuple[float, float, float, float]:
         """A notebook: idle most of the time, a cell run now and then."""
         rng = self.rng
         burst = self.episode(w, t, w.cell_rate, (5.0, 30.0))

@@ -27,8 +27,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from collectors.sim.node import Pattern, SimulatedNode, WorkloadSpec
+from collectors.sim.node import SimulatedNode
 from collectors.sim.profiles import PROFILES
+from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.sim.workloads import Background, draw_background
 
 SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")

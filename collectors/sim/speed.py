@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from collectors.sim.node import Pattern, WorkloadSpec
+from collectors.sim.spec import Pattern, WorkloadSpec
 
 # profile key → (compute-bound, memory-bound) throughput of one GPU, H100 SXM = 1
 WORLD: dict[str, tuple[float, float]] = {

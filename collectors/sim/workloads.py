@@ -36,17 +36,15 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from collectors.sim.node import SimulatedNode, WorkloadSpec, _GpuState
+from collectors.sim.spec import GpuState, Node, WorkloadSpec
 
 GB = 1e9
 MB = 1e6
 Traffic = tuple[float, float, float, float, float]  # fabric, north tx, north rx, disk read, disk write (bytes/s)
 
 
-def _poisson(node: SimulatedNode, mean: float) -> int:
+def _poisson(node: Node, mean: float) -> int:
     """A Poisson draw (normal approximation above 30)."""
     rng = node.rng
     if mean > 30:
@@ -59,7 +57,7 @@ def _poisson(node: SimulatedNode, mean: float) -> int:
         k += 1
 
 
-def llm_serving(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+def llm_serving(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
     """A continuous-batching server: busy whenever a request is in flight, flat preallocated memory."""
     p, rng = node.profile, node.rng
     arrivals = w.rps_peak * node.diurnal(w, t)
@@ -86,7 +84,7 @@ def llm_serving(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuS
     return 0.0, arrivals * 40e3 * node.jitter(0.2), arrivals * 12e3 * node.jitter(0.2), 0.0, 0.05 * MB
 
 
-def loader_bound_training(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+def loader_bound_training(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
     """Ranks compute for ``duty`` of each ``step_s`` and wait for input together the rest of it."""
     p, rng = node.profile, node.rng
     if w.step_s < 2.0:  # several steps per NVML sample: the reading averages to the duty cycle
@@ -113,7 +111,7 @@ def loader_bound_training(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: 
     return fabric, 2 * MB, w.input_bps * node.jitter(0.15), 0.0, write
 
 
-def lora_fine_tuning(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+def lora_fine_tuning(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
     """One GPU, steady dense compute, an adapter saved every ``checkpoint_period_s``."""
     p, rng = node.profile, node.rng
     stalled = node.episode(w, t, w.stall_rate, w.stall_seconds)
@@ -135,7 +133,7 @@ def _writeback(t: float, rate: float) -> float:
     return 5 * rate if t % 5.0 < 1.0 else 0.0
 
 
-def embedding_batch(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+def embedding_batch(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
     """Independent replicas, one per GPU, each dipping on its own when its next batch is late."""
     p, rng = node.profile, node.rng
     active = 0.0
@@ -158,7 +156,7 @@ def embedding_batch(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_
     return 0.0, 0.05 * MB, rx + 0.01 * MB, read, _writeback(t, output)
 
 
-def offline_llm_batch(node: SimulatedNode, w: WorkloadSpec, t: float, gpus: list[_GpuState]) -> Traffic:
+def offline_llm_batch(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
     """Tensor-parallel groups of ``w.tp`` GPUs, each a replica working through prompts chunk by chunk."""
     p, rng = node.profile, node.rng
     tp = max(1, min(w.tp, len(w.gpus)))

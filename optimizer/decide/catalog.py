@@ -224,7 +224,7 @@ def load_catalog(path: Path | None = None) -> Catalog:
     """Load ``path``, or the catalog shipped with fleetfit."""
     try:
         if path is None:
-            text = resources.files("optimizer").joinpath("data/catalog.toml").read_text()
+            text = resources.files("optimizer.decide.data").joinpath("catalog.toml").read_text()
         else:
             text = path.read_text()
         return Catalog.model_validate(tomllib.loads(text))

@@ -21,8 +21,8 @@ What the rules assume about real systems:
 * Training and batch jobs read input steadily (NFS or object storage on the front end, or local disks); an LLM
   server's text traffic is a few MB/s.
 * A node sends traffic of its own whatever its GPUs do (scrapes, log shipping, kubelet: 0.3-1 MB/s); features take
-  it off (optimizer/decide/features.py), and traffic counts as a workload's only where it is the workload's own (its pod's
-  network namespace) or what is left once the node's own is known.
+  it off (optimizer/decide/features.py), and traffic counts as a workload's only where it is the workload's own
+  (its pod's network namespace) or what is left once the node's own is known.
 * A request in flight holds its connection open (a pending response, streamed tokens), so a server busy half the
   time or more always has clients connected; a workload busy with no inbound connection is working through input.
 * Requests to a model run kernels: an allocation whose GPUs did nothing at all served nobody, whatever its node

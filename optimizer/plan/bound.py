@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ortools.linear_solver import pywraplp
 
 if TYPE_CHECKING:
-    from optimizer.plan.model import Problem
+    from optimizer.plan.problem import Problem
 
 METHOD = "LP relaxation, GPUs pooled per hardware type"
 

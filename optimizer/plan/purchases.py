@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from agent.protocol import Purchase
 from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.costs import fit_problem, monthly_cost, units
-from optimizer.plan.model import Movable, Offer, Problem, Solution, sized, solve
+from optimizer.plan.model import Solution, sized, solve
+from optimizer.plan.problem import Movable, Offer, Problem
 
 AMORTISATION_MONTHS = 36  # the catalog's prices amortise purchase over three years (optimizer/decide/data/catalog.toml)
 GPUS_PER_NODE = 8

@@ -31,8 +31,9 @@ from optimizer.decide.snapshot import Resolved, Snapshot, from_fleet, hardware_o
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.shares import share_units
 from optimizer.plan.interrupt import SolveStop
-from optimizer.plan.model import WORK_PER_SECOND, Kept, Movable, NodeSlot, Problem, Solution, solve
+from optimizer.plan.model import Solution, solve
 from optimizer.plan.ordering import Action, order
+from optimizer.plan.problem import WORK_PER_SECOND, Kept, Movable, NodeSlot, Problem
 from optimizer.plan.purchases import purchases
 from optimizer.plan.render import order_key
 

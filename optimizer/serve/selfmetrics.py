@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 from agent.metrics import Family, counter, gauge, labelled
@@ -10,22 +9,6 @@ from optimizer.serve import statedb
 
 if TYPE_CHECKING:
     from optimizer.serve.service import Optimizer
-
-
-class Lag:
-    """Seconds from a window's end to its ingest, over the latest ``size`` windows."""
-
-    def __init__(self, size: int = 4096) -> None:
-        self._seconds: deque[float] = deque(maxlen=size)
-
-    def add(self, seconds: float) -> None:
-        self._seconds.append(max(0.0, seconds))
-
-    def quantiles(self) -> dict[str, float]:
-        if not self._seconds:
-            return {}
-        ordered = sorted(self._seconds)
-        return {q: ordered[min(len(ordered) - 1, int(float(q) * len(ordered)))] for q in ("0.5", "0.95", "1")}
 
 
 def optimizer_metrics(optimizer: Optimizer) -> list[Family]:

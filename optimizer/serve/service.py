@@ -17,7 +17,6 @@ from typing import Protocol
 import aiomqtt
 
 from agent.backoff import Backoff
-from agent.metrics import Family
 from agent.mqtt import make_client
 from agent.notify import Notifier
 from agent.protocol import (
@@ -40,6 +39,7 @@ from optimizer.decide.inventory import inventory_check, load_inventories
 from optimizer.decide.snapshot import Snapshot, from_fleet
 from optimizer.ingest.fleet import Fleet, IngestLimits
 from optimizer.ingest.history import DIGEST_SECONDS
+from optimizer.ingest.lag import Lag
 from optimizer.plan.interrupt import SolveStop
 from optimizer.plan.recommend import plan_snapshot
 from optimizer.serve.alerts.alerter import Alerter
@@ -48,7 +48,6 @@ from optimizer.serve.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.serve.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
 from optimizer.serve.ownership import Ownership
 from optimizer.serve.report import Ledger, owners_of
-from optimizer.serve.selfmetrics import Lag, optimizer_metrics
 from optimizer.serve.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
@@ -316,9 +315,6 @@ class Optimizer:
             p for p in (self.lifecycle.problem if self.lifecycle else None, self.state_error, journal_error) if p
         ]
         return "; ".join(problems) or None
-
-    def self_metrics(self) -> list[Family]:
-        return optimizer_metrics(self)
 
     def attach(self, server: Server) -> None:
         """Serve ``server`` while the optimizer runs (started after the tasks, stopped before the flush)."""

@@ -22,6 +22,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from agent.metrics import Family, render
 from optimizer.serve.config import ApiSettings
+from optimizer.serve.selfmetrics import optimizer_metrics
 from optimizer.serve.service import Optimizer
 from optimizer.serve.web.api import JsonApi
 from optimizer.serve.web.pages import Console
@@ -202,7 +203,7 @@ class WebServer:
         return response
 
     async def metrics(self, request: web.Request) -> web.Response:
-        families = [*self.optimizer.self_metrics(), *self._request_metrics()]
+        families = [*optimizer_metrics(self.optimizer), *self._request_metrics()]
         return web.Response(text=render(families), content_type="text/plain", charset="utf-8")
 
     def _request_metrics(self) -> list[Family]:
