@@ -26,6 +26,29 @@ class Candidate:
     fractions: dict[str, float]  # hardware → the LP's share of it there
 
 
+def _best_fit(
+    c: Candidate,
+    gpus: int,
+    nodes: Iterable[str],
+    room: dict[str, int],
+    already: dict[str, set[str]],
+    taken: set[tuple[str, str]],
+) -> str | None:
+    """The node of ``nodes`` whose free GPUs ``gpus`` fill best (least left over), never a second replica of a
+    service on a node another of its replicas moved to (``taken``) unless the service already ran there."""
+    best = None
+    for name in nodes:
+        free = room[name]
+        if free < gpus or (best is not None and free >= room[best]):
+            continue
+        if c.service and name not in already.get(c.service, set()) and (c.service, name) in taken:
+            continue
+        best = name
+        if free == gpus:
+            break
+    return best
+
+
 def pack(
     candidates: Iterable[Candidate],
     room: dict[str, int],
@@ -61,16 +84,7 @@ def pack(
         left = []
         for saving, c, target in pending:
             gpus = c.by_type[target][1]
-            best = None
-            for name in nodes_of.get(target, ()):
-                free = room[name]
-                if free < gpus or (best is not None and free >= room[best]):
-                    continue
-                if c.service and name not in already.get(c.service, set()) and (c.service, name) in taken:
-                    continue
-                best = name
-                if free == gpus:
-                    break
+            best = _best_fit(c, gpus, nodes_of.get(target, ()), room, already, taken)
             if best is None or moves >= max_moves:
                 left.append((saving, c, target))
                 continue
@@ -137,16 +151,7 @@ def fill(
         if out[wid] != c.node:
             continue  # placed by a better option already
         gpus = c.by_type[key][1]
-        best = None
-        for name in nodes_of.get(key, ()):
-            free = room[name]
-            if free < gpus or (best is not None and free >= room[best]):
-                continue
-            if c.service and name not in already.get(c.service, set()) and (c.service, name) in taken:
-                continue
-            best = name
-            if free == gpus:
-                break
+        best = _best_fit(c, gpus, nodes_of.get(key, ()), room, already, taken)
         if best is None:
             continue
         room[best] -= gpus
