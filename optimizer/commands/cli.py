@@ -19,6 +19,7 @@ from optimizer.commands import cliargs
 
 if TYPE_CHECKING:
     from agent.service import Agent
+    from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings
     from optimizer.serve.config import OptimizerConfig
 
 log = logging.getLogger("fleetfit")
@@ -466,7 +467,6 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _post_report(state_dir: Path, since: float, by: str, name: str, config: OptimizerConfig | None) -> int:
     """Post the report to one configured alert receiver (a weekly digest, from a timer)."""
-    from optimizer.serve.alerts.delivery import Webhook
     from optimizer.serve.lifecycle import DB_NAME
     from optimizer.serve.report import Ledger
     from optimizer.serve.report_chat import render
@@ -490,22 +490,28 @@ def _post_report(state_dir: Path, since: float, by: str, name: str, config: Opti
     body = render(receiver.kind, rows, by, since, receiver.byte_limit)  # type: ignore[arg-type]
     assert config is not None
 
-    async def send() -> bool:
-        webhook = Webhook(receiver, config.alerts)
-        try:
-            return await webhook.post(body)
-        finally:
-            await webhook.close()
-
-    if not asyncio.run(send()):
+    if not _post_once(receiver, config.alerts, body):
         return _fail(f"report --post: {receiver.name} did not accept the report (see the log above)")
     print(f"posted the showback of {len(rows)} {by}(s) to {receiver.name} ({len(body)} bytes)")
     return 0
 
 
+def _post_once(receiver: ReceiverSettings, settings: AlertSettings, body: bytes) -> bool:
+    """Post ``body`` to ``receiver`` once, with the hooks' own retries and limits; whether it was accepted."""
+    from optimizer.serve.alerts.delivery import Webhook
+
+    async def send() -> bool:
+        webhook = Webhook(receiver, settings)
+        try:
+            return await webhook.post(body)
+        finally:
+            await webhook.close()
+
+    return asyncio.run(send())
+
+
 def _cmd_alerts(args: argparse.Namespace) -> int:
     from agent.config import ConfigError, load_config
-    from optimizer.serve.alerts.delivery import Webhook
     from optimizer.serve.alerts.notice import sample_notice
     from optimizer.serve.alerts.payloads import render
     from optimizer.serve.config import OptimizerConfig
@@ -531,14 +537,7 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     notice.link = settings.link
     body = render(receiver.kind, notice, receiver.byte_limit)
 
-    async def send() -> bool:
-        webhook = Webhook(receiver, settings)
-        try:
-            return await webhook.post(body)
-        finally:
-            await webhook.close()
-
-    if not asyncio.run(send()):
+    if not _post_once(receiver, settings, body):
         return _fail(f"alerts test: the sample message to {receiver.name} was not accepted (see the log above)")
     print(f"sent a sample {receiver.kind} message to {receiver.name} ({len(body)} bytes)")
     return 0
