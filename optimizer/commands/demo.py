@@ -219,13 +219,20 @@ async def _run(
         return final or optimizer.plans.get(DEMO_SITE)
 
 
-async def _ingested(optimizer: Optimizer, published: int, limit: float = 5.0) -> None:
-    """Wait (up to ``limit`` seconds) until the optimizer has taken in as many windows as the agents published:
-    the final plan then counts every one of them."""
-    deadline = time.monotonic() + limit
-    while optimizer.fleet.accepted["telemetry"] + sum(optimizer.fleet.rejected.values()) < published:
-        if time.monotonic() > deadline:
-            log.warning("the final plan misses windows the optimizer has not taken in within %g s", limit)
+async def _ingested(optimizer: Optimizer, published: int, stall: float = 5.0) -> None:
+    """Wait until the optimizer has taken in as many windows as the agents published, so that the final plan
+    counts every one of them: as long as it keeps taking them in (a day of history per node is a backlog on a
+    busy machine), and at most ``stall`` seconds without progress."""
+
+    def taken() -> int:
+        return optimizer.fleet.accepted["telemetry"] + sum(optimizer.fleet.rejected.values())
+
+    last, since = taken(), time.monotonic()
+    while (now := taken()) < published:
+        if now > last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since > stall:
+            log.warning("the final plan misses %d window(s) the optimizer has not taken in", published - now)
             return
         await asyncio.sleep(0.1)
 
