@@ -57,6 +57,34 @@ def _poisson(node: Node, mean: float) -> int:
         k += 1
 
 
+def _decode(
+    node: Node,
+    states: list[GpuState],
+    busy: bool,
+    level: float,
+    fill: float,
+    mem: float,
+    parallel: bool,
+    host_bps: float,
+) -> None:
+    """One continuous-batching engine decoding on ``states`` (a server, or an offline replica): memory-bound
+    kernels whose power and tensor use grow with ``fill``, the share of its batch slots in use; a tensor-parallel
+    engine all-reduces activations every layer, over NVLink where the node has it, else over PCIe (half counted
+    on each GPU's link); ``host_bps`` of tokens and control to and from the host while busy."""
+    for state in states:
+        state.util = level + (node.rng.gauss(0, 0.5) if busy else 0.0)
+        state.mem_mib = mem
+        state.intensity = 0.35 + 0.35 * fill
+        state.tensor_share = 0.15 + 0.2 * fill
+        state.dram_share = 0.75
+        all_reduce = (0.5 + 6 * fill) * GB * node.jitter(0.1) if (busy and parallel) else 0.0
+        host = host_bps if busy else 0.0
+        if node.profile.nvlink_links:
+            state.nvlink_bps, state.pcie_bps = all_reduce, host
+        else:
+            state.nvlink_bps, state.pcie_bps = 0.0, all_reduce * 0.5 + host
+
+
 def llm_serving(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
     """A continuous-batching server: busy whenever a request is in flight, flat preallocated memory."""
     p, rng = node.profile, node.rng
@@ -66,20 +94,7 @@ def llm_serving(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> 
     busy = in_flight > 0
     level = 86 + 12 * (1 - math.exp(-in_flight / 6)) + rng.gauss(0, 1.0) if busy else rng.choice((0.0, 0.0, 1.0))
     mem = w.mem_fraction * p.memory_mib
-    tp = len(w.gpus) > 1
-    for g in w.gpus:
-        state = gpus[g]
-        state.util = level + (rng.gauss(0, 0.5) if busy else 0.0)
-        state.mem_mib = mem
-        state.intensity = 0.35 + 0.35 * fill
-        state.tensor_share = 0.15 + 0.2 * fill
-        state.dram_share = 0.75
-        all_reduce = (0.5 + 6 * fill) * GB * node.jitter(0.1) if (busy and tp) else 0.0
-        if p.nvlink_links:
-            state.nvlink_bps = all_reduce
-            state.pcie_bps = 0.05 * GB if busy else 0.0
-        else:
-            state.pcie_bps = all_reduce * 0.5 + (0.05 * GB if busy else 0.0)
+    _decode(node, [gpus[g] for g in w.gpus], busy, level, fill, mem, len(w.gpus) > 1, 0.05 * GB)
     # Prompts in, streamed tokens out (server-sent events): tens of KB per request.
     return 0.0, arrivals * 40e3 * node.jitter(0.2), arrivals * 12e3 * node.jitter(0.2), 0.0, 0.05 * MB
 
@@ -176,18 +191,7 @@ def offline_llm_batch(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState
                 fill = max(0.02, (chunk - 2.0 - phase) / drain) ** 2  # the long generations finish last
         busy = fill > 0
         level = 86 + 12 * (1 - math.exp(-fill * 64 / 6)) + rng.gauss(0, 1.0) if busy else rng.choice((0.0, 1.0))
-        for g in group:
-            state = gpus[g]
-            state.util = level + (rng.gauss(0, 0.5) if busy else 0.0)
-            state.mem_mib = mem
-            state.intensity = 0.35 + 0.35 * fill
-            state.tensor_share = 0.15 + 0.2 * fill
-            state.dram_share = 0.75
-            all_reduce = (0.5 + 6 * fill) * GB * node.jitter(0.1) if (busy and tp > 1) else 0.0
-            if p.nvlink_links:
-                state.nvlink_bps, state.pcie_bps = all_reduce, (0.02 * GB if busy else 0.0)
-            else:
-                state.nvlink_bps, state.pcie_bps = 0.0, all_reduce * 0.5 + (0.02 * GB if busy else 0.0)
+        _decode(node, [gpus[g] for g in group], busy, level, fill, mem, tp > 1, 0.02 * GB)
     prompts = w.input_bps * node.jitter(0.3)  # a few KB per prompt, read as the engine takes them
     if w.save_to_network:
         return 0.0, written + 0.02 * MB, prompts, 0.0, 0.0
