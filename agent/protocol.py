@@ -205,15 +205,15 @@ class NicRole(StrEnum):
 
 
 class GpuInfo(_Model):
-    index: int = Field(ge=0)
+    index: int = Field(strict=True, ge=0)
     uuid: str = Field(max_length=96)
     model: str = Field(min_length=1, max_length=96)
-    memory_mib: int = Field(ge=0)
-    nvlink_links: int = Field(default=0, ge=0)
-    pcie_gen: int | None = Field(default=None, ge=1)
-    pcie_width: int | None = Field(default=None, ge=1)
+    memory_mib: int = Field(strict=True, ge=0)
+    nvlink_links: int = Field(strict=True, default=0, ge=0)
+    pcie_gen: int | None = Field(strict=True, default=None, ge=1)
+    pcie_width: int | None = Field(strict=True, default=None, ge=1)
     mig_mode: bool = False
-    parent: int | None = Field(default=None, ge=0, description="for a MIG instance: the index of its GPU")
+    parent: int | None = Field(strict=True, default=None, ge=0, description="for a MIG instance: the index of its GPU")
     mig_profile: str | None = Field(default=None, max_length=32, description='for a MIG instance, e.g. "3g.40gb"')
     power_limit_w: Quantity | None = None
     # Real-hardware fields (schema 2):
@@ -227,7 +227,7 @@ class GpuInfo(_Model):
 class GpuFailure(_Model):
     """A GPU the driver lists but the agent cannot read, and why (it costs that GPU only)."""
 
-    index: int = Field(ge=0)
+    index: int = Field(strict=True, ge=0)
     error: str = Field(max_length=120)
 
 
@@ -235,12 +235,12 @@ class NicInfo(_Model):
     name: str = Field(min_length=1, max_length=64)
     kind: NicKind
     role: NicRole
-    speed_mbps: int | None = Field(default=None, ge=0)
+    speed_mbps: int | None = Field(strict=True, default=None, ge=0)
 
 
 class DiskInfo(_Model):
     name: str = Field(min_length=1, max_length=64)
-    size_bytes: int | None = Field(default=None, ge=0)
+    size_bytes: int | None = Field(strict=True, default=None, ge=0)
     member_of: str | None = Field(
         default=None,
         max_length=64,
@@ -379,7 +379,7 @@ def series(values: Sequence[float]) -> list[float]:
 class GpuWindow(_Model):
     """One GPU over one window. Utilisation in %, memory in MiB, power in W, byte rates in bytes/s."""
 
-    index: int = Field(ge=0)
+    index: int = Field(strict=True, ge=0)
     util: Percentages | None = None
     mem_util: Percentages | None = None
     mem_used_mib: Stats | None = None
@@ -395,10 +395,12 @@ class GpuWindow(_Model):
     dram_active: Percentages | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
     util_series: list[Percent] = Field(default_factory=list, max_length=3600)
     workload: str | None = Field(default=None, max_length=200)
-    xid_events: int = Field(default=0, ge=0, description="XID errors reported in the window")
-    last_xid: int | None = Field(default=None, ge=0)
-    ecc_uncorrected: int | None = Field(default=None, ge=0, description="volatile uncorrected ECC errors")
-    remapped_rows: int | None = Field(default=None, ge=0, description="rows remapped for uncorrectable errors")
+    xid_events: int = Field(strict=True, default=0, ge=0, description="XID errors reported in the window")
+    last_xid: int | None = Field(strict=True, default=None, ge=0)
+    ecc_uncorrected: int | None = Field(strict=True, default=None, ge=0, description="volatile uncorrected ECC errors")
+    remapped_rows: int | None = Field(
+        strict=True, default=None, ge=0, description="rows remapped for uncorrectable errors"
+    )
     lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 
 
@@ -406,8 +408,8 @@ class NicWindow(_Model):
     name: str = Field(min_length=1, max_length=64)
     rx_bps: Stats | None = None
     tx_bps: Stats | None = None
-    errors: int = Field(default=0, ge=0)
-    drops: int = Field(default=0, ge=0)
+    errors: int = Field(strict=True, default=0, ge=0)
+    drops: int = Field(strict=True, default=0, ge=0)
 
 
 class DiskWindow(_Model):
@@ -427,8 +429,8 @@ class MountWindow(_Model):
     """Usage of a configured mount point at the end of the window."""
 
     path: str = Field(min_length=1, max_length=255)
-    used_pct: float = Field(ge=0, le=100)
-    free_bytes: int = Field(ge=0)
+    used_pct: float = Field(strict=True, ge=0, le=100)
+    free_bytes: int = Field(strict=True, ge=0)
 
 
 class WorkloadKind(StrEnum):
@@ -456,8 +458,12 @@ class WorkloadRef(_Model):
     listen_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=list, max_length=16, description="TCP ports below the ephemeral range it listens on"
     )
-    inbound_connections: int | None = Field(default=None, ge=0, description="established connections to them")
-    inbound_peers: int | None = Field(default=None, ge=0, description="distinct remote addresses among those")
+    inbound_connections: int | None = Field(
+        strict=True, default=None, ge=0, description="established connections to them"
+    )
+    inbound_peers: int | None = Field(
+        strict=True, default=None, ge=0, description="distinct remote addresses among those"
+    )
     net_rx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s in")
     net_tx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s out")
     sched_step: str | None = Field(
@@ -505,7 +511,7 @@ class Telemetry(_Model):
     seq: Count = Field(description="increments per window within a session")
     start: Quantity
     end: Quantity
-    samples: int = Field(ge=0, description="1 Hz samples that went into the window")
+    samples: int = Field(strict=True, ge=0, description="1 Hz samples that went into the window")
     gpus: list[GpuWindow] = Field(default_factory=list, max_length=64)
     gpu_unavailable: str | None = Field(default=None, max_length=300)
     nics: list[NicWindow] = Field(default_factory=list, max_length=64)

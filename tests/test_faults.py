@@ -502,3 +502,23 @@ def test_storm_summary() -> None:
     for kind, reason in (("oversize", "oversize"), ("schema", "unknown_schema"), ("topic", "bad_topic"),
                          ("truncated", "bad_json"), ("bytes", "bad_json"), ("mutated", "schema")):  # fmt: skip
         assert by_kind[kind][reason] > 0, (kind, reason)
+
+
+@pytest.mark.parametrize(
+    ("path", "text"),
+    [(("start",), "9"), (("samples",), "10"), (("session",), "1"), (("gpus", 0, "util"), ["1", "2", "3", "0.5"])],
+)
+def test_a_number_sent_as_text_is_refused_as_schema(path: tuple[str | int, ...], text: object) -> None:
+    """JSON numbers only: a string that reads as a number ("9") is what no agent sends, and refused whole."""
+    raw = json.loads(json.dumps(GOOD))
+    where = raw
+    for key in path[:-1]:
+        where = where[key]
+    if path[-1] not in where:
+        pytest.skip(f"{path[-1]} not in this window")
+    where[path[-1]] = text
+    fleet = Fleet(P)
+    assert fleet.ingest(node_topic(P, "s", NODE.name, TopicKind.BIRTH), encode(BIRTH))
+    assert fleet.ingest(TELEMETRY_TOPIC, json.dumps(raw).encode()) is None
+    assert fleet.rejected == {"schema": 1}
+    assert fleet.ingest(TELEMETRY_TOPIC, json.dumps(GOOD).encode()) is not None  # the honest window still is
