@@ -181,16 +181,12 @@ class Catalog(BaseModel):
         Exact, not substring: "NVIDIA L40" is not an L4, "NVIDIA GH200 480GB" not an H200, "NVIDIA H100 PCIe"
         not an H100 SXM.
         """
+        by_pci, by_name = _index(self)
         if pci_id:
-            wanted = pci_id.lower()
-            for entry in self.gpu:
-                if wanted in (p.lower() for p in entry.pci_ids):
-                    return entry
-        name = normalise_name(reported_name)
-        for entry in self.gpu:
-            if any(normalise_name(m) == name for m in entry.match):
+            entry = by_pci.get(pci_id.lower())
+            if entry is not None:
                 return entry
-        return None
+        return by_name.get(normalise_name(reported_name))
 
     def by_key(self, key: str) -> GpuType:
         for entry in self.gpu:
@@ -250,3 +246,26 @@ def _where(exc: ValidationError, text: str) -> str:
     if first["type"] == "missing":
         msg = "missing (every figure needs its value, method and source)"
     return f"{' '.join(loc)}: {msg}"
+
+
+_INDEXES: dict[int, tuple[Catalog, dict[str, GpuType], dict[str, GpuType]]] = {}
+
+
+def _index(catalog: Catalog) -> tuple[dict[str, GpuType], dict[str, GpuType]]:
+    """The catalog's entries by PCI id and by normalised name, built once per catalog: every birth's GPUs are
+    looked up as it arrives, and every node's at each plan. Keyed by identity (a catalog is frozen; a copy with
+    other prices is another catalog), the catalog kept beside its index so that an id is never reused under it."""
+    cached = _INDEXES.get(id(catalog))
+    if cached is not None and cached[0] is catalog:
+        return cached[1], cached[2]
+    if len(_INDEXES) >= 256:  # catalogs made per plan (learned corrections): start afresh rather than grow
+        _INDEXES.clear()
+    by_pci: dict[str, GpuType] = {}
+    by_name: dict[str, GpuType] = {}
+    for entry in catalog.gpu:  # the first entry to claim a name wins, as the scan it replaces did
+        for p in entry.pci_ids:
+            by_pci.setdefault(p.lower(), entry)
+        for m in entry.match:
+            by_name.setdefault(normalise_name(m), entry)
+    _INDEXES[id(catalog)] = (catalog, by_pci, by_name)
+    return by_pci, by_name
