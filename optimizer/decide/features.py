@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optimizer.ingest.digest import WindowDigest
+from optimizer.ingest.digest import SERIES_AT, WindowDigest
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.history import Digest
 from optimizer.ingest.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
@@ -160,10 +160,15 @@ def _p95(values: Sequence[float]) -> float:
 
 
 def _cv(values: Sequence[float]) -> float:
-    if len(values) < 2:
+    """Coefficient of variation (population). In floats with exact sums: ``statistics.pstdev`` works in
+    fractions, ~200 µs for a window's ten seconds, and runs for every GPU of every window at every plan."""
+    n = len(values)
+    if n < 2:
         return 0.0
-    mean = statistics.fmean(values)
-    return statistics.pstdev(values) / mean if mean > 1e-9 else 0.0
+    mean = math.fsum(values) / n
+    if mean <= 1e-9:
+        return 0.0
+    return math.sqrt(math.fsum([(v - mean) * (v - mean) for v in values]) / n) / mean
 
 
 @dataclass(slots=True)
@@ -176,7 +181,8 @@ class _Acc:
     load: list[float] = field(default_factory=list)
     cvs: list[float] = field(default_factory=list)
     spreads: list[float] = field(default_factory=list)
-    zeros: list[float] = field(default_factory=list)
+    idle_seconds: int = 0  # seconds of its GPUs' series under 2 %
+    seconds: int = 0  # seconds of its GPUs' series in all
     mem: list[float] = field(default_factory=list)
     links: list[float] = field(default_factory=list)
     east: list[float] = field(default_factory=list)
@@ -240,32 +246,37 @@ def _held_memory(
 def _fold_window(
     acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool, node: str
 ) -> None:
-    gpus = [g for g in window.gpus if g.index in gpu_ids]
+    # Runs for every workload of every window at every plan (120,000 windows at 2,000 nodes): read each GPU's
+    # packed digest once, its series sliced once, with C-level calls where they suffice.
+    gpus = [g for g in window.gpus if g[0] in gpu_ids]  # the index, as a float: 1.0 in {1} holds
     if not gpus:
         return
     acc.windows += 1
-    acc.util_means.append(_mean(g.util_mean for g in gpus))
-    acc.util_p95.append(max(g.util_p95 for g in gpus))
-    acc.cvs.extend(_cv(g.series) for g in gpus if len(g.series) > 1)
-    series = [g.series for g in gpus if len(g.series)]
+    util = math.fsum([g.util_mean for g in gpus]) / len(gpus)
+    acc.util_means.append(util)
+    acc.util_p95.append(max([g.util_p95 for g in gpus]))
+    all_series = [g.series for g in gpus]
+    acc.cvs.extend([_cv(s) for s in all_series if len(s) > 1])
+    series = [s for s in all_series if len(s)]
     if series:
-        seconds = min(len(s) for s in series)
+        seconds = min(map(len, series))
         acc.first_node = acc.first_node or node
         if node == acc.first_node and len(series) == len(gpus) > 1:
-            for g in gpus:
-                acc.per_gpu.setdefault(g.index, []).extend(g.series[:seconds])
-        levels = []
-        for i in range(seconds):
-            column = [s[i] for s in series]
-            level = statistics.fmean(column)
-            levels.append(level)
-            if len(series) > 1:
+            for g, s in zip(gpus, all_series, strict=True):
+                acc.per_gpu.setdefault(g.index, []).extend(s[:seconds])
+        if len(series) == 1:
+            levels = series[0][:seconds].tolist()
+        else:
+            levels = []
+            width = len(series)
+            for column in zip(*series, strict=False):  # seconds: the shortest series
+                level = math.fsum(column) / width
+                levels.append(level)
                 acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
         acc.load.extend(levels)
-        acc.busy.extend(v for v in levels if v >= 5)
-        centre = statistics.fmean(levels) if levels else 0.0
-        acc.centred.extend(v - centre for v in levels)
-    util = _mean(g.util_mean for g in gpus)
+        acc.busy.extend([v for v in levels if v >= 5])
+        centre = math.fsum(levels) / len(levels) if levels else 0.0
+        acc.centred.extend([v - centre for v in levels])
     if util >= 5:
         # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
         pairs = [(g.tensor_active, g.dram_active) for g in gpus]
@@ -284,20 +295,101 @@ def _fold_window(
             acc.tensor.append(_mean(tensor) / util)
         if dram:
             acc.dram.append(_mean(dram) / util)
-    for g in gpus:
-        acc.zeros.extend(1.0 if v < 2 else 0.0 for v in g.series)
-        if g.mem_max_mib is not None:
-            acc.mem.append(g.mem_max_mib)
+    for g, s in zip(gpus, all_series, strict=True):
+        acc.idle_seconds += sum([v < 2 for v in s])
+        acc.seconds += len(s)
+        mem = g.mem_max_mib
+        if mem is not None:
+            acc.mem.append(mem)
         acc.links.append(g.link_bps)
     acc.east.append(east)
     acc.north.append(north)
     acc.ckpt.append(1.0 if ckpt else 0.0)
 
 
-def _window_load(window: WindowDigest, gpu_ids: Sequence[int]) -> float:
-    """GPU-percent of work a workload did in a window: its GPUs' mean utilisation summed."""
-    ids = set(gpu_ids)
-    return sum(g.util_mean for g in window.gpus if g.index in ids)
+def _fold_windows(acc: _Acc, rows: list[tuple[WindowDigest, tuple[int, ...], float, float, bool]], node: str) -> None:
+    """Fold a workload's windows on one node, in order: (window, its devices, east-west, north-south, a save
+    burst). Runs of windows with the same devices are folded as arrays."""
+    start = 0
+    while start < len(rows):
+        held = rows[start][1]
+        end = start + 1
+        while end < len(rows) and rows[end][1] == held:
+            end += 1
+        _fold_run(acc, rows[start:end], set(held), node)
+        start = end
+
+
+def _fold_run(
+    acc: _Acc, rows: list[tuple[WindowDigest, tuple[int, ...], float, float, bool]], gpu_ids: set[int], node: str
+) -> None:
+    """``_fold_window`` for consecutive windows of the same devices, as arrays: windows × GPUs × the digest's
+    fields. The same figures to the last bits of a float (sums in another order); windows whose GPUs or series
+    lengths differ (a GPU lost, a sample missed) are folded one by one."""
+    found = [[g for g in w.gpus if g[0] in gpu_ids] for w, *_ in rows]
+    shape = {(tuple(g[0] for g in f), tuple(map(len, f))) for f in found}
+    lengths = next(iter(shape))[1] if len(shape) == 1 else ()
+    if len(rows) < 4 or len(shape) != 1 or not lengths or len(set(lengths)) != 1:
+        for window, _, east, north, ckpt in rows:
+            _fold_window(acc, window, gpu_ids, east, north, ckpt, node)
+        return
+    indices = [int(g[0]) for g in found[0]]
+    digests = np.array(found, dtype=np.float64)  # windows × GPUs × (head, series)
+    width = len(indices)
+    acc.windows += len(rows)
+    util_list = [math.fsum(row) / width for row in digests[:, :, 1].tolist()]
+    util = np.array(util_list)
+    acc.util_means.extend(util_list)
+    acc.util_p95.extend(digests[:, :, 2].max(axis=1).tolist())
+    series = digests[:, :, SERIES_AT:]
+    seconds = series.shape[2]
+    if seconds > 1:
+        means = series.mean(axis=2)
+        spread = np.sqrt(((series - means[:, :, None]) ** 2).mean(axis=2))
+        cvs = np.divide(spread, means, out=np.zeros_like(means), where=means > 1e-9)
+        acc.cvs.extend(cvs.ravel().tolist())
+    if seconds:
+        acc.first_node = acc.first_node or node
+        if node == acc.first_node and width > 1:
+            for j, index in enumerate(indices):
+                acc.per_gpu.setdefault(index, []).extend(series[:, j, :].ravel().tolist())
+        if width == 1:
+            levels = series[:, 0, :]
+        else:
+            levels = series.mean(axis=1)
+            acc.spreads.extend(((series.max(axis=1) - series.min(axis=1)) / np.maximum(levels, 5.0)).ravel().tolist())
+        acc.load.extend(levels.ravel().tolist())
+        acc.busy.extend(levels[levels >= 5].tolist())
+        acc.centred.extend((levels - levels.mean(axis=1, keepdims=True)).ravel().tolist())
+    power, tensor, dram = digests[:, :, 6], digests[:, :, 7], digests[:, :, 8]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        both = ~np.isnan(tensor) & ~np.isnan(dram)
+        known = both.sum(axis=1)
+        gpm_t = np.where(both, tensor, 0.0).sum(axis=1) / known
+        gpm_d = np.where(both, dram, 0.0).sum(axis=1) / known
+        for k in np.flatnonzero((util >= 5) & (known > 0)).tolist():
+            acc.gpm.append((float(gpm_t[k]) / util_list[k], float(gpm_d[k]) / util_list[k]))
+        busy = util >= 50
+        if busy.any():
+            columns = ((power, acc.intensity, True), (tensor, acc.tensor, False), (dram, acc.dram, False))
+            for values, out, intensity in columns:
+                have = ~np.isnan(values)
+                count = have.sum(axis=1)
+                mean = np.where(have, values, 0.0).sum(axis=1) / count
+                for k in np.flatnonzero(busy & (count > 0)).tolist():
+                    if intensity:
+                        out.append(min(1.5, max(0.0, (float(mean[k]) - 0.1) / (0.9 * util_list[k] / 100))))
+                    else:
+                        out.append(float(mean[k]) / util_list[k])
+    acc.idle_seconds += int((series < 2).sum())
+    acc.seconds += series.size
+    memory = digests[:, :, 4]
+    acc.mem.extend(memory[~np.isnan(memory)].tolist())
+    acc.links.extend(digests[:, :, 5].ravel().tolist())
+    for _, _, east, north, ckpt in rows:
+        acc.east.append(east)
+        acc.north.append(north)
+        acc.ckpt.append(1.0 if ckpt else 0.0)
 
 
 def _trains_hard(window: WindowDigest, gpu_ids: Sequence[int]) -> bool:
@@ -319,22 +411,26 @@ def _servers(window: WindowDigest) -> set[str]:
 
 def nnls(columns: list[list[float]], target: list[float], rounds: int = 200) -> list[float]:
     """Non-negative least squares by coordinate descent: a ≥ 0 minimising |target - Σ a_j columns_j|²."""
+    if not columns:
+        return []
+    x = np.asarray(columns, dtype=np.float64)
+    residual = np.asarray(target, dtype=np.float64).copy()
     coef = [0.0] * len(columns)
-    residual = list(target)
-    norms = [sum(v * v for v in col) for col in columns]
+    norms = np.einsum("ij,ij->i", x, x).tolist()
+    peaks = x.max(axis=1, initial=0.0).tolist()
+    done = 1e-6 * (max(target, default=0.0) + 1)
     for _ in range(rounds):
         moved = 0.0
-        for j, col in enumerate(columns):
+        for j, col in enumerate(x):
             if norms[j] <= 0:
                 continue
-            step = sum(c * r for c, r in zip(col, residual, strict=True)) / norms[j]
-            new = max(0.0, coef[j] + step)
+            new = max(0.0, coef[j] + float(col @ residual) / norms[j])
             delta = new - coef[j]
             if delta:
                 coef[j] = new
-                residual = [r - delta * c for r, c in zip(residual, col, strict=True)]
-                moved = max(moved, abs(delta) * max(col, default=0.0))
-        if moved < 1e-6 * (max(target, default=0.0) + 1):
+                residual -= delta * col
+                moved = max(moved, abs(delta) * peaks[j])
+        if moved < done:
             break
     return coef
 
@@ -546,7 +642,11 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
-        loads = {wid: [_window_load(w, devices.effective(ref.gpus)) for w in windows] for wid, ref in refs.items()}
+        by_index = [{int(g[0]): g.util_mean for g in w.gpus} for w in windows]
+        loads = {
+            wid: [sum([u[i] for i in held if i in u]) for u in by_index]
+            for wid, held in ((wid, devices.effective(ref.gpus)) for wid, ref in refs.items())
+        }
         bursts = _save_bursts(windows)
         # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
         # checkpoints; with several such jobs it is nobody's evidence.
@@ -567,10 +667,20 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             "write": [max(c[3] - base.write, 0.0) for c in own],
         }
         shared = {name: _attribute(loads, _steady(values)) if refs else {} for name, values in channels.items()}
+        node_loads = [sum(column) for column in zip(*loads.values(), strict=True)] if loads else []
+        effective: dict[int, tuple[int, ...]] = {}  # per interned reference: its devices
+        tenancies: dict[tuple[int, ...], dict[str, dict[int, float]]] = {}  # per set of references, unpinned
+        latest: dict[str, tuple[tuple[int, ...], dict[int, float]]] = {}  # per workload: its last window here
+        pending: dict[str, list[tuple[WindowDigest, tuple[int, ...], float, float, bool]]] = {}
         for i, window in enumerate(windows):
             facts_of = {v.workload: v for v in window.volatile}
             pinned_mib = _pinned(window)
-            tenants = tenancy(window.workloads, devices, pinned_mib)
+            if pinned_mib:
+                tenants = tenancy(window.workloads, devices, pinned_mib)
+            else:  # the same references window after window (interned): the same tenancy
+                key = tuple(map(id, window.workloads))
+                tenants = tenancies.get(key) or tenancies.setdefault(key, tenancy(window.workloads, devices, {}))
+            present = {g[0] for g in window.gpus}
             for ref in window.workloads:
                 if (ref.id, record.node) in gone:
                     continue
@@ -579,19 +689,11 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 acc.program = ref.program or acc.program
                 acc.listen = tuple(ref.listen_ports) or acc.listen
                 acc.step = ref.sched_step or acc.step
-                held_gpus = devices.effective(ref.gpus)
+                held_gpus = effective.get(id(ref))
+                if held_gpus is None:
+                    held_gpus = effective[id(ref)] = devices.effective(ref.gpus)
                 parts = tenants.get(ref.id, {})
-                first = gpu_info.get(held_gpus[0]) if held_gpus else None
-                alone = len(held_gpus) == 1 and parts.get(held_gpus[0]) == 1.0
-                # the latest window says what it holds now: tenants come and go
-                acc.placements[record.node] = Placement(
-                    node=record.node,
-                    gpu_model=first.model if first else "unknown",
-                    gpu_memory_mib=first.memory_mib if first else 0,
-                    gpus=held_gpus,
-                    held=units(parts, devices),
-                    profile=_profile(devices, held_gpus[0]) if alone else None,
-                )
+                latest[ref.id] = (held_gpus, parts)  # the latest window says what it holds now: tenants come and go
                 # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
                 # does between checkpoints; a serving workload is bursty.
                 ckpt = bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
@@ -610,20 +712,32 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                         # A pod's own network namespace: its traffic, no regression needed.
                         acc.own_net = True
                         ingress, north = facts.net_rx_bps, facts.net_rx_bps + facts.net_tx_bps
-                before = acc.windows
-                _fold_window(acc, window, set(held_gpus), shared["east"][ref.id][i], north, ckpt, record.node)
-                if acc.windows > before:
-                    acc.held_mem.append(_held_memory(window, pinned_mib.get(ref.id, {}), held_gpus, parts))
-                    acc.node_front.append((channels["tx"][i] + channels["rx"][i]) / per_node_gpu)
-                    acc.ingress.append(ingress)
-                    acc.egress.append(max(north - ingress, 0.0))
-                    acc.reads.append(shared["read"][ref.id][i])
-                    acc.writes.append(shared["write"][ref.id][i])
-                    acc.baseline.append((base.tx + base.rx) / per_node_gpu)
-                    acc.baseline_from.add(base.source)
-                    node_load = sum(series[i] for series in loads.values())
-                    if node_load >= 5:
-                        acc.shares.append(loads[ref.id][i] / node_load)
+                if present.isdisjoint(held_gpus):
+                    continue  # none of its GPUs reported this window: nothing of it to fold
+                pending.setdefault(ref.id, []).append((window, held_gpus, shared["east"][ref.id][i], north, ckpt))
+                acc.held_mem.append(_held_memory(window, pinned_mib.get(ref.id, {}), held_gpus, parts))
+                acc.node_front.append((channels["tx"][i] + channels["rx"][i]) / per_node_gpu)
+                acc.ingress.append(ingress)
+                acc.egress.append(max(north - ingress, 0.0))
+                acc.reads.append(shared["read"][ref.id][i])
+                acc.writes.append(shared["write"][ref.id][i])
+                acc.baseline.append((base.tx + base.rx) / per_node_gpu)
+                acc.baseline_from.add(base.source)
+                if node_loads[i] >= 5:
+                    acc.shares.append(loads[ref.id][i] / node_loads[i])
+        for wid, (held_gpus, parts) in latest.items():
+            first = gpu_info.get(held_gpus[0]) if held_gpus else None
+            alone = len(held_gpus) == 1 and parts.get(held_gpus[0]) == 1.0
+            accs[wid].placements[record.node] = Placement(
+                node=record.node,
+                gpu_model=first.model if first else "unknown",
+                gpu_memory_mib=first.memory_mib if first else 0,
+                gpus=held_gpus,
+                held=units(parts, devices),
+                profile=_profile(devices, held_gpus[0]) if alone else None,
+            )
+        for wid, rows in pending.items():
+            _fold_windows(accs[wid], rows, record.node)
     # its history where it runs now: digests it left on a node it moved away from describe other hardware
     digests: dict[str, list[Digest]] = defaultdict(list)
     for wid, acc in accs.items():
@@ -653,7 +767,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 p95_util=_p95(acc.load) if len(acc.load) >= 20 else _mean(acc.util_p95),
                 burstiness=_mean(acc.cvs),
                 gpu_spread=_mean(acc.spreads),
-                zero_seconds=_mean(acc.zeros),
+                zero_seconds=acc.idle_seconds / acc.seconds if acc.seconds else 0.0,
                 mem_used_mib=mem_peak,
                 mem_fraction=mem_peak / memory if memory else 0.0,
                 mem_stability=_cv(acc.mem),

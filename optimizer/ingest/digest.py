@@ -20,7 +20,7 @@ from agent.protocol import FLOAT32_MAX, Birth, NicKind, NicRole, Telemetry, Work
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
 
 _NONE = float("nan")  # an absent figure, in the packed array
-_SERIES = 9  # where the per-second series starts
+SERIES_AT = 9  # where the per-second series starts in a GpuDigest
 
 
 def _optional(position: int) -> property:
@@ -88,7 +88,7 @@ class GpuDigest(array):  # type: ignore[type-arg]
     @property
     def series(self) -> array[float]:
         """Per-second utilisation."""
-        return self[_SERIES:]
+        return self[SERIES_AT:]
 
 
 @dataclass(frozen=True, slots=True)
