@@ -41,6 +41,14 @@ class OptimizerSettings(Section):
     client_id: str = Field(default="fleetfit-optimizer", min_length=1, max_length=64)
     state_dir: Path = Path("/var/lib/fleetfit-optimizer")
     solve_interval: float = Field(default=60.0, ge=0.5, le=86_400)
+    plan_cpu_share: float = Field(
+        default=0.05,
+        gt=0,
+        le=1,
+        description="share of one core planning may take on average: where a round of plans takes more CPU than "
+        "this share of solve_interval (a large site: features, classification and the solve grow with its nodes), "
+        "rounds are spaced further apart than solve_interval, and ingest keeps the rest",
+    )
     horizon_windows: int = Field(default=60, ge=3, le=100_000)
     catalog: Path | None = None
     shared_group: str | None = Field(

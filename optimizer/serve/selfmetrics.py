@@ -28,6 +28,12 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
         ),
         gauge("fleetfit_broker_connected", "1 while subscribed to the broker.", optimizer.connected.is_set()),
         counter("fleetfit_plans_total", "Plans made.", optimizer.plans_made),
+        counter("fleetfit_plan_cpu_seconds_total", "CPU seconds spent planning.", optimizer.plan_cpu_seconds),
+        gauge(
+            "fleetfit_plan_wait_seconds",
+            "Rest before the next round of plans: solve_interval, or more to keep within plan_cpu_share.",
+            optimizer.plan_wait,
+        ),
         labelled(
             "fleetfit_solve_seconds",
             "gauge",

@@ -111,6 +111,8 @@ class Optimizer:
         self.servers: list[Server] = []
         self.alerter = alerter
         self.plans_made = 0
+        self.plan_cpu_seconds = 0.0  # CPU the planning threads spent, all rounds
+        self.plan_wait = config.optimizer.solve_interval  # seconds before the next round: at least solve_interval
         self.lag = Lag()
         self.plan_failures: Counter[str] = Counter()  # per site
         self.failing_sites: dict[str, str] = {}  # site -> why its last round failed
@@ -414,6 +416,19 @@ class Optimizer:
         open_actions: Sequence[Recommendation] = (),
         done: list[Outcome] | None = None,
     ) -> tuple[Snapshot, Plan, dict[str, str], list[Outcome]]:
+        began = time.thread_time()  # this worker thread's CPU: features, classification and a 1-worker solve
+        try:
+            return self._plan_site_timed(fleet, site, open_actions, done)
+        finally:
+            self.plan_cpu_seconds += time.thread_time() - began
+
+    def _plan_site_timed(
+        self,
+        fleet: Fleet,
+        site: str,
+        open_actions: Sequence[Recommendation] = (),
+        done: list[Outcome] | None = None,
+    ) -> tuple[Snapshot, Plan, dict[str, str], list[Outcome]]:
         catalog, followed = self._learned(fleet, site, done or [])
         pinned = self.config.plan.pinned
         excluded: dict[str, str] = {}
@@ -476,13 +491,31 @@ class Optimizer:
             log.warning("could not publish the plan for %s: %s", plan.site, exc)
 
     async def _planning(self) -> None:
-        interval = self.config.optimizer.solve_interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.plan_wait)
+            spent, began = self.plan_cpu_seconds, time.monotonic()
             try:
                 await self.plan_once()
             except Exception:
                 log.exception("planning failed; keeping the previous plan")
+            self._pace(self.plan_cpu_seconds - spent, time.monotonic() - began)
+
+    def _pace(self, cpu: float, wall: float) -> None:
+        """Space the next round so that planning takes at most ``plan_cpu_share`` of a core on average: a round
+        that took ``cpu`` seconds of CPU over ``wall`` seconds is followed by at least ``cpu / share - wall`` of
+        rest. Ingest shares the process; at thousands of nodes a round every solve_interval would crowd it out."""
+        settings = self.config.optimizer
+        wait = max(settings.solve_interval, cpu / settings.plan_cpu_share - wall)
+        if wait > settings.solve_interval and self.plan_wait == settings.solve_interval:
+            log.info(
+                "a round of plans took %.1f s of CPU: planning every %.0f s rather than every %g s, within %g%% of a "
+                "core (optimizer.plan_cpu_share)",
+                cpu,
+                wait + wall,
+                settings.solve_interval,
+                settings.plan_cpu_share * 100,
+            )
+        self.plan_wait = wait
 
     async def run(self) -> None:
         """Run until ``should_exit`` is set, or until one of the long-lived tasks dies (``failed`` says which:
