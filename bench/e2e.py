@@ -12,7 +12,12 @@ what the optimizer adds is the difference. ``--simulators K`` splits the fleet o
 (site ``e2e-1`` … ``e2e-K``, so that planning sees K sites of N/K nodes) for when one cannot keep up.
 The optimizer's CPU includes its solver threads (``/proc/pid/stat``, threads that ended included).
 
-    .venv/bin/python bench/e2e.py [--nodes 2000] [--duration 300] [--solve-interval 60] [--simulators 1]
+``--replay`` publishes windows simulated before the clock starts (bench/replay.py: each node's first minute,
+cycled with fresh sequence numbers and times) from one thread of this process, in place of live simulators: the
+simulator needs ~4.5 ms of CPU per window, most of a core at 2,000 nodes, which a 2-core machine cannot spare
+beside the optimizer. The optimizer's work per window is the same either way.
+
+    .venv/bin/python bench/e2e.py [--nodes 2000] [--duration 300] [--solve-interval 60] [--simulators 1] [--replay]
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import paho.mqtt.client as paho
 from common import free_port, mosquitto_command, process_cpu_seconds, raise_open_files_limit, rss_mib
 from paho.mqtt.enums import CallbackAPIVersion
+from replay import Replay
 
 FLEETFIT = str(Path(sys.executable).parent / "fleetfit")
 
@@ -121,7 +127,13 @@ def main() -> None:
     parser.add_argument("--solve-interval", type=float, default=60.0)
     parser.add_argument("--scenario", default="mixed")
     parser.add_argument("--simulators", type=int, default=1, help="simulator processes sharing the fleet")
+    parser.add_argument("--replay", action="store_true", help="publish windows simulated before the run")
     args = parser.parse_args()
+    replay = None
+    if args.replay:
+        prepared = time.monotonic()
+        replay = Replay(args.scenario, args.nodes, "e2e")
+        print(f"replay: {args.nodes} nodes' windows simulated in {time.monotonic() - prepared:.0f} s", flush=True)
     raise_open_files_limit()
     vm_binary = shutil.which("victoria-metrics")
     if vm_binary is None:
@@ -156,7 +168,7 @@ def main() -> None:
             (f"e2e-{k + 1}", args.nodes // args.simulators + (k < args.nodes % args.simulators))
             for k in range(args.simulators)
         ]  # fmt: skip
-        for i, (site, nodes) in enumerate(sites):
+        for i, (site, nodes) in enumerate(sites if replay is None else []):
             procs[f"simulator{i}"] = subprocess.Popen(
                 [FLEETFIT, "--log-level", "warning", "simulate", "--broker", f"mqtt://127.0.0.1:{mqtt_port}",
                  "--nodes", str(nodes), "--scenario", args.scenario, "--site", site, "--time-scale", "1",
@@ -164,7 +176,10 @@ def main() -> None:
                 stdout=subprocess.DEVNULL,
                 stderr=(work / f"simulate{i}.log").open("wb"),
             )  # fmt: skip
+        if replay is not None:
+            replay.start(mqtt_port, args.duration)
         started = time.monotonic()
+        bench_cpu0 = time.process_time()
         simulators = [k for k in procs if k.startswith("simulator")]
         cpu0 = {k: process_cpu_seconds(p.pid) for k, p in procs.items()}
         peak = dict.fromkeys(procs, 0.0)
@@ -172,7 +187,7 @@ def main() -> None:
         lag_p50: list[float] = []
         lag_p95: list[float] = []
         solves: dict[float, tuple[float, float, float, float]] = {}
-        while any(procs[k].poll() is None for k in simulators):
+        while any(procs[k].poll() is None for k in simulators) or (replay is not None and replay.alive()):
             time.sleep(5)
             for k, p in procs.items():
                 if p.poll() is None:
@@ -191,6 +206,7 @@ def main() -> None:
                     m.get('fleetfit_solve_optimal{site="e2e"}', 0),
                 )
         elapsed = time.monotonic() - started
+        bench_cpu = time.process_time() - bench_cpu0
         cpu = {k: (process_cpu_seconds(p.pid) if p.poll() is None else last_cpu[k]) - cpu0[k] for k, p in procs.items()}
         bare.stop()
         bare_p50, bare_p95 = bare.quantiles(time.time() - elapsed + 60)
@@ -242,11 +258,18 @@ def main() -> None:
         status = "OPTIMAL" if optimal else "FEASIBLE"
         print(f"plan {plans:.0f}: {status}, solve {solve:.2f} s, gap {gap:.2%}, {recs:.0f} recommendations")
     total = 0.0
-    sim_cpu = sum(cpu[k] for k in simulators)
-    sim_rss = sum(peak[k] for k in simulators)
-    print(f"{'simulator' + (f' x{len(simulators)}' if len(simulators) > 1 else ''):17} CPU "
-          f"{sim_cpu / elapsed * 100:5.1f} % of one core, peak RSS {sim_rss:6.0f} MiB")  # fmt: skip
-    total += sim_cpu / elapsed
+    if replay is not None:
+        late = sorted(replay.late) or [0.0]
+        behind = late[len(late) * 95 // 100]
+        print(f"replay (this process, its lag probe included): CPU {bench_cpu / elapsed * 100:5.1f} % of one core; "
+              f"{replay.published} windows published, p95 {behind:.2f} s behind schedule")  # fmt: skip
+        total += bench_cpu / elapsed
+    else:
+        sim_cpu = sum(cpu[k] for k in simulators)
+        sim_rss = sum(peak[k] for k in simulators)
+        print(f"{'simulator' + (f' x{len(simulators)}' if len(simulators) > 1 else ''):17} CPU "
+              f"{sim_cpu / elapsed * 100:5.1f} % of one core, peak RSS {sim_rss:6.0f} MiB")  # fmt: skip
+        total += sim_cpu / elapsed
     for k in ("optimizer", "mosquitto", "victoria-metrics"):
         share = cpu[k] / elapsed
         total += share
@@ -254,9 +277,13 @@ def main() -> None:
     cores = os.cpu_count() or 1
     load = cpu["optimizer"] / elapsed
     print(f"all together: {total * 100:.0f} % of one core, of {cores} cores")
-    print(f"optimizer, whole load (ingest, store writes, a plan every {args.solve_interval:g} s with its solver "
-          f"threads): {load * 100:.1f} % of one core: {args.nodes / max(load, 1e-9):,.0f} nodes per optimizer core at "
-          f"10 s windows")  # fmt: skip
+    plan_cpu = m.get("fleetfit_plan_cpu_seconds_total", 0.0)
+    plans_made, rest = m.get("fleetfit_plans_total", 0), m.get("fleetfit_plan_wait_seconds", float("nan"))
+    print(f"planning: {plans_made:.0f} plan(s), {plan_cpu:.1f} s of CPU in all ({plan_cpu / elapsed * 100:.1f} % of "
+          f"one core); rest before the next round {rest:.0f} s (solve_interval {args.solve_interval:g} s, longer "
+          f"where planning would exceed optimizer.plan_cpu_share)")  # fmt: skip
+    print(f"optimizer, whole load (ingest, store writes, planning with its solver threads): {load * 100:.1f} % of one "
+          f"core: {args.nodes / max(load, 1e-9):,.0f} nodes per optimizer core at 10 s windows")  # fmt: skip
     print(f"optimizer memory: peak RSS {peak['optimizer']:.0f} MiB, {rss_idle:.0f} MiB before any node: "
           f"{(peak['optimizer'] - rss_idle) * 1024 / args.nodes:.0f} KiB per node above that "
           f"({peak['optimizer'] * 1024 / args.nodes:.0f} KiB per node in all), with {min(int(elapsed // 10), 60)} of "
