@@ -1,0 +1,74 @@
+"""A workload's windows folded as arrays give the features the window-by-window fold gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from optimizer.decide.features import _Acc, _fold_run, _fold_window
+from optimizer.ingest.digest import GpuDigest, WindowDigest
+
+
+def window(rng: random.Random, seq: int, gpus: list[int], seconds: int) -> WindowDigest:
+    digests = []
+    for index in gpus:
+        level = rng.choice([0.0, 3.0, 30.0, 55.0, 97.0])
+        series = [min(100.0, max(0.0, level + rng.uniform(-8, 8))) for _ in range(seconds)]
+        mean = math.fsum(series) / len(series) if series else level
+        digests.append(
+            GpuDigest.of(
+                index,
+                mean,
+                max(series, default=level),
+                rng.uniform(0, 10),
+                series,
+                mem_max_mib=rng.choice([None, rng.uniform(1000, 80000)]),
+                link_bps=rng.uniform(0, 1e9),
+                power_frac=rng.choice([None, rng.uniform(0.1, 1.0)]),
+                tensor_active=rng.choice([None, rng.uniform(0, 60)]),
+                dram_active=rng.choice([None, rng.uniform(0, 60)]),
+            )
+        )
+    return WindowDigest(seq, seq, seq * 10.0, seq * 10.0 + 10, tuple(digests), 0.0, 0.0, 0.0, ())
+
+
+def close(a: object, b: object) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-9, abs=1e-9)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    ("gpus", "held"), [([0], {0}), ([0, 1, 2, 3], {1, 2}), ([0, 1], {0, 1}), ([4, 5, 6], {4, 5, 6})]
+)
+def test_windows_folded_together_match_one_by_one(seed: int, gpus: list[int], held: set[int]) -> None:
+    rng = random.Random(seed)
+    seconds = rng.choice([1, 2, 10])
+    windows = [window(rng, seq, gpus, seconds) for seq in range(12)]
+    rows = [(w, tuple(sorted(held)), rng.uniform(0, 1e6), rng.uniform(0, 1e6), rng.random() < 0.2) for w in windows]
+    together, alone = _Acc(), _Acc()
+    _fold_run(together, rows, held, "node-a")
+    for w, _, east, north, ckpt in rows:
+        _fold_window(alone, w, held, east, north, ckpt, "node-a")
+    assert together.windows == alone.windows == len(windows)
+    for name in (f.name for f in dataclasses.fields(_Acc)):
+        assert close(getattr(together, name), getattr(alone, name)), name
+
+
+def test_windows_whose_gpus_differ_are_folded_one_by_one() -> None:
+    rng = random.Random(9)
+    windows = [window(rng, seq, [0, 1] if seq % 3 else [0], 10) for seq in range(9)]  # GPU 1 lost now and then
+    rows = [(w, (0, 1), 1.0, 2.0, False) for w in windows]
+    together, alone = _Acc(), _Acc()
+    _fold_run(together, rows, {0, 1}, "n")
+    for w, _, east, north, ckpt in rows:
+        _fold_window(alone, w, {0, 1}, east, north, ckpt, "n")
+    assert close(dataclasses.asdict(together), dataclasses.asdict(alone))
