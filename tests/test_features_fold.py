@@ -66,7 +66,8 @@ def test_windows_folded_together_match_one_by_one(seed: int, gpus: list[int], he
 def test_windows_whose_gpus_differ_are_folded_one_by_one() -> None:
     rng = random.Random(9)
     windows = [window(rng, seq, [0, 1] if seq % 3 else [0], 10) for seq in range(9)]  # GPU 1 lost now and then
-    rows = [(w, (0, 1), 1.0, 2.0, False) for w in windows]
+    both: tuple[int, ...] = (0, 1)
+    rows = [(w, both, 1.0, 2.0, False) for w in windows]
     together, alone = _Acc(), _Acc()
     _fold_run(together, rows, {0, 1}, "n")
     for w, _, east, north, ckpt in rows:
