@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--scenario", default="mixed")
     parser.add_argument("--simulators", type=int, default=1, help="simulator processes sharing the fleet")
     parser.add_argument("--replay", action="store_true", help="publish windows simulated before the run")
+    parser.add_argument("--profile", type=Path, help="run the optimizer under cProfile, its stats written here")
     args = parser.parse_args()
     replay = None
     if args.replay:
@@ -156,8 +157,9 @@ def main() -> None:
             f'[api]\nlisten = "127.0.0.1"\nport = {api_port}\n'
         )
         (work / "state").mkdir()
+        profiled = [sys.executable, "-m", "cProfile", "-o", str(args.profile.resolve())] if args.profile else []
         procs["optimizer"] = subprocess.Popen(
-            [FLEETFIT, "--log-level", "warning", "optimizer", "--config", str(config)],
+            [*profiled, FLEETFIT, "--log-level", "warning", "optimizer", "--config", str(config)],
             stdout=subprocess.DEVNULL,
             stderr=(work / "optimizer.log").open("wb"),
         )

@@ -8,13 +8,18 @@ Each node's first ``per_node`` windows are simulated (the same engine and window
 seed per node); the run cycles through them with fresh sequence numbers and times, so a node repeats its own
 ``per_node * 10`` seconds of behaviour. Nodes start spread over one window, as agents do. Window bytes are made
 once with sentinel numbers; publishing swaps in the sequence number and times, so a window costs a few µs to send.
+Prepared windows are kept in the temporary directory for the next run of the same fleet.
 """
 
 from __future__ import annotations
 
+import hashlib
+import pickle
+import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -51,13 +56,25 @@ def _node(job: tuple[str, int, str, int, int]) -> tuple[str, bytes, list[bytes]]
     return node.name, encode(birth.model_copy(update={"timestamp": time.time()})), templates
 
 
+def _code() -> str:
+    """A digest of the code that makes the windows: the simulator, the agent's window code and the protocol."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted([*(root / "collectors" / "sim").glob("*.py"), *(root / "agent").glob("*.py")])
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:12]
+
+
 class Replay:
     """``nodes`` nodes of ``scenario`` at ``site``, prepared on ``processes`` processes, published from a thread."""
 
     def __init__(self, scenario: str, nodes: int, site: str, per_node: int = 6, processes: int = 2) -> None:
-        jobs = [(scenario, nodes, site, i, per_node) for i in range(nodes)]
-        with ProcessPoolExecutor(processes) as pool:
-            self.nodes = list(pool.map(_node, jobs, chunksize=max(1, nodes // (processes * 8))))
+        cache = Path(tempfile.gettempdir()) / f"fleetfit-replay-{scenario}-{nodes}-{site}-{per_node}-{_code()}.pickle"
+        if cache.exists():  # the same fleet by the same code as a run before
+            self.nodes = pickle.loads(cache.read_bytes())
+        else:
+            jobs = [(scenario, nodes, site, i, per_node) for i in range(nodes)]
+            with ProcessPoolExecutor(processes) as pool:
+                self.nodes = list(pool.map(_node, jobs, chunksize=max(1, nodes // (processes * 8))))
+            cache.write_bytes(pickle.dumps(self.nodes))
         self.site = site
         self.published = 0
         self.late: list[float] = []  # how late each window left against its schedule
