@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 from fake_nvml import FakeGpu, make_fake_nvml
 
 from agent.protocol import NicKind, NicRole, WorkloadKind
 from collectors.attribution import Attributor, owner_from_cgroup
 from collectors.base import Entity
 from collectors.gpu import NullGpuCollector, NvmlGpuCollector, open_gpu_collector
-from collectors.host import HostCollector
+from collectors.host import HostCollector, memory_used_percent
 from collectors.nic import NicCollector, classify_interface, role_of
 from collectors.storage import StorageCollector
 
@@ -215,3 +216,51 @@ def test_a_disk_whose_partitions_make_a_raid_is_marked_a_member(tmp_path: Path) 
     storage._counters = lambda: dict.fromkeys(("sda", "sdb", "md0", "nvme0n1"))  # type: ignore[method-assign]
     members = {d.name: d.member_of for d in storage.inventory().disks}
     assert members == {"md0": None, "nvme0n1": None, "sda": "md0", "sdb": "md0"}
+
+
+def test_disk_counters_are_read_from_every_diskstats_layout(tmp_path: Path) -> None:
+    for disk in ("sda", "vdb", "nvme0n1"):
+        (tmp_path / "sys" / "block" / disk).mkdir(parents=True)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "diskstats").write_text(
+        # 5.5+: 20 fields; reads, sectors read (x 512 bytes), writes, sectors written are fields 4, 6, 8, 10
+        "   8       0 sda 100 7 2000 9 300 8 4000 9 0 5 6 0 0 0 0 0 0 0\n"
+        "   8       1 sda1 90 7 1800 9 290 8 3900 9 0 5 6 0 0 0 0 0 0 0\n"  # a partition: not a disk
+        "   7       0 loop0 5 0 10 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+        " 252      16 vdb 11 0 22 0 33 0 44 0 0 0 0\n"  # 2.6 to 4.17: 14 fields
+        " 259       0 nvme0n1 1 2 3 4\n"  # 2.6's short form (partitions): reads, sectors read, writes, written
+    )
+    storage = StorageCollector(sysfs_root=tmp_path / "sys", procfs_root=tmp_path / "proc")
+    got = {s.key: s.counters for s in storage.sample()}
+    assert got == {
+        "sda": {"read_iops": 100, "read_bps": 2000 * 512, "write_iops": 300, "write_bps": 4000 * 512},
+        "vdb": {"read_iops": 11, "read_bps": 22 * 512, "write_iops": 33, "write_bps": 44 * 512},
+        "nvme0n1": {"read_iops": 1, "read_bps": 2 * 512, "write_iops": 3, "write_bps": 4 * 512},
+    }
+
+
+def test_disk_and_memory_figures_agree_with_psutil_on_this_machine() -> None:
+    """psutil's own reading of the same files, the independent check; counters only grow between the reads."""
+    storage = StorageCollector()
+    before = {n: c for n, c in psutil.disk_io_counters(perdisk=True, nowrap=False).items() if storage._is_disk(n)}
+    mine = {s.key: s.counters for s in storage.sample()}
+    after = {n: c for n, c in psutil.disk_io_counters(perdisk=True, nowrap=False).items() if storage._is_disk(n)}
+    assert mine and set(mine) == set(before)
+    for name, c in mine.items():
+        for field, attr in (("read_bps", "read_bytes"), ("write_bps", "write_bytes"), ("read_iops", "read_count")):
+            assert getattr(before[name], attr) <= c[field] <= getattr(after[name], attr)
+    meminfo = Path("/proc/meminfo").read_bytes()
+    assert (
+        memory_used_percent(meminfo) == psutil.virtual_memory().percent
+        or abs(memory_used_percent(meminfo) - psutil.virtual_memory().percent) <= 0.2
+    )  # memory moves between the two reads
+
+
+def test_memory_in_use_is_what_is_not_available(tmp_path: Path) -> None:
+    meminfo = b"MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    4000000 kB\nBuffers: 1 kB\n"
+    assert memory_used_percent(meminfo) == 75.0  # (16 - 4) / 16
+    # more available than there is (a container's distorted view): what is free counts, as psutil and free(1) do
+    assert memory_used_percent(meminfo.replace(b"4000000", b"20000000")) == round(15 / 16 * 100, 1)
+    (tmp_path / "meminfo").write_bytes(meminfo)
+    (h,) = HostCollector(procfs_root=tmp_path).sample()
+    assert h.gauges["mem_used_pct"] == 75.0
