@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from agent import __version__
 from agent.clock import Clock
 from agent.config import AgentConfig, AgentSettings
+from agent.heap import trim
 from agent.metrics import Family, MetricsServer, counter, gauge, labelled
 from agent.mqtt import Link, stop_tasks
 from agent.notify import Notifier
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 # The exit status when a collector can read its hardware again only from a new process (EX_TEMPFAIL): the unit's
 # Restart=on-failure starts it again, within its start limit.
 EXIT_RESTART = 75
+# Windows closed before the memory start-up freed is handed back: by the second, the first models are built and
+# the first TCP tables read.
+SETTLED_WINDOWS = 2
 
 
 def open_spool(settings: AgentSettings) -> WindowQueue:
@@ -217,6 +221,8 @@ class Agent:
                     self._enqueue(self.close_window())
                 except Exception:  # a window lost is bad; a sampler that stops for good is worse
                     log.exception("could not close or queue a window; sampling goes on")
+                if self.windows_closed == SETTLED_WINDOWS:
+                    trim()
                 while window_end <= now + interval / 2:
                     window_end += window
             k += 1

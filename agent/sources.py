@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Sequence
 
 from agent.config import AgentSettings
 from collectors.attribution import Attributor
@@ -13,6 +14,7 @@ from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.partitioned import PARTITIONS, PartitionedNode
 from collectors.sim.node import SimulatedNode
+from collectors.sim.processes import ProcessBackedGpus
 from collectors.sim.profiles import PROFILES
 from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.storage import StorageCollector
@@ -81,9 +83,19 @@ def gpu_collector(settings: AgentSettings) -> Collector:
     return WithFacts(found, attributor) if found is not None else nvidia
 
 
-def node_collectors(settings: AgentSettings, simulate: str | None = None) -> list[Collector]:
-    """GPU (real, simulated, or a null collector saying why there is none), NICs, block devices and host."""
+def node_collectors(
+    settings: AgentSettings, simulate: str | None = None, simulate_pids: Sequence[int] = ()
+) -> list[Collector]:
+    """GPU (real, simulated, or a null collector saying why there is none), NICs, block devices and host.
+
+    ``simulate_pids``: local processes to take for those on the simulated GPUs, attributed and described
+    through /proc as a real node's (collectors/sim/processes.py)."""
+    if simulate_pids and not simulate:
+        raise ValueError("--simulate-pids: only with --simulate")
     gpu: Collector = simulated_gpus(simulate, settings.node) if simulate else gpu_collector(settings)
+    if simulate_pids:
+        attributor = Attributor(node=settings.node)
+        gpu = WithFacts(ProcessBackedGpus(gpu, simulate_pids, attributor), attributor)
     return [
         gpu,
         NicCollector(fabric_patterns=settings.fabric_interfaces),

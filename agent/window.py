@@ -58,26 +58,27 @@ class WindowBuilder:
 
     def add(self, samples: Iterable[Sample], now: float) -> None:
         """Fold one tick's samples in; ``now`` is the tick's time in seconds (any steady clock)."""
-        seen = self._seen
+        # Every second, for every signal of every entity: names are looked up once, not per value.
+        seen, update, limits = self._seen, self._rates.update, _LIMITS
+        all_values, latest, counts = self._values, self._latest, self._counts
         for s in samples:
             entity = (s.entity, s.key)
-            values = self._values[entity]
+            values = all_values[entity]
             if s.latest:
-                self._latest[entity].update(s.latest)
+                latest[entity].update(s.latest)
             for name, value in s.gauges.items():
-                if 0.0 <= value <= _LIMITS.get(name, FLOAT32_MAX):  # a driver glitch (NaN too) must not poison it
+                if 0.0 <= value <= limits.get(name, FLOAT32_MAX):  # a driver glitch (NaN too) must not poison it
                     values[name].append(float(value))
             for name, total in s.counters.items():
                 key = (s.entity, s.key, name)
                 seen.add(key)
-                step = self._rates.update(key, total, now)
+                step = update(key, total, now)
                 if step is None:
                     continue
-                delta, elapsed = step
                 if name in _COUNT_FIELDS:
-                    self._counts[entity][name] += delta
+                    counts[entity][name] += step[0]
                 else:
-                    values[name].append(delta / elapsed)
+                    values[name].append(step[0] / step[1])
         self.samples += 1
 
     def close(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.protocol import WorkloadKind, printable
+from collectors.procfs import read_text
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +86,31 @@ def owner_from_cgroup(cgroup_path: str) -> tuple[str, WorkloadKind, str] | None:
     return None
 
 
+def owner_of_cgroups(cgroup: str) -> tuple[str, WorkloadKind, str] | None:
+    """The owner a process's /proc/PID/cgroup names (one line per hierarchy), the most specific of several."""
+    best: tuple[str, WorkloadKind, str] | None = None
+    for line in cgroup.splitlines():
+        path = line.split(":", 2)[-1]
+        found = owner_from_cgroup(path)
+        if found and (best is None or _RANK.get(found[1], 9) < _RANK.get(best[1], 9)):
+            best = found
+    return best
+
+
 class Attributor:
     """Resolves pids through an injectable procfs root so tests run on fixture trees."""
 
     def __init__(self, procfs_root: Path = Path("/proc"), node: str = "") -> None:
         self._proc = procfs_root
+        self._root = str(procfs_root)
         self._node = node
         self._pids: dict[str, list[int]] = {}  # resolved since the last take_pids(), by workload id
+        # a cgroup file's text → the owner it names: every process of a workload has the same text, and it is
+        # read again every window
+        self._by_cgroup: dict[str, tuple[str, WorkloadKind, str] | None] = {}
 
     def _read(self, pid: int, name: str) -> str | None:
-        try:
-            return (self._proc / str(pid) / name).read_text(errors="replace")
-        except OSError:
-            return None
+        return read_text(f"{self._root}/{pid}/{name}")
 
     def owner(self, pid: int) -> Owner:
         found = self._owner(pid)
@@ -112,12 +125,14 @@ class Attributor:
     def _owner(self, pid: int) -> Owner:
         comm = self._read(pid, "comm")
         hint = printable(comm).strip()[:64] or None if comm else None  # prctl(PR_SET_NAME) takes any bytes
-        best: tuple[str, WorkloadKind, str] | None = None
-        for line in (self._read(pid, "cgroup") or "").splitlines():
-            path = line.split(":", 2)[-1]
-            found = owner_from_cgroup(path)
-            if found and (best is None or _RANK.get(found[1], 9) < _RANK.get(best[1], 9)):
-                best = found
+        cgroup = self._read(pid, "cgroup") or ""
+        if cgroup in self._by_cgroup:
+            best = self._by_cgroup[cgroup]
+        else:
+            best = owner_of_cgroups(cgroup)
+            if len(self._by_cgroup) >= OWNER_CACHE:
+                self._by_cgroup.clear()
+            self._by_cgroup[cgroup] = best
         if best:
             return Owner(best[0], best[1], best[2], hint)
         pgid = self._pgid(pid)

@@ -15,6 +15,7 @@ import psutil
 from agent.protocol import NicInfo, NicKind, NicRole, WorkloadRef
 from collectors import infiniband
 from collectors.base import Entity, Inventory, Sample
+from collectors.procfs import read_bytes
 
 ARPHRD_INFINIBAND = 32
 ARPHRD_LOOPBACK = 772
@@ -66,6 +67,53 @@ def role_of(
     return NicRole.NORTH_SOUTH
 
 
+# The fields of /proc/net/dev the agent sends: bytes received and sent, errors in and out, drops in and out.
+_NET_DEV_FIELDS = (0, 8, 2, 10, 3, 11)
+NetCounters = tuple[int, int, int, int]  # bytes received, bytes sent, errors, drops
+
+
+class NetDev:
+    """``psutil.net_io_counters(pernic=True)`` for the fields the agent sends, from /proc/net/dev, without the
+    named tuples that made psutil's call cost several times the read. As with psutil's default (``nowrap``), a
+    counter that goes back is taken to have wrapped at its last value, which is added to it from then on,
+    until the interface is gone."""
+
+    def __init__(self, procfs_root: Path = Path("/proc")) -> None:
+        self._path = f"{procfs_root}/net/dev"
+        self._last: dict[str, tuple[int, ...]] = {}
+        self._carried: dict[str, list[int]] = {}
+
+    def read(self) -> dict[str, NetCounters]:
+        data = read_bytes(self._path)
+        if data is None:  # psutil reads nothing else on Linux: its error, or what it finds
+            return {
+                name: (c.bytes_recv, c.bytes_sent, c.errin + c.errout, c.dropin + c.dropout)
+                for name, c in psutil.net_io_counters(pernic=True).items()
+            }
+        raw: dict[str, tuple[int, ...]] = {}
+        for line in data.splitlines()[2:]:
+            colon = line.rfind(b":")
+            fields = line[colon + 1 :].split()
+            if colon <= 0 or len(fields) != 16:
+                raise ValueError(f"not sure how to interpret line {line!r} of /proc/net/dev")
+            raw[line[:colon].strip().decode(errors="surrogateescape")] = tuple(int(fields[i]) for i in _NET_DEV_FIELDS)
+        out: dict[str, NetCounters] = {}
+        for name, now in raw.items():
+            last = self._last.get(name)
+            values = now
+            if last is not None:
+                carried = self._carried.setdefault(name, [0] * len(now))
+                for i, (value, before) in enumerate(zip(now, last, strict=True)):
+                    if value < before:
+                        carried[i] += before
+                values = tuple(v + c for v, c in zip(now, carried, strict=True))
+            out[name] = (values[0], values[1], values[2] + values[3], values[4] + values[5])
+        for gone in [name for name in self._carried if name not in raw]:
+            del self._carried[gone]
+        self._last = raw
+        return out
+
+
 class NicCollector:
     name = "nic"
 
@@ -82,6 +130,7 @@ class NicCollector:
         self._include_virtual = include_virtual
         self._kinds: dict[str, NicKind] = {}
         self._rdma = {port.name: port for port in infiniband.discover(sysfs_root)}
+        self._net_dev = NetDev(procfs_root)
 
     def _kind(self, name: str) -> NicKind:
         if name not in self._kinds:
@@ -118,19 +167,14 @@ class NicCollector:
 
     def sample(self) -> list[Sample]:
         out = [Sample(Entity.NIC, name, counters=infiniband.read_counters(p)) for name, p in self._rdma.items()]
-        for name, c in psutil.net_io_counters(pernic=True).items():
+        for name, (rx, tx, errors, drops) in self._net_dev.read().items():
             if name in self._rdma or not self._wanted(name):
                 continue
             out.append(
                 Sample(
                     Entity.NIC,
                     name,
-                    counters={
-                        "rx_bps": c.bytes_recv,
-                        "tx_bps": c.bytes_sent,
-                        "errors": c.errin + c.errout,
-                        "drops": c.dropin + c.dropout,
-                    },
+                    counters={"rx_bps": rx, "tx_bps": tx, "errors": errors, "drops": drops},
                 )
             )
         return out

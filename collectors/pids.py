@@ -8,6 +8,7 @@ its host PID and says why in the birth.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 from agent.protocol import WorkloadKind, WorkloadRef
@@ -30,13 +31,14 @@ class PidResolver:
         except (OSError, ValueError):
             self._pid_max = DEFAULT_PID_MAX
         self.host_pids = host_pid_namespace(root) is not False
+        self._root = str(root)
         self.invalid = 0  # PIDs dropped, over the agent's life
         self._owners = OwnerReader(root)  # who pays: a pod's namespace, a Slurm account and user
 
     def valid(self, pid: object) -> bool:
         ok = isinstance(pid, int) and 0 < pid <= self._pid_max
         if ok and self.host_pids:
-            ok = (self._attributor.procfs_root / str(pid)).is_dir()
+            ok = os.path.isdir(f"{self._root}/{pid}")
         if not ok:
             self.invalid += 1
         return ok

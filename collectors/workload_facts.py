@@ -32,6 +32,7 @@ from pathlib import Path
 from agent.protocol import WorkloadRef
 from collectors.attribution import Attributor
 from collectors.base import Collector, Inventory, Sample
+from collectors.procfs import read_bytes, read_text
 
 INTERPRETERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|node|ruby|perl|java|uv|conda|env)$")
 SOCKET_INTERVAL_S = 600.0  # how often a network namespace's TCP table is read again
@@ -141,10 +142,7 @@ class WorkloadFacts:
         self._net: dict[str, tuple[float, int, int]] = {}  # workload → (time, rx bytes, tx bytes)
 
     def _read(self, relative: str) -> str | None:
-        try:
-            return (self._proc / relative).read_text(errors="replace")
-        except OSError:
-            return None
+        return read_text(f"{self._root}/{relative}")
 
     def _link(self, relative: str) -> str | None:
         try:
@@ -155,10 +153,8 @@ class WorkloadFacts:
     def _started(self, pid: int) -> int | None:
         """When ``pid`` started (clock ticks after boot; None: gone). A pid the kernel gives to a new process
         has a later start, so what was read of the old one is not taken for the new one's."""
-        try:
-            with open(f"{self._root}/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
+        stat = read_bytes(f"{self._root}/{pid}/stat")
+        if stat is None:
             return -1 if os.path.isdir(f"{self._root}/{pid}") else None  # a procfs without stat: by pid alone
         fields = stat.rpartition(b")")[2].split()
         try:

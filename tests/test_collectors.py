@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import psutil
+import pytest
 from fake_nvml import FakeGpu, make_fake_nvml
 
 from agent.protocol import NicKind, NicRole, WorkloadKind
 from collectors.attribution import Attributor, owner_from_cgroup
 from collectors.base import Entity
 from collectors.gpu import NullGpuCollector, NvmlGpuCollector, open_gpu_collector
-from collectors.host import HostCollector
-from collectors.nic import NicCollector, classify_interface, role_of
+from collectors.host import CpuBusy, HostCollector, memory_used_percent
+from collectors.nic import NetDev, NicCollector, classify_interface, role_of
 from collectors.storage import StorageCollector
 
 
@@ -215,3 +218,111 @@ def test_a_disk_whose_partitions_make_a_raid_is_marked_a_member(tmp_path: Path) 
     storage._counters = lambda: dict.fromkeys(("sda", "sdb", "md0", "nvme0n1"))  # type: ignore[method-assign]
     members = {d.name: d.member_of for d in storage.inventory().disks}
     assert members == {"md0": None, "nvme0n1": None, "sda": "md0", "sdb": "md0"}
+
+
+def test_disk_counters_are_read_from_every_diskstats_layout(tmp_path: Path) -> None:
+    for disk in ("sda", "vdb", "nvme0n1"):
+        (tmp_path / "sys" / "block" / disk).mkdir(parents=True)
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "diskstats").write_text(
+        # 5.5+: 20 fields; reads, sectors read (x 512 bytes), writes, sectors written are fields 4, 6, 8, 10
+        "   8       0 sda 100 7 2000 9 300 8 4000 9 0 5 6 0 0 0 0 0 0 0\n"
+        "   8       1 sda1 90 7 1800 9 290 8 3900 9 0 5 6 0 0 0 0 0 0 0\n"  # a partition: not a disk
+        "   7       0 loop0 5 0 10 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+        " 252      16 vdb 11 0 22 0 33 0 44 0 0 0 0\n"  # 2.6 to 4.17: 14 fields
+        " 259       0 nvme0n1 1 2 3 4\n"  # 2.6's short form (partitions): reads, sectors read, writes, written
+    )
+    storage = StorageCollector(sysfs_root=tmp_path / "sys", procfs_root=tmp_path / "proc")
+    got = {s.key: s.counters for s in storage.sample()}
+    assert got == {
+        "sda": {"read_iops": 100, "read_bps": 2000 * 512, "write_iops": 300, "write_bps": 4000 * 512},
+        "vdb": {"read_iops": 11, "read_bps": 22 * 512, "write_iops": 33, "write_bps": 44 * 512},
+        "nvme0n1": {"read_iops": 1, "read_bps": 2 * 512, "write_iops": 3, "write_bps": 4 * 512},
+    }
+
+
+def test_disk_and_memory_figures_agree_with_psutil_on_this_machine() -> None:
+    """psutil's own reading of the same files, the independent check; counters only grow between the reads."""
+    storage = StorageCollector()
+    before = {n: c for n, c in psutil.disk_io_counters(perdisk=True, nowrap=False).items() if storage._is_disk(n)}
+    mine = {s.key: s.counters for s in storage.sample()}
+    after = {n: c for n, c in psutil.disk_io_counters(perdisk=True, nowrap=False).items() if storage._is_disk(n)}
+    assert mine and set(mine) == set(before)
+    for name, c in mine.items():
+        for field, attr in (("read_bps", "read_bytes"), ("write_bps", "write_bytes"), ("read_iops", "read_count")):
+            assert getattr(before[name], attr) <= c[field] <= getattr(after[name], attr)
+    meminfo = Path("/proc/meminfo").read_bytes()
+    assert (
+        memory_used_percent(meminfo) == psutil.virtual_memory().percent
+        or abs(memory_used_percent(meminfo) - psutil.virtual_memory().percent) <= 0.2
+    )  # memory moves between the two reads
+
+
+def test_memory_in_use_is_what_is_not_available(tmp_path: Path) -> None:
+    meminfo = b"MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    4000000 kB\nBuffers: 1 kB\n"
+    assert memory_used_percent(meminfo) == 75.0  # (16 - 4) / 16
+    # more available than there is (a container's distorted view): what is free counts, as psutil and free(1) do
+    assert memory_used_percent(meminfo.replace(b"4000000", b"20000000")) == round(15 / 16 * 100, 1)
+    (tmp_path / "meminfo").write_bytes(meminfo)
+    (h,) = HostCollector(procfs_root=tmp_path).sample()
+    assert h.gauges["mem_used_pct"] == 75.0
+
+
+def test_cpu_busy_is_psutils_figure_from_two_readings(tmp_path: Path) -> None:
+    ticks = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks; per-CPU lines follow
+    stat.write_text(f"cpu  {10 * ticks} 0 {5 * ticks} {80 * ticks} {5 * ticks} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    cpu = CpuBusy(tmp_path)
+    # 1 s user (0.2 s of it a guest's, which the kernel counts in user too), 0.5 s system, 7 s idle, 0.5 s iowait
+    stat.write_text(f"cpu  {11 * ticks} 0 {5.5 * ticks:.0f} {87 * ticks} {5.5 * ticks:.0f} 0 0 0 {0.2 * ticks:.0f} 0\n")
+    assert cpu.percent() == round(1.5 / 9 * 100, 1)  # busy 1 + 0.5 of 9 s, the guest's 0.2 s counted once
+    # iowait going back (a kernel quirk) counts as no time, as in top and psutil
+    stat.write_text(f"cpu  {12 * ticks} 0 {5.5 * ticks:.0f} {88 * ticks} {5 * ticks} 0 0 0 {0.2 * ticks:.0f} 0\n")
+    assert cpu.percent() == 50.0
+    assert cpu.percent() == 0.0  # no time passed
+
+
+def _net_dev(path: Path, rows: dict[str, tuple[int, int, int, int, int, int]]) -> None:
+    """rows: name → (rx bytes, rx errs, rx drop, tx bytes, tx errs, tx drop), in /proc/net/dev's layout."""
+    lines = ["Inter-|   Receive                                                |  Transmit\n",
+             " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"]  # fmt: skip
+    for name, (rx, rerr, rdrop, tx, terr, tdrop) in rows.items():
+        lines.append(f"{name:>6}: {rx} 9 {rerr} {rdrop} 0 0 0 0 {tx} 9 {terr} {tdrop} 0 0 0 0\n")
+    path.write_text("".join(lines))
+
+
+def test_interface_counters_are_read_as_psutil_reads_them(tmp_path: Path) -> None:
+    (tmp_path / "net").mkdir()
+    dev = tmp_path / "net" / "dev"
+    _net_dev(dev, {"lo": (5, 0, 0, 5, 0, 0), "eth0": (1000, 1, 2, 3000, 3, 4)})
+    net = NetDev(tmp_path)
+    assert net.read() == {"lo": (5, 5, 0, 0), "eth0": (1000, 3000, 4, 6)}
+    # received bytes went back (a 32-bit counter wrapped, or the driver reset it): as psutil's nowrap, the
+    # counter is taken to have wrapped at its last value, which is carried from then on
+    _net_dev(dev, {"lo": (5, 0, 0, 5, 0, 0), "eth0": (200, 1, 2, 3500, 3, 4)})
+    assert net.read()["eth0"] == (1200, 3500, 4, 6)
+    _net_dev(dev, {"lo": (5, 0, 0, 5, 0, 0), "eth0": (300, 1, 2, 3600, 3, 4)})
+    assert net.read()["eth0"] == (1300, 3600, 4, 6)
+    # an interface gone and back starts afresh
+    _net_dev(dev, {"lo": (5, 0, 0, 5, 0, 0)})
+    assert set(net.read()) == {"lo"}
+    _net_dev(dev, {"lo": (5, 0, 0, 5, 0, 0), "eth0": (10, 0, 0, 20, 0, 0)})
+    assert net.read()["eth0"] == (10, 20, 0, 0)
+    dev.write_text(dev.read_text() + "garbage: 1 2 3\n")
+    with pytest.raises(ValueError, match="net/dev"):
+        net.read()
+
+
+def test_interface_counters_agree_with_psutil_on_this_machine() -> None:
+    """psutil's own reading of the same file, the independent check; counters only grow between the reads."""
+    before = psutil.net_io_counters(pernic=True)
+    mine = NetDev().read()
+    after = psutil.net_io_counters(pernic=True)
+    assert mine and set(mine) == set(before)
+    for name, (rx, tx, errors, drops) in mine.items():
+        b, a = before[name], after[name]
+        assert b.bytes_recv <= rx <= a.bytes_recv and b.bytes_sent <= tx <= a.bytes_sent
+        assert (
+            b.errin + b.errout <= errors <= a.errin + a.errout and b.dropin + b.dropout <= drops <= a.dropin + a.dropout
+        )

@@ -77,7 +77,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     try:
-        collectors = node_collectors(config.agent, args.simulate)
+        collectors = node_collectors(config.agent, args.simulate, args.simulate_pids)
     except ValueError as exc:
         return _fail(str(exc))
     if args.once:
@@ -731,6 +731,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--simulate",
         metavar="MODELxN[:PATTERN][:PARTITION]",
         help="simulated GPUs (h100x8; mi300x8:cpx: AMD GPUs in a compute partition mode) with real NICs/disks",
+    )
+    p.add_argument(
+        "--simulate-pids",
+        metavar="PID[,PID...]",
+        type=cliargs.pid_list,
+        default=[],
+        help="with --simulate: local processes taken for those on the simulated GPUs (PID i on GPU i), attributed "
+        "to workloads and described from /proc as on a real node",
     )
     p.set_defaults(func=_cmd_agent)
 

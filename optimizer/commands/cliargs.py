@@ -85,6 +85,17 @@ def non_negative_int(text: str) -> int:
     return int(number(int, at_least=0)(text))
 
 
+def pid_list(text: str) -> list[int]:
+    """Process ids separated by commas: ``4242,4243``."""
+    try:
+        pids = [int(word) for word in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected process ids separated by commas, got {text!r}") from None
+    if any(pid < 1 for pid in pids):
+        raise argparse.ArgumentTypeError(f"a process id is at least 1, got {text!r}")
+    return pids
+
+
 def output_file(text: str) -> Path:
     """A file to append to: its directory must exist and it must not be a directory itself."""
     path = Path(text)
