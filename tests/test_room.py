@@ -18,13 +18,14 @@ def _c(wid: str, node: str, gpus: int, saving: float = 0.0, service: str | None 
     return Candidate(wid, node, home, gpus, service, by_type, {})
 
 
-def _layout(cands: list[Candidate], placed: dict[str, str]) -> Layout:
+def _layout(cands: list[Candidate], placed: dict[str, str], move_cost: float = 5.0) -> Layout:
+    """Every move costs ``move_cost`` once."""
     room = dict(CAPACITY)
     where = {c.id: (placed.get(c.id, c.node), c.gpus_now) for c in cands}
     for node, gpus in where.values():
         room[node] -= gpus
     taken = {(c.service, where[c.id][0]) for c in cands if c.service and where[c.id][0] != c.node}
-    return Layout({c.id: c for c in cands}, where, room, HARDWARE, taken)
+    return Layout({c.id: c for c in cands}, where, room, HARDWARE, taken, {c.id: move_cost for c in cands})
 
 
 def _tenants() -> list[Candidate]:
@@ -35,7 +36,7 @@ def _tenants() -> list[Candidate]:
 def test_a_small_tenant_moves_into_a_sliver_so_a_whole_workload_fits() -> None:
     cands = [*_tenants(), _c("m", "dear-1", 100, saving=20.0)]
     layout = _layout(cands, {})
-    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=10, move_cost=dict.fromkeys("abtum", 5.0))
+    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=10)
     assert made == 2  # the tenant's move counts against the budget as the workload's does
     # the roomier node needs less moved aside: the 32 leaves cheap-2 for cheap-1's 53 free
     assert layout.placed["u"][0] == "cheap-1" and layout.placed["m"][0] == "cheap-2"
@@ -47,7 +48,7 @@ def test_no_eviction_whose_one_off_costs_outweigh_the_saving() -> None:
     # $9 a month saved; the workload's and its tenant's moves cost $5 each once: the first month does not pay
     cands = [*_tenants(), _c("m", "dear-1", 100, saving=9.0)]
     layout = _layout(cands, {})
-    made = make_room([(9.0, cands[-1], "cheap")], layout, moves_left=10, move_cost=dict.fromkeys("abtum", 5.0))
+    made = make_room([(9.0, cands[-1], "cheap")], layout, moves_left=10)
     assert made == 0 and layout.placed["m"][0] == "dear-1" and layout.placed["t"][0] == "cheap-1"
 
 
@@ -57,7 +58,7 @@ def test_a_tenant_already_moving_is_sent_elsewhere_before_one_at_home_moves() ->
     cands = [_c("a", "cheap-1", 100), _c("t", "cheap-1", 47), _c("b", "cheap-2", 100), _c("n", "dear-1", 47)]
     cands.append(_c("m", "dear-1", 100, saving=20.0))
     layout = _layout(cands, {"n": "cheap-2"})
-    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=1, move_cost=dict.fromkeys("abtnm", 5.0))
+    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=1)
     assert made == 1
     assert layout.placed["n"][0] == "cheap-1" and layout.placed["t"][0] == "cheap-1"
     assert layout.placed["m"][0] == "cheap-2"
@@ -66,7 +67,7 @@ def test_a_tenant_already_moving_is_sent_elsewhere_before_one_at_home_moves() ->
 def test_the_budget_bounds_the_tenants_moved_too() -> None:
     cands = [*_tenants(), _c("m", "dear-1", 100, saving=20.0)]
     layout = _layout(cands, {})
-    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=1, move_cost=dict.fromkeys("abtum", 5.0))
+    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=1)
     assert made == 0 and layout.placed["m"][0] == "dear-1"
 
 
@@ -81,10 +82,10 @@ def test_a_replica_is_not_moved_beside_another_replica_that_moved_there() -> Non
         _c("m", "dear-1", 100, saving=20.0),
     ]
     layout = _layout(cands, {"r": "cheap-2"})
-    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=10, move_cost=dict.fromkeys("abtrm", 5.0))
+    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=10)
     assert made == 0 and layout.placed["t"][0] == "cheap-1" and layout.placed["m"][0] == "dear-1"
     # another service's tenant would move
     cands[1] = _c("t", "cheap-1", 47, service="other")
     layout = _layout(cands, {"r": "cheap-2"})
-    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=10, move_cost=dict.fromkeys("abtrm", 5.0))
+    made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=10)
     assert made == 2 and layout.placed["t"][0] == "cheap-2" and layout.placed["m"][0] == "cheap-1"

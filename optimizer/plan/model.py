@@ -663,8 +663,9 @@ def _rounded(
         if target != c.home and target in c.by_type:
             pending.append((c.by_type[c.home][0] - c.by_type[target][0], c, target))
     moves = sum(1 for c in candidates if placed[c.id][0] != c.node)
-    layout = Layout({c.id: c for c in candidates}, placed, left, hardware, taken)
-    make_room(pending, layout, problem.max_moves - moves, {w.id: w.move_cost_usd for w in problem.movable})
+    move_cost = {w.id: w.move_cost_usd for w in problem.movable}
+    layout = Layout({c.id: c for c in candidates}, placed, left, hardware, taken, move_cost)
+    make_room(pending, layout, problem.max_moves - moves)
     return {wid: node for wid, (node, _) in layout.placed.items()}
 
 

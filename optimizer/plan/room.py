@@ -32,9 +32,11 @@ class Layout:
     room: dict[str, int]
     hardware: dict[str, str]
     taken: set[tuple[str, str]]
+    move_cost: Mapping[str, float]  # workload id → the one-off cost of moving it
     already: dict[str, set[str]] = field(default_factory=dict)  # service → the nodes it ran on
     on: dict[str, set[str]] = field(default_factory=dict)  # node → workloads placed there
     by_room: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # hardware → (room, node), ascending
+    _tenants: dict[str, list[tuple[float, int, int, str]]] = field(default_factory=dict)  # see tenants()
 
     def __post_init__(self) -> None:
         for c in self.cands.values():
@@ -70,9 +72,25 @@ class Layout:
                 return name
         return None
 
+    def tenants(self, node: str) -> list[tuple[float, int, int, str]]:
+        """``(one-off cost, moves, units held, id)`` of moving each workload on ``node`` elsewhere, cheapest and
+        smallest first: one the plan already moves there is sent elsewhere at no cost and no extra move."""
+        listed = self._tenants.get(node)
+        if listed is None:
+            listed = []
+            for wid in self.on.get(node, ()):
+                at_home = self.cands[wid].node == node
+                cost = self.move_cost.get(wid, 0.0) if at_home else 0.0
+                listed.append((cost, int(at_home), self.placed[wid][1], wid))
+            listed.sort(key=lambda t: (t[0], t[2], t[3]))
+            self._tenants[node] = listed
+        return listed
+
     def put(self, wid: str, node: str, gpus: int) -> None:
         c = self.cands[wid]
         was, held = self.placed[wid]
+        self._tenants.pop(was, None)
+        self._tenants.pop(node, None)
         self._resize(was, held)
         self._resize(node, -gpus)
         self.on[was].discard(wid)
@@ -96,16 +114,10 @@ class _Eviction:
     relocations: tuple[tuple[str, str, int], ...]  # (tenant, its new node, what it holds there)
 
 
-def _evict(layout: Layout, node: str, need: int, move_cost: Mapping[str, float], best: float) -> _Eviction | None:
+def _evict(layout: Layout, node: str, need: int, best: float) -> _Eviction | None:
     """The cheapest set of ``node``'s tenants (cheaper than ``best``) whose departure frees ``need`` more units,
     each sent to the node of its hardware it fills best."""
-    tenants = []
-    for wid in layout.on.get(node, ()):
-        c = layout.cands[wid]
-        at_home = c.node == node
-        tenants.append((move_cost.get(wid, 0.0) if at_home else 0.0, int(at_home), layout.placed[wid][1], wid))
-    tenants.sort(key=lambda t: (t[0], t[2], t[3]))
-    tenants = [t for t in tenants if t[2] < need + layout.room[node]][:MAX_TENANTS]
+    tenants = [t for t in layout.tenants(node) if t[2] < need + layout.room[node]][:MAX_TENANTS]
     if sum(t[2] for t in tenants) < need:
         return None
     found = None
@@ -133,18 +145,13 @@ def _evict(layout: Layout, node: str, need: int, move_cost: Mapping[str, float],
     return found
 
 
-def make_room(
-    pending: list[tuple[float, Candidate, str]],
-    layout: Layout,
-    moves_left: int,
-    move_cost: Mapping[str, float],
-) -> int:
+def make_room(pending: list[tuple[float, Candidate, str]], layout: Layout, moves_left: int) -> int:
     """Place the ``(monthly saving, workload, hardware)`` moves of ``pending`` the packing could not, by
     evicting small tenants (see the module's docstring); biggest saving first. Returns the moves made."""
     made = 0
     for saving, c, key in sorted(pending, key=lambda p: (-p[0], p[1].id)):
         gpus = c.by_type[key][1]
-        worth = saving - move_cost.get(c.id, 0.0)
+        worth = saving - layout.move_cost.get(c.id, 0.0)
         if worth <= 0 or made >= moves_left:
             continue
         node = layout.best_fit(c, gpus, key, c.node, {})
@@ -153,7 +160,7 @@ def make_room(
             for _, name in reversed(layout.by_room.get(key, [])):  # the roomiest first: ties go to them
                 if layout.room[name] >= gpus or not layout.allowed(c, name):
                     continue
-                found = _evict(layout, name, gpus - layout.room[name], move_cost, eviction.cost if eviction else worth)
+                found = _evict(layout, name, gpus - layout.room[name], eviction.cost if eviction else worth)
                 if found is not None:
                     eviction = found
                     if found.cost == 0:
