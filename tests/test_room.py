@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+
+import pytest
+from test_ordering import replay
+
+from agent.protocol import WorkloadClass
+from optimizer.decide.catalog import load_catalog
+from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from optimizer.plan import recommend
+from optimizer.plan.problem import Problem
 from optimizer.plan.room import Layout, make_room
 from optimizer.plan.rounding import Candidate
 
@@ -89,3 +99,48 @@ def test_a_replica_is_not_moved_beside_another_replica_that_moved_there() -> Non
     layout = _layout(cands, {"r": "cheap-2"})
     made = make_room([(20.0, cands[-1], "cheap")], layout, moves_left=10)
     assert made == 2 and layout.placed["t"][0] == "cheap-2" and layout.placed["m"][0] == "cheap-1"
+
+
+def _service(wid: str, node: str, share: float, mean: float, mem_gib: float) -> SnapshotWorkload:
+    return SnapshotWorkload(
+        id=wid,
+        name=wid,
+        workload_class=WorkloadClass.INFERENCE,
+        confidence=0.95,
+        nodes=[node],
+        gpus=1,
+        mem_mib_per_gpu=mem_gib * 1024,
+        mean_util=mean,
+        p95_util=mean * 1.7,
+        gpu_share=share if share < 1 else None,
+    )
+
+
+def test_a_fleet_scale_start_moves_a_tenant_aside_to_reach_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two nodes of the cheaper hardware (two GPUs each), each with a whole-GPU service and a share of one beside
+    # it: 0.53 and 0.68 of a GPU free, so the whole-GPU service on the T4 fits neither. The bound pools the
+    # cheaper type's 1.21 free GPUs and saves what that service's move saves; the 0.32 share moving beside the
+    # other node's tenants (0.53 free) frees a whole GPU for it.
+    nodes = [
+        SnapshotNode(name="p-1", hardware="v100_pcie_16gb", gpus=2),
+        SnapshotNode(name="p-2", hardware="v100_pcie_16gb", gpus=2),
+        SnapshotNode(name="t-1", hardware="t4", gpus=2),
+    ]
+    workloads = [
+        _service("a", "p-1", 1.0, 22.9, 9.7),
+        _service("t", "p-1", 0.47, 7.1, 4.5),
+        _service("b", "p-2", 1.0, 22.9, 9.7),
+        _service("u", "p-2", 0.32, 7.1, 3.5),
+        _service("m", "t-1", 1.0, 2.3, 11.5),
+    ]
+    snapshot = Snapshot(site="s", nodes=nodes, workloads=workloads)
+    # as at fleet scale: no move within a hardware type offered to the model, the start the plan if near the bound
+    monkeypatch.setattr(recommend, "Problem", functools.partial(Problem, exact_model_limit=0, room_model_limit=0))
+    settings = recommend.PlanSettings(min_monthly_savings=10.0, move_cost_usd=5.0, max_moves=10)
+    plan = recommend.plan_snapshot(snapshot, load_catalog(), settings)
+    s = plan.solver
+    assert s.status == "HEURISTIC" and s.bound_savings_usd is not None and s.bound_savings_usd > 0
+    assert s.savings_usd == s.bound_savings_usd
+    moves = {(r.workload, r.from_node, r.to_node) for r in plan.recommendations}
+    assert moves == {("u", "p-2", "p-1"), ("m", "t-1", "p-2")}
+    replay(snapshot, plan)  # the share leaves before the service lands
