@@ -43,6 +43,7 @@ from optimizer.decide.costs import Demand, fit_problem, grown, monthly_cost, rig
 from optimizer.plan.bound import Bound, BoundOptions, per_type_bound
 from optimizer.plan.pools import Pool, assign, build_pools
 from optimizer.plan.problem import Movable, NodeSlot, Offer, Problem
+from optimizer.plan.room import Layout, make_room
 from optimizer.plan.rounding import Candidate, fill, pack
 
 log = logging.getLogger(__name__)
@@ -589,8 +590,9 @@ def _from_start(
         slots = {**slots, **{n.name: n for n in problem.nodes}}
         size = {(w.id, chosen[w.id]): options[w.id].gpus[concrete[chosen[w.id]]] for w in problem.movable}
         for w in problem.movable:
-            if chosen[w.id] != w.node:
-                options[w.id].nodes.setdefault(chosen[w.id], options[w.id].types[concrete[chosen[w.id]]])
+            o = options[w.id]
+            if chosen[w.id] != w.node:  # a move to make room stays on its own hardware, at its cost there
+                o.nodes.setdefault(chosen[w.id], o.types.get(concrete[chosen[w.id]], o.nodes[w.node]))
         pools = {}
     report = SolverReport(
         status="HEURISTIC",
@@ -645,7 +647,26 @@ def _rounded(
         now = units(w.demand, problem.units)
         candidates.append(Candidate(w.id, w.node, b.home, now, w.service, b.by_type, fractions))
     hardware = {n.name: n.hardware for n in problem.nodes}
-    return {wid: node for wid, (node, _) in pack(candidates, room, hardware, problem.max_moves).items()}
+    placed = pack(candidates, room, hardware, problem.max_moves)
+    # what the packing could not place, placed by moving small tenants aside (optimizer/plan/room.py)
+    left = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
+    pending = []
+    taken = set()
+    for c in candidates:
+        node, gpus = placed[c.id]
+        left[node] -= gpus
+        if node != c.node:
+            if c.service:
+                taken.add((c.service, node))
+            continue
+        target = max(c.fractions, key=lambda k: (c.fractions[k], k == c.home), default=c.home)
+        if target != c.home and target in c.by_type:
+            pending.append((c.by_type[c.home][0] - c.by_type[target][0], c, target))
+    moves = sum(1 for c in candidates if placed[c.id][0] != c.node)
+    move_cost = {w.id: w.move_cost_usd for w in problem.movable}
+    layout = Layout({c.id: c for c in candidates}, placed, left, hardware, taken, move_cost)
+    make_room(pending, layout, problem.max_moves - moves)
+    return {wid: node for wid, (node, _) in layout.placed.items()}
 
 
 def _filled(
