@@ -8,8 +8,10 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+import aiohttp
 import aiomqtt
 import pytest
 from conftest import EXAMPLES, FLEETFIT, MosquittoServer, Shipped, recent, shipped_broker, wait_until
@@ -17,15 +19,27 @@ from test_alerts import receiver, settings
 from webhook_server import webhook_server
 
 from agent.config import MqttSettings
+from agent.metrics import render
 from agent.mqtt import make_client
-from agent.protocol import TopicKind, encode, node_topic
+from agent.protocol import (
+    HandedPost,
+    HandedState,
+    Handover,
+    TopicKind,
+    encode,
+    handover_topic,
+    move_fingerprint,
+    node_topic,
+)
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
 from optimizer.decide.catalog import load_catalog
 from optimizer.serve.alerts.alerter import Alerter
-from optimizer.serve.config import OptimizerConfig, OptimizerSettings
-from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.config import ApiSettings, OptimizerConfig, OptimizerSettings
+from optimizer.serve.lifecycle import Lifecycle, RecState
+from optimizer.serve.selfmetrics import optimizer_metrics
 from optimizer.serve.service import Optimizer
+from optimizer.serve.web.app import WebServer
 
 SITES = ("s1", "s2", "s3", "s4")
 NODES = 8  # the demo scenario's first eight nodes: a site whose plan holds moves (tests/test_alerts.py)
@@ -117,6 +131,117 @@ async def test_two_optimizers_plan_four_sites_once_each_and_a_standby_takes_over
                 await asyncio.gather(*tasks.values())
             for alerter in alerters.values():
                 await alerter.close()
+
+
+def firing(server: object) -> list[list[str]]:
+    """The workloads each delivered alert announced, in order."""
+    return [sorted(m["workload_name"] for m in d.json()["firing"]) for d in server.delivered]  # type: ignore[attr-defined]
+
+
+def state_of(optimizer: Optimizer, rec_id: str) -> RecState | None:
+    assert optimizer.lifecycle is not None
+    tracked = optimizer.lifecycle.get(rec_id)
+    return tracked.state if tracked is not None else None
+
+
+async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    """One chat channel, two optimizers: the owner of s1 posts its moves once they settle (two plans), having had
+    one acknowledged through its API; it stops, and the standby plans the same moves. The channel hears of them once,
+    and the acknowledgement holds on the standby. A record forged by a client that is no optimizer of s1 is refused
+    and counted. The owner comes back with an empty state directory and a decision made on the standby holds."""
+    mqtt = mosquitto.settings(prefix)
+    tag = prefix[-6:]
+    owner_name, standby_name = f"opt-a-{tag}", f"opt-b-{tag}"
+    with webhook_server() as server:
+        alert = settings(receiver(server, "chat"), settle_plans=2)  # one channel, named alike on both
+        owner = scoped(mqtt, owner_name, ["s1"], [], tmp_path / "a", Alerter.in_state_dir(alert, tmp_path / "a"))
+        standby = scoped(mqtt, standby_name, [], ["s1"], tmp_path / "b", Alerter.in_state_dir(alert, tmp_path / "b"))
+        api = WebServer(owner, ApiSettings(port=0, token="t0ken"))  # type: ignore[arg-type]
+        owner.attach(api)
+        running = [owner, standby]
+        tasks = {o.ownership.name: asyncio.create_task(o.run()) for o in running}
+        try:
+            await wait_until(lambda: owner.ownership.seen_self and standby.ownership.seen_self, 10, "presences")
+            await wait_until(lambda: len(standby.ownership.presences) == 2, 5, "the owner's presence")
+            await publish_sites(mqtt, prefix, ("s1",))
+            await wait_until(
+                lambda: all(o.fleet.accepted["telemetry"] == NODES * WINDOWS for o in running), 20, "s1's windows"
+            )
+            assert [p.site for p in await owner.plan_once()] == ["s1"]  # the first plan: nothing settled yet
+            moves = {r.workload_name: r.id for r in owner.plans["s1"].recommendations}
+            assert sorted(moves) == ["forgotten-notebook-alloc", "vision-finetune-ddp"]  # tests/test_api.py
+            acked, posted = moves["vision-finetune-ddp"], moves["forgotten-notebook-alloc"]
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{api.port}/api/v1/recommendations/{acked}/ack"
+                async with http.post(url, headers={"Authorization": "Bearer t0ken"}) as r:
+                    assert r.status == 200
+            await owner.plan_once()  # settled: the move nobody acknowledged is posted
+            assert owner.alerter is not None
+            await owner.alerter.flush()
+            assert firing(server) == [["forgotten-notebook-alloc"]]
+            await wait_until(
+                lambda: any(p.id == posted for r in standby.handovers.held.get("s1", {}).values() for p in r.posted),
+                10,
+                "the owner's record of its post",
+            )
+
+            # a client that is no optimizer of s1 forges a record: every move posted, none to post
+            now = time.time()
+            forged = Handover(
+                site="s1",
+                optimizer="n-rogue",
+                written_at=now,
+                posted=[
+                    HandedPost(id=r.id, receiver="chat", fingerprint=move_fingerprint(r), first_sent=1.0, last_sent=1.0)
+                    for r in owner.plans["s1"].recommendations
+                ],
+                states=[HandedState(id=acked, state="new", changed=now)],
+            )
+            async with make_client(mqtt, f"rogue-{tag}") as rogue:
+                await rogue.publish(handover_topic(prefix, "s1"), encode(forged), qos=1)
+            await wait_until(
+                lambda: standby.handovers.rejected["not_site_optimizer"] == 1, 5, "the forged record refused"
+            )
+            metrics = render(optimizer_metrics(standby))
+            assert 'fleetfit_handover_rejected_total{reason="not_site_optimizer"} 1' in metrics
+
+            # the owner stops; the standby plans s1, with the same moves
+            owner.should_exit.set()
+            await tasks.pop(owner_name)
+            await wait_until(lambda: standby.ownership.owner("s1") == standby_name, 5, "the standby to take s1")
+            for _ in range(2):
+                assert [p.site for p in await standby.plan_once()] == ["s1"]
+                assert standby.alerter is not None
+                await standby.alerter.flush()
+            assert {r.id for r in standby.plans["s1"].recommendations} == {acked, posted}
+            await asyncio.sleep(0.3)
+            assert firing(server) == [["forgotten-notebook-alloc"]]  # once in all
+            assert state_of(standby, acked) == RecState.ACKNOWLEDGED
+
+            # a decision on the standby; the owner comes back with nothing of its own and plans s1 again
+            assert standby.lifecycle is not None
+            standby.lifecycle.set_state(posted, RecState.DISMISSED)
+            assert await standby.publish_handover() == 1
+            back = scoped(mqtt, owner_name, ["s1"], [], tmp_path / "a2", Alerter.in_state_dir(alert, tmp_path / "a2"))
+            running.append(back)
+            tasks[owner_name] = asyncio.create_task(back.run())
+            await wait_until(lambda: standby.ownership.owner("s1") == owner_name, 10, "the owner back")
+            await publish_sites(mqtt, prefix, ("s1",))  # windows are not retained: the nodes' next ones
+            await wait_until(lambda: back.fleet.accepted["telemetry"] == NODES * WINDOWS, 20, "s1's windows, again")
+            for _ in range(2):
+                assert [p.site for p in await back.plan_once()] == ["s1"]
+                assert back.alerter is not None
+                await back.alerter.flush()
+            await asyncio.sleep(0.3)
+            assert firing(server) == [["forgotten-notebook-alloc"]]
+            assert (state_of(back, acked), state_of(back, posted)) == (RecState.ACKNOWLEDGED, RecState.DISMISSED)
+        finally:
+            for o in running:
+                o.should_exit.set()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*tasks.values())
 
 
 def optimizer_toml(path: Path, port: int, prefix: str, name: str, sites: list[str], state: Path) -> Path:
