@@ -779,8 +779,9 @@ class Presence(_Model):
 HANDOVER_LEVEL = "handover"
 MAX_HANDOVER_BYTES = MAX_PAYLOAD_BYTES
 # Per list. A site's open moves number in the tens (a plan proposes what a capacity team can act on); what is
-# beyond this is the oldest, which an owner leaves out before it publishes.
-MAX_HANDOVER_ENTRIES = 500
+# beyond this is the oldest, which an owner leaves out before it publishes. At every name and time's longest, three
+# full lists encode to 214 kB, within MAX_PAYLOAD_BYTES (the packets an optimizer takes in; tests/test_handover.py).
+MAX_HANDOVER_ENTRIES = 300
 Stamp = Annotated[float, Field(strict=True, ge=0, le=LATEST_TIMESTAMP, allow_inf_nan=False)]
 RecId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
 ReceiverName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
