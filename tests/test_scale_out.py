@@ -313,7 +313,8 @@ def scoped_accounts(tmp_path: Path) -> Shipped:
 
 async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accounts: Shipped, tmp_path: Path) -> None:
     """`mint optimizer DIR NAME SITE...` on the shipped broker: the account reads its sites' nodes, publishes their
-    plans and its own presence, and nothing of another site or another optimizer's presence."""
+    plans, handover records and its own presence, and nothing of another site or another optimizer's presence; a
+    node may not write its site's handover record."""
     shipped = scoped_accounts
     shipped.server.start()
     prefix = "fleetfit/v1"
@@ -324,6 +325,7 @@ async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accou
             make_client(shipped.settings("fleetfit-reader"), "fleetfit-reader") as reader,
         ):
             await spy.subscribe(f"{prefix}/+/+/birth", qos=1)  # wider than its sites: the broker filters per topic
+            await spy.subscribe(f"{prefix}/+/handover", qos=1)
             await reader.subscribe(f"{prefix}/+/recommendations", qos=1)
             await reader.subscribe(f"{prefix}/_optimizers/+", qos=1)  # not the reader's: delivers nothing
             for node, site in (("n1", "s1"), ("n3", "s3")):
@@ -333,20 +335,25 @@ async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accou
                     await client.publish(
                         node_topic(prefix, site, node, TopicKind.BIRTH), encode(birth), qos=1, retain=True
                     )
+                    # a forged record: every move of its site already posted, so none would reach chat
+                    await client.publish(f"{prefix}/{site}/handover", b'{"forged": true}', qos=1, retain=True)
             await spy.publish(f"{prefix}/s1/recommendations", b"{}", qos=1)
             await spy.publish(f"{prefix}/s3/recommendations", b"{}", qos=1)  # west's site
             await spy.publish(f"{prefix}/_optimizers/fleetfit-optimizer-west", b"{}", qos=1)  # a forged presence
-            got: list[str] = []
+            await spy.publish(f"{prefix}/s1/handover", b"east's", qos=1)
+            await spy.publish(f"{prefix}/s3/handover", b"east's", qos=1)  # west's site
+            got: list[tuple[str, bytes]] = []
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2):
                     async for m in spy.messages:
-                        got.append(str(m.topic))
+                        got.append((str(m.topic), m.payload if isinstance(m.payload, bytes) else b""))
             read: list[str] = []
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1):
                     async for m in reader.messages:
                         read.append(str(m.topic))
-        assert got == [f"{prefix}/s1/n1/birth"]
+        assert [t for t, _ in sorted(got)] == [f"{prefix}/s1/handover", f"{prefix}/s1/n1/birth"]
+        assert (f"{prefix}/s1/handover", b"east's") in got  # its own record, not n1's
         assert read == [f"{prefix}/s1/recommendations"]
 
         # the optimizer itself, as that account: its presence goes through and comes back
