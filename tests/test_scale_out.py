@@ -148,9 +148,10 @@ async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
     mosquitto: MosquittoServer, prefix: str, tmp_path: Path
 ) -> None:
     """One chat channel, two optimizers: the owner of s1 posts its moves once they settle (two plans), having had
-    one acknowledged through its API; it stops, and the standby plans the same moves. The channel hears of them once,
-    and the acknowledgement holds on the standby. A record forged by a client that is no optimizer of s1 is refused
-    and counted. The owner comes back with an empty state directory and a decision made on the standby holds."""
+    one acknowledged through its API; the other is dismissed there just before the owner stops, and the standby plans
+    the same moves. The channel hears of them once, and both decisions hold on the standby. A record forged by a
+    client that is no optimizer of s1 is refused and counted. The owner comes back with an empty state directory: it
+    posts nothing again, and a decision made on the standby holds."""
     mqtt = mosquitto.settings(prefix)
     tag = prefix[-6:]
     owner_name, standby_name = f"opt-a-{tag}", f"opt-b-{tag}"
@@ -160,6 +161,7 @@ async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
         standby = scoped(mqtt, standby_name, [], ["s1"], tmp_path / "b", Alerter.in_state_dir(alert, tmp_path / "b"))
         api = WebServer(owner, ApiSettings(port=0, token="t0ken"))  # type: ignore[arg-type]
         owner.attach(api)
+        owner.handover_interval = 3600.0  # its record must follow each post, not a timer
         running = [owner, standby]
         tasks = {o.ownership.name: asyncio.create_task(o.run()) for o in running}
         try:
@@ -207,7 +209,11 @@ async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
             metrics = render(optimizer_metrics(standby))
             assert 'fleetfit_handover_rejected_total{reason="not_site_optimizer"} 1' in metrics
 
-            # the owner stops; the standby plans s1, with the same moves
+            # a decision just before the owner stops (no plan, no post, no timer: its shutdown hands it over)
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{api.port}/api/v1/recommendations/{posted}/dismiss"
+                async with http.post(url, headers={"Authorization": "Bearer t0ken"}) as r:
+                    assert r.status == 200
             owner.should_exit.set()
             await tasks.pop(owner_name)
             await wait_until(lambda: standby.ownership.owner("s1") == standby_name, 5, "the standby to take s1")
@@ -218,11 +224,11 @@ async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
             assert {r.id for r in standby.plans["s1"].recommendations} == {acked, posted}
             await asyncio.sleep(0.3)
             assert firing(server) == [["forgotten-notebook-alloc"]]  # once in all
-            assert state_of(standby, acked) == RecState.ACKNOWLEDGED
+            assert (state_of(standby, acked), state_of(standby, posted)) == (RecState.ACKNOWLEDGED, RecState.DISMISSED)
 
-            # a decision on the standby; the owner comes back with nothing of its own and plans s1 again
+            # reopened on the standby; the owner comes back with nothing of its own and plans s1 again
             assert standby.lifecycle is not None
-            standby.lifecycle.set_state(posted, RecState.DISMISSED)
+            standby.lifecycle.set_state(posted, RecState.NEW)
             assert await standby.publish_handover() == 1
             back = scoped(mqtt, owner_name, ["s1"], [], tmp_path / "a2", Alerter.in_state_dir(alert, tmp_path / "a2"))
             running.append(back)
@@ -236,7 +242,7 @@ async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
                 await back.alerter.flush()
             await asyncio.sleep(0.3)
             assert firing(server) == [["forgotten-notebook-alloc"]]
-            assert (state_of(back, acked), state_of(back, posted)) == (RecState.ACKNOWLEDGED, RecState.DISMISSED)
+            assert (state_of(back, acked), state_of(back, posted)) == (RecState.ACKNOWLEDGED, RecState.NEW)
         finally:
             for o in running:
                 o.should_exit.set()
@@ -244,11 +250,13 @@ async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
                 await asyncio.gather(*tasks.values())
 
 
-def optimizer_toml(path: Path, port: int, prefix: str, name: str, sites: list[str], state: Path) -> Path:
+def optimizer_toml(
+    path: Path, port: int, prefix: str, name: str, sites: list[str], state: Path, extra: str = "", interval: int = 86400
+) -> Path:
     path.write_text(
-        f'[optimizer]\nclient_id = "{name}"\nsites = {sites!r}\nstate_dir = "{state}"\nsolve_interval = 86400\n'
+        f'[optimizer]\nclient_id = "{name}"\nsites = {sites!r}\nstate_dir = "{state}"\nsolve_interval = {interval}\n'
         f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\nprefix = "{prefix}"\nkeepalive = 5\nsession_expiry = 60\n'
-        '[api]\nlisten = ""\n'
+        f'[api]\nlisten = ""\n{extra}'
     )
     return path
 
@@ -257,30 +265,50 @@ def optimizer_toml(path: Path, port: int, prefix: str, name: str, sites: list[st
 async def test_a_killed_optimizers_last_will_hands_its_site_to_the_standby(
     mosquitto: MosquittoServer, prefix: str, tmp_path: Path
 ) -> None:
-    """The owner is killed outright (SIGKILL: no goodbye); the broker publishes its last will and the standby
-    takes the site over."""
+    """The owner is killed outright (SIGKILL: no goodbye) after posting its moves; the broker publishes its last
+    will and the standby takes the site over, from the record the owner left after its post: the chat channel hears
+    of each move once."""
     tag = prefix[-6:]
     owner = f"opt-owner-{tag}"
     (tmp_path / "owner").mkdir()
-    config = optimizer_toml(tmp_path / "owner.toml", mosquitto.port, prefix, owner, ["s1"], tmp_path / "owner")
-    process = await asyncio.create_subprocess_exec(FLEETFIT, "optimizer", "--config", str(config))
-    standby = scoped(mosquitto.settings(prefix), f"opt-standby-{tag}", [], ["s1"], tmp_path / "standby")
-    task = asyncio.create_task(standby.run())
-    try:
-        await wait_until(lambda: standby.ownership.owner("s1") == owner, 30, "the owner's presence")
-        await publish_sites(mosquitto.settings(prefix), prefix, ("s1",))
-        await wait_until(lambda: standby.fleet.accepted["telemetry"] == NODES * WINDOWS, 20, "s1's windows")
-        assert await standby.plan_once() == []  # s1 has its owner
-        os.kill(process.pid, signal.SIGKILL)
-        await process.wait()
-        await wait_until(lambda: standby.ownership.owner("s1") == standby.ownership.name, 10, "the owner's will")
-        assert [p.site for p in await standby.plan_once()] == ["s1"]
-    finally:
-        if process.returncode is None:
-            process.kill()
+    with webhook_server() as server:
+        chat = receiver(server, "chat")  # the owner reads the same URL from the environment it inherits
+        alerts = (
+            "[alerts]\ngroup_wait = 0\nsettle_seconds = 0\nsettle_plans = 1\n"
+            f'[[alerts.receivers]]\nname = "chat"\nkind = "generic"\nurl_env = "{chat.url_env}"\n'
+        )
+        config = optimizer_toml(
+            tmp_path / "owner.toml", mosquitto.port, prefix, owner, ["s1"], tmp_path / "owner", alerts, interval=2
+        )
+        process = await asyncio.create_subprocess_exec(FLEETFIT, "optimizer", "--config", str(config))
+        alerter = Alerter.in_state_dir(settings(chat), tmp_path / "standby")
+        standby = scoped(mosquitto.settings(prefix), f"opt-standby-{tag}", [], ["s1"], tmp_path / "standby", alerter)
+        task = asyncio.create_task(standby.run())
+        try:
+            await wait_until(lambda: standby.ownership.owner("s1") == owner, 30, "the owner's presence")
+            await publish_sites(mosquitto.settings(prefix), prefix, ("s1",))
+            await wait_until(lambda: standby.fleet.accepted["telemetry"] == NODES * WINDOWS, 20, "s1's windows")
+            assert await standby.plan_once() == []  # s1 has its owner
+
+            def handed() -> set[str]:
+                return {p.id for r in standby.handovers.held.get("s1", {}).values() for p in r.posted}
+
+            await wait_until(lambda: len(handed()) == 2, 30, "the owner's record of both moves posted")
+            os.kill(process.pid, signal.SIGKILL)
             await process.wait()
-        standby.should_exit.set()
-        await task
+            await wait_until(lambda: standby.ownership.owner("s1") == standby.ownership.name, 10, "the owner's will")
+            assert [p.site for p in await standby.plan_once()] == ["s1"]
+            await alerter.flush()
+            assert {r.id for r in standby.plans["s1"].recommendations} == handed()
+            await asyncio.sleep(0.3)
+            announced = sorted(name for names in firing(server) for name in names)
+            assert announced == ["forgotten-notebook-alloc", "vision-finetune-ddp"]  # each once, by the owner
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            standby.should_exit.set()
+            await task
 
 
 async def test_an_optimizer_plans_nothing_before_its_presence_comes_back(
