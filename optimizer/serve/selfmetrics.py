@@ -187,7 +187,8 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             ),
             counter(
                 "fleetfit_handover_mismatched_total",
-                "Handed-over posts not taken in: this optimizer plans the move under that id but names it otherwise.",
+                "Handed-over posts left out, counted per plan: this optimizer plans the move under that id but names "
+                "it otherwise.",
                 handovers.mismatched,
             ),
             counter(
