@@ -10,10 +10,13 @@ Topics, under a configurable prefix (default ``fleetfit/v1``):
 * ``{prefix}/{site}/{node}/telemetry``  one window, QoS 1
 * ``{prefix}/{site}/recommendations``   the optimizer's current plan, retained, QoS 1
 * ``{prefix}/{site}/{node}/resend``     the optimizer asks a node for windows that never reached it, QoS 1
+* ``{prefix}/_optimizers/{optimizer}``  an optimizer's presence: the sites it plans and stands by for, retained
+* ``{prefix}/{site}/handover``          what the site's owner posted and what people decided, retained, QoS 1
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -767,6 +770,136 @@ class Presence(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
 
+# ---------------------------------------------------------------------------------------------- handover
+
+# A site's owner hands the site's alert and lifecycle state to whichever optimizer plans the site next, retained on
+# ``{prefix}/{site}/handover``: the moves it posted to each chat receiver, people's decisions on its moves, and how
+# long each proposed move has been settling. Only optimizer accounts may write the topic (the ACL ``mint`` writes);
+# a receiver still treats the record as hostile: bounded, strictly typed, no time after the record's own.
+HANDOVER_LEVEL = "handover"
+MAX_HANDOVER_BYTES = MAX_PAYLOAD_BYTES
+# Per list. A site's open moves number in the tens (a plan proposes what a capacity team can act on); what is
+# beyond this is the oldest, which an owner leaves out before it publishes. At every name and time's longest, three
+# full lists encode to 214 kB, within MAX_PAYLOAD_BYTES (the packets an optimizer takes in; tests/test_handover.py).
+MAX_HANDOVER_ENTRIES = 300
+Stamp = Annotated[float, Field(strict=True, ge=0, le=LATEST_TIMESTAMP, allow_inf_nan=False)]
+RecId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+ReceiverName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")]
+Fingerprint = Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+
+
+def handover_topic(prefix: str, site: str) -> str:
+    """Where the owner of ``site`` hands its alert and lifecycle state on (retained)."""
+    return f"{prefix}/{_check_ident(site, 'site')}/{HANDOVER_LEVEL}"
+
+
+def handover_filters(prefix: str, sites: Sequence[str] = ()) -> list[str]:
+    """The handover topics of ``sites`` (every site's when empty)."""
+    return [handover_topic(prefix, site) for site in sites] or [f"{prefix}/+/{HANDOVER_LEVEL}"]
+
+
+def handover_site(prefix: str, topic: str) -> str | None:
+    """The site whose handover ``topic`` is, or None when it is not a handover topic (the site is not checked)."""
+    head, tail = prefix + "/", "/" + HANDOVER_LEVEL
+    if not (topic.startswith(head) and topic.endswith(tail)):
+        return None
+    site = topic[len(head) : -len(tail)]
+    return site if site and "/" not in site else None
+
+
+def move_fingerprint(rec: Recommendation) -> str:
+    """What names a move in a chat message (its kind, the workload, where it runs, the hardware it goes to): the
+    new owner of a site trusts a handed-over post only for a move that it plans under the same id and names alike."""
+    said = "|".join((rec.kind or "move", rec.workload, rec.workload_name, rec.from_node, rec.from_hardware))
+    return hashlib.sha256(f"{said}|{rec.to_hardware}".encode()).hexdigest()[:16]
+
+
+class HandedState(_Model):
+    """A person's decision on a move (``new`` again: reopened): when, and on which optimizer (the lifecycle knows
+    no person: the API's token and the CLI's state directory are the optimizer's)."""
+
+    id: RecId
+    state: Literal["new", "acknowledged", "dismissed"]
+    changed: Stamp
+    by: Ident | None = None
+
+
+class HandedPost(_Model):
+    """A move posted to one chat receiver: when first and last (a reminder), and when its resolution was."""
+
+    id: RecId
+    receiver: ReceiverName
+    fingerprint: Fingerprint
+    first_sent: Stamp
+    last_sent: Stamp
+    resolved_sent: Stamp | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HandedPost:
+        if self.first_sent > self.last_sent:
+            raise ValueError("first_sent is after last_sent")
+        return self
+
+
+class HandedSettling(_Model):
+    """How long a proposed move has been proposed without a break (alerts post a move once it has settled)."""
+
+    id: RecId
+    first_proposed: Stamp
+    last_plan: Stamp
+    plans: Annotated[int, Field(strict=True, ge=1, le=MAX_COUNTER)]
+
+
+class Handover(_Model):
+    """One site's alert and lifecycle state, as its owner ``optimizer`` held it at ``written_at``."""
+
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    site: Ident
+    optimizer: Ident
+    written_at: Stamp
+    states: list[HandedState] = Field(default_factory=list, max_length=MAX_HANDOVER_ENTRIES)
+    posted: list[HandedPost] = Field(default_factory=list, max_length=MAX_HANDOVER_ENTRIES)
+    settling: list[HandedSettling] = Field(default_factory=list, max_length=MAX_HANDOVER_ENTRIES)
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Handover:
+        latest = max(
+            [s.changed for s in self.states]
+            + [max(p.last_sent, p.resolved_sent or 0.0) for p in self.posted]
+            + [max(s.first_proposed, s.last_plan) for s in self.settling],
+            default=0.0,
+        )
+        if latest > self.written_at:  # a time after the record's own would win every comparison forever
+            raise ValueError(f"an entry is dated {latest}, after the record's written_at {self.written_at}")
+        states, settling = [s.id for s in self.states], [s.id for s in self.settling]
+        posted = [(p.id, p.receiver) for p in self.posted]
+        if len(set(states)) != len(states) or len(set(posted)) != len(posted) or len(set(settling)) != len(settling):
+            raise ValueError("an entry appears twice")
+        return self
+
+
+def parse_handover(prefix: str, topic: str, payload: bytes | bytearray) -> Handover:
+    """The handover record on ``topic``; ProtocolError when the topic or payload is bad or they name different
+    sites."""
+    site = handover_site(prefix, topic)
+    if site is None:
+        raise ProtocolError("bad_topic", f"topic {topic!r} is not a handover topic")
+    _check_ident(site, "site")
+    if len(payload) > MAX_HANDOVER_BYTES:
+        raise ProtocolError("oversize", f"{len(payload)} bytes exceeds {MAX_HANDOVER_BYTES}")
+    try:
+        record = Handover.model_validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "payload"
+        raise ProtocolError("schema", f"{where}: {first['msg']}"[:300]) from None
+    if record.site != site:
+        raise ProtocolError("site_mismatch", f"payload says site {record.site!r}, topic says {site!r}")
+    return record
+
+
 # ------------------------------------------------------------------------------------------------ resend
 
 MAX_RESEND_RANGES = 64
@@ -802,7 +935,7 @@ _MODELS: dict[TopicKind, type[Birth] | type[State] | type[Telemetry] | type[Plan
 }
 
 
-def encode(message: Message | Resend) -> bytes:
+def encode(message: Message | Resend | Handover) -> bytes:
     """Serialise a message for the wire (compact JSON, schema field included)."""
     return message.model_dump_json(by_alias=True, exclude_none=True).encode()
 

@@ -8,8 +8,10 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
+import aiohttp
 import aiomqtt
 import pytest
 from conftest import EXAMPLES, FLEETFIT, MosquittoServer, Shipped, recent, shipped_broker, wait_until
@@ -17,15 +19,27 @@ from test_alerts import receiver, settings
 from webhook_server import webhook_server
 
 from agent.config import MqttSettings
+from agent.metrics import render
 from agent.mqtt import make_client
-from agent.protocol import TopicKind, encode, node_topic
+from agent.protocol import (
+    HandedPost,
+    HandedState,
+    Handover,
+    TopicKind,
+    encode,
+    handover_topic,
+    move_fingerprint,
+    node_topic,
+)
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
 from optimizer.decide.catalog import load_catalog
 from optimizer.serve.alerts.alerter import Alerter
-from optimizer.serve.config import OptimizerConfig, OptimizerSettings
-from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.config import ApiSettings, OptimizerConfig, OptimizerSettings
+from optimizer.serve.lifecycle import Lifecycle, RecState
+from optimizer.serve.selfmetrics import optimizer_metrics
 from optimizer.serve.service import Optimizer
+from optimizer.serve.web.app import WebServer
 
 SITES = ("s1", "s2", "s3", "s4")
 NODES = 8  # the demo scenario's first eight nodes: a site whose plan holds moves (tests/test_alerts.py)
@@ -119,11 +133,130 @@ async def test_two_optimizers_plan_four_sites_once_each_and_a_standby_takes_over
                 await alerter.close()
 
 
-def optimizer_toml(path: Path, port: int, prefix: str, name: str, sites: list[str], state: Path) -> Path:
+def firing(server: object) -> list[list[str]]:
+    """The workloads each delivered alert announced, in order."""
+    return [sorted(m["workload_name"] for m in d.json()["firing"]) for d in server.delivered]  # type: ignore[attr-defined]
+
+
+def state_of(optimizer: Optimizer, rec_id: str) -> RecState | None:
+    assert optimizer.lifecycle is not None
+    tracked = optimizer.lifecycle.get(rec_id)
+    return tracked.state if tracked is not None else None
+
+
+async def test_a_standby_takes_a_site_over_where_its_owner_stopped(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    """One chat channel, two optimizers: the owner of s1 posts its moves once they settle (two plans), having had
+    one acknowledged through its API; the other is dismissed there just before the owner stops, and the standby plans
+    the same moves. The channel hears of them once, and both decisions hold on the standby. A record forged by a
+    client that is no optimizer of s1 is refused and counted. The owner comes back with an empty state directory: it
+    posts nothing again, and a decision made on the standby holds."""
+    mqtt = mosquitto.settings(prefix)
+    tag = prefix[-6:]
+    owner_name, standby_name = f"opt-a-{tag}", f"opt-b-{tag}"
+    with webhook_server() as server:
+        alert = settings(receiver(server, "chat"), settle_plans=2)  # one channel, named alike on both
+        owner = scoped(mqtt, owner_name, ["s1"], [], tmp_path / "a", Alerter.in_state_dir(alert, tmp_path / "a"))
+        standby = scoped(mqtt, standby_name, [], ["s1"], tmp_path / "b", Alerter.in_state_dir(alert, tmp_path / "b"))
+        api = WebServer(owner, ApiSettings(port=0, token="t0ken"))  # type: ignore[arg-type]
+        owner.attach(api)
+        owner.handover_interval = 3600.0  # its record must follow each post, not a timer
+        running = [owner, standby]
+        tasks = {o.ownership.name: asyncio.create_task(o.run()) for o in running}
+        try:
+            await wait_until(lambda: owner.ownership.seen_self and standby.ownership.seen_self, 10, "presences")
+            await wait_until(lambda: len(standby.ownership.presences) == 2, 5, "the owner's presence")
+            await publish_sites(mqtt, prefix, ("s1",))
+            await wait_until(
+                lambda: all(o.fleet.accepted["telemetry"] == NODES * WINDOWS for o in running), 20, "s1's windows"
+            )
+            assert [p.site for p in await owner.plan_once()] == ["s1"]  # the first plan: nothing settled yet
+            moves = {r.workload_name: r.id for r in owner.plans["s1"].recommendations}
+            assert sorted(moves) == ["forgotten-notebook-alloc", "vision-finetune-ddp"]  # tests/test_api.py
+            acked, posted = moves["vision-finetune-ddp"], moves["forgotten-notebook-alloc"]
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{api.port}/api/v1/recommendations/{acked}/ack"
+                async with http.post(url, headers={"Authorization": "Bearer t0ken"}) as r:
+                    assert r.status == 200
+            await owner.plan_once()  # settled: the move nobody acknowledged is posted
+            assert owner.alerter is not None
+            await owner.alerter.flush()
+            assert firing(server) == [["forgotten-notebook-alloc"]]
+            await wait_until(
+                lambda: any(p.id == posted for r in standby.handovers.held.get("s1", {}).values() for p in r.posted),
+                10,
+                "the owner's record of its post",
+            )
+
+            # a client that is no optimizer of s1 forges a record: every move posted, none to post
+            now = time.time()
+            forged = Handover(
+                site="s1",
+                optimizer="n-rogue",
+                written_at=now,
+                posted=[
+                    HandedPost(id=r.id, receiver="chat", fingerprint=move_fingerprint(r), first_sent=1.0, last_sent=1.0)
+                    for r in owner.plans["s1"].recommendations
+                ],
+                states=[HandedState(id=acked, state="new", changed=now)],
+            )
+            async with make_client(mqtt, f"rogue-{tag}") as rogue:
+                await rogue.publish(handover_topic(prefix, "s1"), encode(forged), qos=1)
+            await wait_until(
+                lambda: standby.handovers.rejected["not_site_optimizer"] == 1, 5, "the forged record refused"
+            )
+            metrics = render(optimizer_metrics(standby))
+            assert 'fleetfit_handover_rejected_total{reason="not_site_optimizer"} 1' in metrics
+
+            # a decision just before the owner stops (no plan, no post, no timer: its shutdown hands it over)
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{api.port}/api/v1/recommendations/{posted}/dismiss"
+                async with http.post(url, headers={"Authorization": "Bearer t0ken"}) as r:
+                    assert r.status == 200
+            owner.should_exit.set()
+            await tasks.pop(owner_name)
+            await wait_until(lambda: standby.ownership.owner("s1") == standby_name, 5, "the standby to take s1")
+            for _ in range(2):
+                assert [p.site for p in await standby.plan_once()] == ["s1"]
+                assert standby.alerter is not None
+                await standby.alerter.flush()
+            assert {r.id for r in standby.plans["s1"].recommendations} == {acked, posted}
+            await asyncio.sleep(0.3)
+            assert firing(server) == [["forgotten-notebook-alloc"]]  # once in all
+            assert (state_of(standby, acked), state_of(standby, posted)) == (RecState.ACKNOWLEDGED, RecState.DISMISSED)
+
+            # reopened on the standby; the owner comes back with nothing of its own and plans s1 again
+            assert standby.lifecycle is not None
+            standby.lifecycle.set_state(posted, RecState.NEW)
+            assert await standby.publish_handover() == 1
+            back = scoped(mqtt, owner_name, ["s1"], [], tmp_path / "a2", Alerter.in_state_dir(alert, tmp_path / "a2"))
+            running.append(back)
+            tasks[owner_name] = asyncio.create_task(back.run())
+            await wait_until(lambda: standby.ownership.owner("s1") == owner_name, 10, "the owner back")
+            await publish_sites(mqtt, prefix, ("s1",))  # windows are not retained: the nodes' next ones
+            await wait_until(lambda: back.fleet.accepted["telemetry"] == NODES * WINDOWS, 20, "s1's windows, again")
+            for _ in range(2):
+                assert [p.site for p in await back.plan_once()] == ["s1"]
+                assert back.alerter is not None
+                await back.alerter.flush()
+            await asyncio.sleep(0.3)
+            assert firing(server) == [["forgotten-notebook-alloc"]]
+            assert (state_of(back, acked), state_of(back, posted)) == (RecState.ACKNOWLEDGED, RecState.NEW)
+        finally:
+            for o in running:
+                o.should_exit.set()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*tasks.values())
+
+
+def optimizer_toml(
+    path: Path, port: int, prefix: str, name: str, sites: list[str], state: Path, extra: str = "", interval: int = 86400
+) -> Path:
     path.write_text(
-        f'[optimizer]\nclient_id = "{name}"\nsites = {sites!r}\nstate_dir = "{state}"\nsolve_interval = 86400\n'
+        f'[optimizer]\nclient_id = "{name}"\nsites = {sites!r}\nstate_dir = "{state}"\nsolve_interval = {interval}\n'
         f'[mqtt]\nhost = "127.0.0.1"\nport = {port}\nprefix = "{prefix}"\nkeepalive = 5\nsession_expiry = 60\n'
-        '[api]\nlisten = ""\n'
+        f'[api]\nlisten = ""\n{extra}'
     )
     return path
 
@@ -132,30 +265,50 @@ def optimizer_toml(path: Path, port: int, prefix: str, name: str, sites: list[st
 async def test_a_killed_optimizers_last_will_hands_its_site_to_the_standby(
     mosquitto: MosquittoServer, prefix: str, tmp_path: Path
 ) -> None:
-    """The owner is killed outright (SIGKILL: no goodbye); the broker publishes its last will and the standby
-    takes the site over."""
+    """The owner is killed outright (SIGKILL: no goodbye) after posting its moves; the broker publishes its last
+    will and the standby takes the site over, from the record the owner left after its post: the chat channel hears
+    of each move once."""
     tag = prefix[-6:]
     owner = f"opt-owner-{tag}"
     (tmp_path / "owner").mkdir()
-    config = optimizer_toml(tmp_path / "owner.toml", mosquitto.port, prefix, owner, ["s1"], tmp_path / "owner")
-    process = await asyncio.create_subprocess_exec(FLEETFIT, "optimizer", "--config", str(config))
-    standby = scoped(mosquitto.settings(prefix), f"opt-standby-{tag}", [], ["s1"], tmp_path / "standby")
-    task = asyncio.create_task(standby.run())
-    try:
-        await wait_until(lambda: standby.ownership.owner("s1") == owner, 30, "the owner's presence")
-        await publish_sites(mosquitto.settings(prefix), prefix, ("s1",))
-        await wait_until(lambda: standby.fleet.accepted["telemetry"] == NODES * WINDOWS, 20, "s1's windows")
-        assert await standby.plan_once() == []  # s1 has its owner
-        os.kill(process.pid, signal.SIGKILL)
-        await process.wait()
-        await wait_until(lambda: standby.ownership.owner("s1") == standby.ownership.name, 10, "the owner's will")
-        assert [p.site for p in await standby.plan_once()] == ["s1"]
-    finally:
-        if process.returncode is None:
-            process.kill()
+    with webhook_server() as server:
+        chat = receiver(server, "chat")  # the owner reads the same URL from the environment it inherits
+        alerts = (
+            "[alerts]\ngroup_wait = 0\nsettle_seconds = 0\nsettle_plans = 1\n"
+            f'[[alerts.receivers]]\nname = "chat"\nkind = "generic"\nurl_env = "{chat.url_env}"\n'
+        )
+        config = optimizer_toml(
+            tmp_path / "owner.toml", mosquitto.port, prefix, owner, ["s1"], tmp_path / "owner", alerts, interval=2
+        )
+        process = await asyncio.create_subprocess_exec(FLEETFIT, "optimizer", "--config", str(config))
+        alerter = Alerter.in_state_dir(settings(chat), tmp_path / "standby")
+        standby = scoped(mosquitto.settings(prefix), f"opt-standby-{tag}", [], ["s1"], tmp_path / "standby", alerter)
+        task = asyncio.create_task(standby.run())
+        try:
+            await wait_until(lambda: standby.ownership.owner("s1") == owner, 30, "the owner's presence")
+            await publish_sites(mosquitto.settings(prefix), prefix, ("s1",))
+            await wait_until(lambda: standby.fleet.accepted["telemetry"] == NODES * WINDOWS, 20, "s1's windows")
+            assert await standby.plan_once() == []  # s1 has its owner
+
+            def handed() -> set[str]:
+                return {p.id for r in standby.handovers.held.get("s1", {}).values() for p in r.posted}
+
+            await wait_until(lambda: len(handed()) == 2, 30, "the owner's record of both moves posted")
+            os.kill(process.pid, signal.SIGKILL)
             await process.wait()
-        standby.should_exit.set()
-        await task
+            await wait_until(lambda: standby.ownership.owner("s1") == standby.ownership.name, 10, "the owner's will")
+            assert [p.site for p in await standby.plan_once()] == ["s1"]
+            await alerter.flush()
+            assert {r.id for r in standby.plans["s1"].recommendations} == handed()
+            await asyncio.sleep(0.3)
+            announced = sorted(name for names in firing(server) for name in names)
+            assert announced == ["forgotten-notebook-alloc", "vision-finetune-ddp"]  # each once, by the owner
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            standby.should_exit.set()
+            await task
 
 
 async def test_an_optimizer_plans_nothing_before_its_presence_comes_back(
@@ -188,7 +341,8 @@ def scoped_accounts(tmp_path: Path) -> Shipped:
 
 async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accounts: Shipped, tmp_path: Path) -> None:
     """`mint optimizer DIR NAME SITE...` on the shipped broker: the account reads its sites' nodes, publishes their
-    plans and its own presence, and nothing of another site or another optimizer's presence."""
+    plans, handover records and its own presence, and nothing of another site or another optimizer's presence; a
+    node may not write its site's handover record."""
     shipped = scoped_accounts
     shipped.server.start()
     prefix = "fleetfit/v1"
@@ -199,6 +353,7 @@ async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accou
             make_client(shipped.settings("fleetfit-reader"), "fleetfit-reader") as reader,
         ):
             await spy.subscribe(f"{prefix}/+/+/birth", qos=1)  # wider than its sites: the broker filters per topic
+            await spy.subscribe(f"{prefix}/+/handover", qos=1)
             await reader.subscribe(f"{prefix}/+/recommendations", qos=1)
             await reader.subscribe(f"{prefix}/_optimizers/+", qos=1)  # not the reader's: delivers nothing
             for node, site in (("n1", "s1"), ("n3", "s3")):
@@ -208,20 +363,25 @@ async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accou
                     await client.publish(
                         node_topic(prefix, site, node, TopicKind.BIRTH), encode(birth), qos=1, retain=True
                     )
+                    # a forged record: every move of its site already posted, so none would reach chat
+                    await client.publish(f"{prefix}/{site}/handover", b'{"forged": true}', qos=1, retain=True)
             await spy.publish(f"{prefix}/s1/recommendations", b"{}", qos=1)
             await spy.publish(f"{prefix}/s3/recommendations", b"{}", qos=1)  # west's site
             await spy.publish(f"{prefix}/_optimizers/fleetfit-optimizer-west", b"{}", qos=1)  # a forged presence
-            got: list[str] = []
+            await spy.publish(f"{prefix}/s1/handover", b"east's", qos=1)
+            await spy.publish(f"{prefix}/s3/handover", b"east's", qos=1)  # west's site
+            got: list[tuple[str, bytes]] = []
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(2):
                     async for m in spy.messages:
-                        got.append(str(m.topic))
+                        got.append((str(m.topic), m.payload if isinstance(m.payload, bytes) else b""))
             read: list[str] = []
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1):
                     async for m in reader.messages:
                         read.append(str(m.topic))
-        assert got == [f"{prefix}/s1/n1/birth"]
+        assert [t for t, _ in sorted(got)] == [f"{prefix}/s1/handover", f"{prefix}/s1/n1/birth"]
+        assert (f"{prefix}/s1/handover", b"east's") in got  # its own record, not n1's
         assert read == [f"{prefix}/s1/recommendations"]
 
         # the optimizer itself, as that account: its presence goes through and comes back

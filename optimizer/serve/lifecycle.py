@@ -51,10 +51,17 @@ CREATE TABLE IF NOT EXISTS recommendations (
     first_seen REAL NOT NULL,
     last_seen REAL NOT NULL,
     changed REAL NOT NULL,
-    body TEXT NOT NULL
+    body TEXT NOT NULL,
+    decided REAL,
+    decided_by TEXT
 );
 CREATE INDEX IF NOT EXISTS recommendations_site_state ON recommendations (site, state);
 """
+# Added since the table was first shipped: when a person last decided on a move (acknowledged, dismissed, reopened)
+# and on which optimizer; NULL when nobody has. A handover compares decisions, never the plan's own changes.
+_ADDED_COLUMNS = (("decided", "REAL"), ("decided_by", "TEXT"))
+# A person's decisions that a handover carries to the next owner of a site (applied and expired the plan decides).
+DECIDABLE = (RecState.NEW, RecState.ACKNOWLEDGED, RecState.DISMISSED)
 
 
 class LifecycleError(ValueError):
@@ -103,8 +110,21 @@ class Lifecycle:
         self._db = sqlite3.connect(path, timeout=10, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")  # the CLI reads while the daemon writes
         self._db.executescript(_SCHEMA)
+        self._add_columns()
         self._db.executescript(outcomes.SCHEMA)
         self.problem: str | None = None  # why states are not kept where they belong (optimizer.serve.statedb)
+
+    def _add_columns(self) -> None:
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(recommendations)")}
+        for name, kind in _ADDED_COLUMNS:
+            if name in have:
+                continue
+            try:
+                with self._db:
+                    self._db.execute(f"ALTER TABLE recommendations ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as exc:  # another connection added it first
+                if "duplicate column" not in str(exc):
+                    raise
 
     @classmethod
     def in_state_dir(cls, state_dir: Path, repair: bool = False) -> Lifecycle:
@@ -140,7 +160,9 @@ class Lifecycle:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                     "ON CONFLICT(id) DO UPDATE SET last_seen = excluded.last_seen, body = excluded.body, "
                     "state = CASE WHEN recommendations.state IN ('expired', 'applied') THEN 'new' "
-                    "ELSE recommendations.state END",
+                    "ELSE recommendations.state END, "
+                    "decided = CASE WHEN recommendations.state IN ('expired', 'applied') THEN NULL "
+                    "ELSE recommendations.decided END",
                     (r.id, plan.site, r.workload, RecState.NEW, now, now, now, r.model_dump_json()),
                 )
             rows = self._db.execute(
@@ -208,15 +230,66 @@ class Lifecycle:
         allowed = CHANGEABLE.get(state, ())
         if current.state not in allowed and current.state != state:
             raise LifecycleError(f"recommendation {rec_id} is {current.state}; it cannot become {state}")
+        at = time.time() if now is None else now
         with self._db:
             self._db.execute(
-                "UPDATE recommendations SET state = ?, changed = ? WHERE id = ?",
-                (state, time.time() if now is None else now, rec_id),
+                "UPDATE recommendations SET state = ?, changed = ?, decided = ?, decided_by = NULL WHERE id = ?",
+                (state, at, at, rec_id),
             )
             self._mark_waiting(current.site)  # what waits on a dismissed action cannot go ahead as planned
         updated = self.get(rec_id)
         assert updated is not None
         return updated
+
+    def decisions(self, site: str, limit: int) -> builtins.list[tuple[str, RecState, float, str | None]]:
+        """People's decisions on the site's moves still open or dismissed, the latest first: (id, state, when, on
+        which optimizer; None: this one). An acknowledged or dismissed move from before decisions were dated counts
+        as decided when it last changed."""
+        rows = self._db.execute(
+            "SELECT id, state, COALESCE(decided, changed), decided_by FROM recommendations "
+            "WHERE site = ? AND (state IN (?, ?) OR (state = ? AND decided IS NOT NULL)) "
+            "ORDER BY COALESCE(decided, changed) DESC, id LIMIT ?",
+            (site, RecState.ACKNOWLEDGED, RecState.DISMISSED, RecState.NEW, limit),
+        ).fetchall()
+        return [(rec_id, RecState(state), at, by) for rec_id, state, at, by in rows]
+
+    def adopt(self, site: str, decisions: Iterable[tuple[str, RecState, float, str]]) -> builtins.list[str]:
+        """Take in decisions made on another optimizer (``(id, state, when, where)``): for each move of ``site``
+        known here and still open or dismissed, the later decision wins, this one's or the other's. A move not
+        known here yet is left alone (the caller offers the decisions again with the next plan). Returns the ids
+        whose state changed."""
+        changed = []
+        with self._db:
+            for rec_id, state, at, by in decisions:
+                if state not in DECIDABLE:
+                    continue
+                row = self._db.execute(
+                    "SELECT state, decided, changed FROM recommendations WHERE id = ? AND site = ?", (rec_id, site)
+                ).fetchone()
+                if row is None or RecState(row[0]) not in DECIDABLE:
+                    continue
+                here = row[1] if row[1] is not None else row[2] if row[0] != RecState.NEW else None
+                if here is not None and at <= here:
+                    continue
+                self._db.execute(
+                    "UPDATE recommendations SET state = ?, changed = ?, decided = ?, decided_by = ? WHERE id = ?",
+                    (state, at, at, by, rec_id),
+                )
+                if row[0] != state:
+                    changed.append(rec_id)
+            if changed:
+                self._mark_waiting(site)
+        return changed
+
+    def bodies(self, rec_ids: Iterable[str]) -> dict[str, Recommendation]:
+        """The last planned form of each of ``rec_ids`` that is tracked."""
+        ids = builtins.list(rec_ids)
+        out: dict[str, Recommendation] = {}
+        for start in range(0, len(ids), 500):
+            chunk = ids[start : start + 500]
+            query = f"SELECT id, body FROM recommendations WHERE id IN ({', '.join('?' for _ in chunk)})"
+            out.update((i, Recommendation.model_validate_json(body)) for i, body in self._db.execute(query, chunk))
+        return out
 
     def get(self, rec_id: str) -> Tracked | None:
         rows = list(self._select("WHERE id = ?", (rec_id,)))

@@ -164,6 +164,43 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             ),
             gauge("fleetfit_store_buffered_points", "Points waiting for the store.", len(store)),
         ]
+    if optimizer.ownership.scoped:
+        handovers = optimizer.handovers
+        families += [
+            labelled(
+                "fleetfit_presences_rejected_total",
+                "counter",
+                "Optimizer presence messages rejected, by reason.",
+                "reason",
+                optimizer.ownership.rejected,
+            ),
+            counter(
+                "fleetfit_handover_records_total", "Handover records accepted from the broker.", handovers.accepted
+            ),
+            labelled(
+                "fleetfit_handover_rejected_total",
+                "counter",
+                "Handover records rejected, by reason (schema, oversize, site_mismatch, not_site_optimizer, future).",
+                "reason",
+                handovers.rejected,
+            ),
+            labelled(
+                "fleetfit_handover_adopted_total",
+                "counter",
+                "Entries of handover records that changed this optimizer's state, by kind (decision, post, settling).",
+                "kind",
+                handovers.adopted,
+            ),
+            counter(
+                "fleetfit_handover_mismatched_total",
+                "Handed-over posts left out, counted per plan: this optimizer plans the move under that id but names "
+                "it otherwise.",
+                handovers.mismatched,
+            ),
+            counter(
+                "fleetfit_handover_published_total", "Handover records this optimizer published.", handovers.published
+            ),
+        ]
     if optimizer.alerter is not None:
         hooks = sorted(optimizer.alerter.webhooks.values(), key=lambda w: w.name)
         families += [

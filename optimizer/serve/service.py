@@ -11,7 +11,7 @@ import signal
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 import aiomqtt
@@ -20,7 +20,9 @@ from agent.backoff import Backoff
 from agent.mqtt import make_client
 from agent.notify import Notifier
 from agent.protocol import (
+    MAX_HANDOVER_ENTRIES,
     MAX_PAYLOAD_BYTES,
+    Handover,
     NodeStatus,
     Plan,
     Recommendation,
@@ -28,6 +30,9 @@ from agent.protocol import (
     Telemetry,
     WorkloadClass,
     encode,
+    handover_filters,
+    handover_site,
+    handover_topic,
     presence_filter,
     presence_topic,
     recommendations_topic,
@@ -43,7 +48,9 @@ from optimizer.ingest.lag import Lag
 from optimizer.plan.interrupt import SolveStop
 from optimizer.plan.recommend import plan_snapshot
 from optimizer.serve.alerts.alerter import Alerter
+from optimizer.serve.alerts.journal import Sent
 from optimizer.serve.config import OptimizerConfig
+from optimizer.serve.handover import Handovers
 from optimizer.serve.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.serve.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
 from optimizer.serve.ownership import Ownership
@@ -63,6 +70,9 @@ RESEND_GIVE_UP = 3600.0
 # Messages taken from the client's queue in one go before the event loop serves anything else (HTTP, planning's
 # hand-offs): a few hundred milliseconds of ingest at most.
 DRAIN_AT_ONCE = 256
+# The owner of a site publishes its handover record right after each plan and each alert post, and at least this
+# often (seconds) when it says something new: `fleetfit recommendations ack` writes the state file from outside.
+HANDOVER_INTERVAL = 10.0
 
 
 class Server(Protocol):
@@ -125,6 +135,12 @@ class Optimizer:
         self.learned: tuple[Correction, ...] = ()  # correction factors from observed moves, last round
         self.ownership = Ownership(config.mqtt.prefix, settings.client_id, settings.sites, settings.standby_sites)
         self.started = time.time()  # orders this process's presence after its predecessor's
+        # sites' alert and lifecycle state handed between the optimizers that plan them in turn
+        self.handovers = Handovers(config.mqtt.prefix, self.ownership)
+        self.handover_interval = HANDOVER_INTERVAL
+        self._handover_due = asyncio.Event()
+        if alerter is not None:
+            alerter.on_post = lambda _site: self._handover_due.set()
 
     async def _ingest(self) -> None:
         """Subscribe and take messages in; reconnect with backoff after any failure, whatever it was (a broker
@@ -152,7 +168,10 @@ class Optimizer:
                     filters = subscription_filters(
                         settings.prefix, self.config.optimizer.shared_group, self.ownership.subscribed_sites
                     )
-                    for topic_filter in [presence_filter(settings.prefix), *filters]:
+                    # presences first: the broker sends retained messages in the order of the subscriptions, and a
+                    # handover record is trusted by the presence of the optimizer that wrote it
+                    handovers = handover_filters(settings.prefix, self.ownership.subscribed_sites) if scoped else []
+                    for topic_filter in [presence_filter(settings.prefix), *handovers, *filters]:
                         await client.subscribe(topic_filter, qos=1)
                     if scoped:  # after subscribing, so that its echo says the others' retained presences are in
                         await client.publish(presence_at, self._presence(NodeStatus.ONLINE), qos=1, retain=True)
@@ -198,6 +217,8 @@ class Optimizer:
         topic = str(message.topic)
         if topic.startswith(presence_head):
             self.ownership.observe(topic, _bytes(message.payload))
+        elif topic.endswith("/handover") and handover_site(self.config.mqtt.prefix, topic) is not None:
+            self.handovers.observe(topic, _bytes(message.payload))
         else:
             self._take(topic, message.payload)
         if message.qos:  # acknowledged once taken in: unread messages are delivered again after a restart
@@ -306,6 +327,7 @@ class Optimizer:
         if self.store is not None:
             self.store.add(plan_points(plan))
         await self._track(plan)
+        self._handover_due.set()
         if self.on_plan is not None:
             self.on_plan(plan)
         return plan
@@ -352,6 +374,11 @@ class Optimizer:
             ids = [r.id for r in plan.recommendations]
             try:
                 resolved = await self.tracker.write(lifecycle.record, plan, seen)
+                # decisions made on the optimizer that planned the site before (a takeover, or the owner back)
+                decisions = self.handovers.decisions(plan.site)
+                if decisions:
+                    adopted = await self.tracker.write(lifecycle.adopt, plan.site, decisions)
+                    self._adopted("decision", plan.site, len(adopted))
                 states = await self.tracker.write(lifecycle.states, ids)
                 if self.ledger is not None:
                     owners = owners_of(self.fleet, plan.site)
@@ -365,7 +392,67 @@ class Optimizer:
             else:
                 self._state_written()
         if self.alerter is not None:
+            # what it posted, before this plan's moves are weighed for posting
+            posts, settling = self.handovers.posts(plan), self.handovers.settling(plan)
+            if posts or settling:
+                posted, settled = self.alerter.adopt(plan.site, posts, settling)
+                self._adopted("post", plan.site, posted)
+                self._adopted("settling", plan.site, settled)
             self.alerter.observe(plan, states, resolved)
+
+    def _adopted(self, what: str, site: str, count: int) -> None:
+        if count:
+            self.handovers.adopted[what] += count
+            log.info("site %s: took %d %s(s) in from the optimizer that planned it before", site, count, what)
+
+    async def publish_handover(self) -> int:
+        """Publish the handover record of each site this optimizer plans, where it says something new since the
+        last; returns how many were published."""
+        client = self._client
+        if client is None or not self.ownership.scoped or self.tracker is None:
+            return 0
+        published = 0
+        for site in self.ownership.planning:
+            if not self.ownership.owns(site):  # let go since the last round: the new owner's record is the one
+                continue
+            record = await self._handover_record(site)
+            if record is None:
+                continue
+            topic = handover_topic(self.config.mqtt.prefix, site)
+            try:
+                await client.publish(topic, encode(record), qos=1, retain=True)
+            except aiomqtt.MqttError as exc:
+                log.info("could not hand site %s's state over: %s", site, _brief(exc))
+                break
+            self.handovers.sent(record)
+            published += 1
+        return published
+
+    async def _handover_record(self, site: str) -> Handover | None:
+        assert self.tracker is not None
+        decisions = await self.tracker.read(lambda db: db.decisions(site, MAX_HANDOVER_ENTRIES))
+        posts: list[tuple[str, str, Sent]] = []
+        settling: dict[str, tuple[float, float, int]] = {}
+        if self.alerter is not None:
+            try:
+                posts = self.alerter.journal.posts(site, MAX_HANDOVER_ENTRIES)
+                settling = self.alerter.journal.settling(site, MAX_HANDOVER_ENTRIES)
+            except sqlite3.Error as exc:
+                log.warning("site %s: the alert log cannot be read for its handover: %s", site, _brief(exc))
+        ids = {rec_id for _, rec_id, _ in posts}
+        bodies = await self.tracker.read(lambda db: db.bodies(ids)) if ids else {}
+        return self.handovers.build(site, decisions, posts, bodies, settling)
+
+    async def _handing_over(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.handover_interval):
+                    await self._handover_due.wait()
+            self._handover_due.clear()
+            try:
+                await self.publish_handover()
+            except Exception:
+                log.exception("handing sites' state over failed; trying again next round")
 
     def _learned(self, fleet: Fleet, site: str, done: list[Outcome]) -> tuple[Catalog, list[Outcome]]:
         """The catalog with what applied moves taught, and this site's moves of the last day as now observed."""
@@ -543,6 +630,8 @@ class Optimizer:
             tasks.append(asyncio.create_task(self.store.run(), name="optimizer-store"))
         if self.alerter is not None:
             tasks.append(asyncio.create_task(self.alerter.run(), name="optimizer-alerts"))
+        if self.ownership.scoped and self.tracker is not None:
+            tasks.append(asyncio.create_task(self._handing_over(), name="optimizer-handover"))
         tasks.append(asyncio.create_task(self._watch(list(tasks)), name="optimizer-watchdog"))
         try:
             for server in self.servers:
@@ -569,18 +658,22 @@ class Optimizer:
             await asyncio.sleep(1.0)
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
-        """Stop the tasks, then flush the lifecycle, alerts and store: each step runs whatever the one before did."""
+        """Stop the tasks, then flush the lifecycle, alerts and store: each step runs whatever the one before did.
+        Alerts gathered are posted and each site's state handed over while the broker connection stands, and only
+        then does the optimizer say it leaves: its standbys take over from where it stopped."""
         self.solve_stop.stop()  # a plan still solving in its thread would hold the process's exit
+        ingest = [t for t in tasks if t.get_name() == "optimizer-ingest"]
+        await _stop(t for t in tasks if t not in ingest)
+        try:
+            await self.flush_alerts("at shutdown")  # what was gathered but not yet posted goes out now, within bounds
+        except Exception as exc:
+            log.warning("at shutdown, could not post pending alerts: %s", _brief(exc))
+        try:
+            await asyncio.wait_for(self.publish_handover(), 5)
+        except Exception as exc:
+            log.warning("at shutdown, could not hand the sites' state over: %s", _brief(exc))
         await self._leave()
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            try:
-                await t
-            except asyncio.CancelledError:
-                pass
-            except Exception as exc:  # it died before shutdown: already told, and no reason to skip the flush
-                log.warning("task %s had stopped: %s", t.get_name(), _brief(exc))
+        await _stop(ingest)
         steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             *((f"stop {type(s).__name__}", s.stop) for s in self.servers),
         ]
@@ -591,7 +684,8 @@ class Optimizer:
             ledger = self.ledger
             steps.append(("close the showback ledger", lambda: asyncio.to_thread(ledger.close)))
         if self.alerter is not None:
-            steps.append(("post pending alerts", self._flush_alerts))
+            alerter = self.alerter
+            steps.append(("close the alert log", alerter.close))
         if self.store is not None:
             steps.append(("flush the store", self._flush_store))
         for what, step in steps:
@@ -601,17 +695,26 @@ class Optimizer:
                 log.warning("at shutdown, could not %s: %s", what, _brief(exc))
         self.notifier.close()
 
-    async def _flush_alerts(self) -> None:
-        assert self.alerter is not None
-        await self.flush_alerts("at shutdown")  # what was gathered but not yet posted goes out now, within bounds
-        await self.alerter.close()
-
     async def _flush_store(self) -> None:
         assert self.store is not None
         try:
             await self.store.flush(5.0)
         finally:
             self.store.close()
+
+
+async def _stop(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for each to end."""
+    stopping = list(tasks)
+    for t in stopping:
+        t.cancel()
+    for t in stopping:
+        try:
+            await t
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # it died before shutdown: already told, and no reason to skip the flush
+            log.warning("task %s had stopped: %s", t.get_name(), _brief(exc))
 
 
 def ingest_limits(config: OptimizerConfig, catalog: Catalog) -> IngestLimits:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agent.protocol import Plan, Recommendation
 from optimizer.serve.alerts.delivery import Webhook
-from optimizer.serve.alerts.journal import Journal, Settling, SettlingUnsaved
+from optimizer.serve.alerts.journal import Journal, Sent, Settling, SettlingUnsaved
 from optimizer.serve.alerts.notice import Item, Notice, Status
 from optimizer.serve.alerts.payloads import render
 from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings
@@ -54,12 +54,27 @@ class Alerter:
         self._unjournaled: list[tuple[str, str, list[str], list[str], float]] = []
         self._pending: dict[tuple[str, str], _Group] = {}
         self._wake = asyncio.Event()
+        self.on_post: Callable[[str], None] | None = None  # told the site of each post once it is in the alert log
 
     @classmethod
     def in_state_dir(cls, settings: AlertSettings, state_dir: Path) -> Alerter:
         return cls(settings, Journal(state_dir / DB_NAME))
 
     # ------------------------------------------------------------------ what to say
+
+    def adopt(
+        self, site: str, posts: list[tuple[str, str, Sent]], settling: dict[str, tuple[float, float, int]]
+    ) -> tuple[int, int]:
+        """Take in what another optimizer posted about ``site``'s moves and how long it saw them proposed (a
+        handover), before the next plan of the site is observed. Returns the entries that changed here: posts,
+        settling. A log that cannot be written (a full disk) adopts nothing: the moves may be posted again."""
+        try:
+            return self.journal.adopt_posts(site, posts), self.journal.adopt_settling(site, settling)
+        except sqlite3.Error as exc:
+            if self.journal_error is None:
+                log.error("alert log not written (%s): site %s's handed-over posts may be posted again", exc, site)
+            self.journal_error = f"cannot write the alert log: {exc}"
+            return 0, 0
 
     def _wanted(self, receiver: ReceiverSettings, site: str, rec: Recommendation) -> bool:
         return (
@@ -161,6 +176,8 @@ class Alerter:
         self._unjournaled.append((group.receiver, group.site, firing, done, now))
         self._journal()
         self.notices_sent += 1
+        if self.on_post is not None:
+            self.on_post(group.site)
         log.info("alert to %s: %s", group.receiver, notice.title())
         return True
 

@@ -116,3 +116,64 @@ class Journal:
         except sqlite3.Error as exc:
             raise SettlingUnsaved(out) from exc
         return out
+
+    # ------------------------------------------------------------------ handover between optimizers
+
+    def posts(self, site: str, limit: int) -> list[tuple[str, str, Sent]]:
+        """What was posted about ``site``'s moves, the latest first: (receiver, id, when)."""
+        rows = self._db.execute(
+            "SELECT receiver, rec_id, first_sent, last_sent, resolved_sent FROM alert_log WHERE site = ? "
+            "ORDER BY MAX(last_sent, COALESCE(resolved_sent, 0)) DESC, rec_id, receiver LIMIT ?",
+            (site, limit),
+        ).fetchall()
+        return [(receiver, rec_id, Sent(first, last, resolved)) for receiver, rec_id, first, last, resolved in rows]
+
+    def adopt_posts(self, site: str, posts: list[tuple[str, str, Sent]]) -> int:
+        """Take in what another optimizer posted about ``site``'s moves: for each receiver and move, the later
+        post wins (a resolved notice, a reminder, a move posted again). Returns how many entries changed here."""
+        changed = 0
+        with self._db:
+            for receiver, rec_id, theirs in posts:
+                ours = self.sent(receiver, rec_id)
+                if ours is not None and _latest(theirs) <= _latest(ours):
+                    continue
+                first = theirs.first_sent if ours is None else min(ours.first_sent, theirs.first_sent)
+                self._db.execute(
+                    "INSERT INTO alert_log (receiver, rec_id, site, first_sent, last_sent, resolved_sent) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(receiver, rec_id) DO UPDATE SET "
+                    "first_sent = excluded.first_sent, last_sent = excluded.last_sent, "
+                    "resolved_sent = excluded.resolved_sent",
+                    (receiver, rec_id, site, first, theirs.last_sent, theirs.resolved_sent),
+                )
+                changed += 1
+        return changed
+
+    def settling(self, site: str, limit: int) -> dict[str, tuple[float, float, int]]:
+        """How long each of ``site``'s proposed moves has been settling: id -> (first proposed, last plan, plans)."""
+        rows = self._db.execute(
+            "SELECT rec_id, first_proposed, last_plan, plans FROM alert_settling WHERE site = ? "
+            "ORDER BY last_plan DESC, rec_id LIMIT ?",
+            (site, limit),
+        ).fetchall()
+        return {rec_id: (first, last, plans) for rec_id, first, last, plans in rows}
+
+    def adopt_settling(self, site: str, settling: dict[str, tuple[float, float, int]]) -> int:
+        """Take in how long another optimizer saw ``site``'s moves proposed: the account of the later plan wins."""
+        known = self.settling(site, 1 << 30)
+        newer = [
+            (site, rec_id, first, last, plans)
+            for rec_id, (first, last, plans) in settling.items()
+            if rec_id not in known or last > known[rec_id][1]
+        ]
+        with self._db:
+            self._db.executemany(
+                "INSERT INTO alert_settling (site, rec_id, first_proposed, last_plan, plans) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT(site, rec_id) DO UPDATE SET first_proposed = excluded.first_proposed, "
+                "last_plan = excluded.last_plan, plans = excluded.plans",
+                newer,
+            )
+        return len(newer)
+
+
+def _latest(sent: Sent) -> float:
+    return max(sent.last_sent, sent.resolved_sent or 0.0)
