@@ -886,10 +886,11 @@ def _control_drops(raw: dict[str, Any]) -> list[tuple[tuple[int | str, ...], str
     return found
 
 
-def _clean_bytes(payload: bytes | bytearray) -> bool:
-    """No control character can hide in ``payload``: JSON refuses raw control bytes, so only escapes, DEL and
-    non-ASCII text need a look."""
-    return payload.isascii() and b"\\u" not in payload and b"\x7f" not in payload
+def clean_bytes(payload: bytes | bytearray) -> bool:
+    """No control character can hide in ``payload``: JSON refuses raw control bytes, so only escapes (``\\u001b``
+    and the short ones, ``\\n``, ``\\t``...), DEL and non-ASCII text need a look. A backslash is looked for
+    alone: one byte is found by memchr, ten times faster than ``\\u``, and honest windows hold none."""
+    return payload.isascii() and b"\\" not in payload and b"\x7f" not in payload
 
 
 def decode(kind: TopicKind, payload: bytes | bytearray, dropped: list[DroppedField] | None = None) -> Message:
@@ -903,7 +904,7 @@ def decode(kind: TopicKind, payload: bytes | bytearray, dropped: list[DroppedFie
     try:
         # The fast path, JSON parsed and validated in one pass by pydantic-core; a failure is diagnosed below.
         message = _MODELS[kind].model_validate_json(payload)
-        if not lenient or _clean_bytes(payload):
+        if not lenient or clean_bytes(payload):
             return message
     except ValidationError:
         pass

@@ -27,6 +27,7 @@ from agent.protocol import (
     TopicKind,
     WorkloadKind,
     WorkloadRef,
+    clean_bytes,
     decode,
     parse_topic,
 )
@@ -231,9 +232,7 @@ class Fleet:
             raise ProtocolError("node_mismatch", f"payload says node {message.node!r}, topic says {where.node!r}")
         if isinstance(message, Birth | Telemetry) and message.site != where.site:
             raise ProtocolError("site_mismatch", f"payload says site {message.site!r}, topic says {where.site!r}")
-        if not isinstance(message, Telemetry) and not (
-            payload.isascii() and b"\\u" not in payload and b"\x7f" not in payload
-        ):
+        if not isinstance(message, Telemetry) and not clean_bytes(payload):
             _no_control_characters(message)  # JSON itself refuses raw control bytes; escapes and UTF-8 need a look
         self._check_time(message)
         record = self._record(where.site, where.node)
