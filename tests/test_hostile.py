@@ -256,8 +256,9 @@ def test_implausible_hardware_claims_are_rejected() -> None:
 def test_a_node_cannot_hijack_another_nodes_pod() -> None:
     clock = Clock()
     fleet = live_fleet(clock)
-    b1, w1 = node_data(1, "aaa")  # chat-serving on h100-002
-    b2, w2 = node_data(2, "aaa")  # h100-003, idle
+    # longer than TAKEOVER_SECONDS: the pod's node keeps it by reporting it, window after window
+    b1, w1 = node_data(1, "aaa", windows=14)  # chat-serving on h100-002
+    b2, w2 = node_data(2, "aaa", windows=14)  # h100-003, idle
     pod = w1[0].workloads[0]
     for b in (b1, b2):
         assert fleet.ingest(topic("aaa", b.node, TopicKind.BIRTH), encode(b))

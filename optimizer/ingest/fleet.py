@@ -424,17 +424,24 @@ class Fleet:
         """
         now = self.clock()
         cap = self.limits.workloads_per_node
-        alive = [wid for wid, at in record.workload_seen.items() if at > record.received - self.horizon]
-        known = set(alive)
+        seen, oldest = record.workload_seen, record.received - self.horizon
+        known: set[str] | None = None  # the ids counted against the cap: needed only for an id not reported lately
         kept: list[WorkloadRef] = []
         dropped = False
         for ref in window.workloads:
-            if cap is not None and ref.id not in known and len(known) >= cap:
+            if cap is not None and seen.get(ref.id, oldest) <= oldest:
+                if known is None:
+                    known = {wid for wid, at in seen.items() if at > oldest}
+                over = ref.id not in known and len(known) >= cap
+            else:
+                over = False
+            if over:
                 reason: str | None = "workload_cap"  # checked first: a dropped id must not claim ownership
             else:
                 reason = self._claim(record, ref, now)
             if reason is None:
-                known.add(ref.id)
+                if known is not None:
+                    known.add(ref.id)
                 kept.append(ref)
                 continue
             dropped = True
@@ -451,7 +458,10 @@ class Fleet:
     def _claim(self, record: NodeRecord, ref: WorkloadRef, now: float) -> str | None:
         key = (record.site, ref.id)
         owner = self._owners.get(key)
-        if owner is None or owner.node == record.node or now - owner.seen > TAKEOVER_SECONDS:
+        if owner is not None and owner.node == record.node:
+            owner.kind, owner.seen = ref.kind, now  # its own workload, window after window: no new record
+            return None
+        if owner is None or now - owner.seen > TAKEOVER_SECONDS:
             self._owners[key] = _Owner(record.node, ref.kind, now)
             return None
         if ref.kind == owner.kind and ref.kind in MULTI_NODE_KINDS:
