@@ -13,9 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from math import isfinite
-from operator import getitem, is_, itemgetter
 from pathlib import Path
-from types import MethodType
 from typing import Any
 
 from influxdb_client.client.influxdb_client import InfluxDBClient
@@ -92,8 +90,7 @@ _HOST_FIELDS = _plan(series.HOST.fields, {})
 
 
 def _field_text(plan: _FieldPlan, values: dict[str, Any]) -> tuple[str, int]:
-    """The field set of one line (``values``: a section's ``__dict__``) and how many values it holds, a value at
-    a time: what ``_Fields`` does when a number is new or not finite."""
+    """The field set of one line (``values``: a section's ``__dict__``) and how many values it holds."""
     parts = []
     for name, attribute, index in plan:
         value = values[attribute]
@@ -128,140 +125,39 @@ def _number(value: float) -> str | None:
     return text
 
 
-def _getter(keys: list[str]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """The values of ``keys`` as a tuple, by one C call (itemgetter of one key gives the value itself)."""
-    if len(keys) == 1:
-        one = itemgetter(keys[0])
-        return lambda values: (one(values),)
-    return itemgetter(*keys)
-
-
-class _Fields:
-    """One measurement's field set, written by C calls alone where every number's text is cached: the section's
-    statistics read at once, which are absent (their "shape") looked up for a format string and the indices into
-    each, the numbers' texts looked up together. A node's sections keep their shape window after window.
-
-    ``plain`` numbers (counts, never absent) come first (``before``) or last in the sorted field order."""
-
-    __slots__ = ("_absent", "_before", "_plain", "_plan", "_read", "_shapes")
-
-    def __init__(self, plan: _FieldPlan, before: bool = False) -> None:
-        plain = [f for f in plan if f[2] is None]
-        edge = plan[: len(plain)] if before else plan[len(plan) - len(plain) :]
-        if edge != tuple(plain):
-            raise ValueError("plain numbers must come first or last in the field order")
-        stats = [a for _, a, index in plan if index is not None]
-        self._plan = plan
-        self._read = _getter(stats)
-        self._absent = (None,) * len(stats)
-        self._plain = _getter([a for _, a, _ in plain]) if plain else None
-        self._before = before
-        self._shapes: dict[tuple[bool, ...], tuple[str, tuple[int, ...], int]] = {}
-
-    def _shape(self, absent: tuple[bool, ...]) -> tuple[str, tuple[int, ...], int]:
-        stats = [f for f in self._plan if f[2] is not None]
-        plain = [f[0] for f in self._plan if f[2] is None]
-        present = [(name, index) for (name, _, index), gone in zip(stats, absent, strict=True) if not gone]
-        names = [*plain, *(n for n, _ in present)] if self._before else [*(n for n, _ in present), *plain]
-        shape = ",".join(f"{name}=%s" for name in names), tuple(i for _, i in present if i is not None), len(names)
-        self._shapes[absent] = shape
-        return shape
-
-    def text(self, values: dict[str, Any]) -> tuple[str, int]:
-        """The field set of one line (``values``: a section's ``__dict__``) and how many values it holds."""
-        stats = self._read(values)
-        absent = tuple(map(is_, stats, self._absent))
-        shape = self._shapes.get(absent) or self._shape(absent)
-        numbers = tuple(map(getitem, filter(None, stats), shape[1]))
-        if self._plain is not None:
-            plain = self._plain(values)
-            numbers = (*plain, *numbers) if self._before else (*numbers, *plain)
-        texts = tuple(map(_NUMBERS.get, numbers))
-        if None in texts:  # a number not written before, or not finite
-            return _field_text(self._plan, values)
-        return shape[0] % texts, shape[2]
-
-
-_GPU_TEXT = _Fields(_GPU_FIELDS)
-_NIC_TEXT = _Fields(_NIC_FIELDS, before=True)
-_DISK_TEXT = _Fields(_DISK_FIELDS)
-_HOST_TEXT = _Fields(_HOST_FIELDS)
-_new_line = MethodType(tuple.__new__, Line)  # a Line without NamedTuple's Python-level __new__
-_NO_LINE = Line("", 0)
-
-# Each line's measurement and tags, by what they are made of: the same every window of a node, so written once.
-_HEADS: dict[tuple[str | int | None, ...], str] = {}
-HEADS_CACHED = 65_536
-# What lines need of a birth (GPU models, NIC roles), worked out once per birth
-_BIRTH_TAGS: dict[int, tuple[Birth, dict[int, str], dict[str, str]]] = {}
-
-
-def _birth_tags(birth: Birth | None) -> tuple[dict[int, str], dict[str, str]]:
-    if birth is None:
-        return {}, {}
-    cached = _BIRTH_TAGS.get(id(birth))
-    if cached is not None and cached[0] is birth:
-        return cached[1], cached[2]
-    if len(_BIRTH_TAGS) >= 65_536:  # births replaced over a long run: start afresh rather than grow
-        _BIRTH_TAGS.clear()
-    models = {g.index: g.model for g in birth.gpus}
-    roles = {n.name: n.role.value for n in birth.nics}
-    _BIRTH_TAGS[id(birth)] = (birth, models, roles)
-    return models, roles
-
-
-def _head(key: tuple[str | int | None, ...]) -> str:
-    """The measurement and tags of a line (tags in sorted order) for a ``_HEADS`` key."""
-    kind, site, node = key[0], tag_value(str(key[1])), tag_value(str(key[2]))
-    if kind == series.GPU.name:
-        index, model, workload = key[3:]
-        head = f"{kind},gpu={index}" + (f",model={tag_value(str(model))}" if model else "")
-        head += f",node={node},site={site}" + (f",workload={tag_value(str(workload))}" if workload else "")
-    elif kind == series.NIC.name:
-        head = f"{kind},nic={tag_value(str(key[3]))},node={node},role={key[4]},site={site}"
-    elif kind == series.DISK.name:
-        head = f"{kind},disk={tag_value(str(key[3]))},node={node},site={site}"
-    else:
-        head = f"{kind},node={node},site={site}"
-    if len(_HEADS) >= HEADS_CACHED:
-        _HEADS.clear()
-    _HEADS[key] = head
-    return head
+def _line(head: str, fields: tuple[str, int], tail: str) -> Line:
+    text, values = fields
+    return Line(f"{head} {text}{tail}", values) if values else Line("", 0)
 
 
 def window_points(birth: Birth | None, w: Telemetry) -> list[Line]:
     """Points for one telemetry window, tagged with site, node and GPU model: what ``point`` writes for them,
-    built without its generic sorting (tags and fields are written in sorted order by plan)."""
-    models, roles = _birth_tags(birth)
-    d = w.__dict__
-    node, site = d["node"], d["site"]
-    tail = f" {round(d['end'] * 1e6) * 1000}"  # nanoseconds, rounded to the microsecond like every line
-    heads, out = _HEADS, []
-    gpu, nic, disk = series.GPU.name, series.NIC.name, series.DISK.name
-    for g in d["gpus"]:
-        fields = g.__dict__
-        index = fields["index"]
-        key: tuple[str | int | None, ...] = (gpu, site, node, index, models.get(index), fields["workload"])
-        text, n = _GPU_TEXT.text(fields)  # never empty: a GPU line always holds xid_events
-        out.append(_new_line((f"{heads.get(key) or _head(key)} {text}{tail}", n)))
-    for c in d["nics"]:
-        fields = c.__dict__
-        name = fields["name"]
-        key = (nic, site, node, name, roles.get(name, NicRole.OTHER.value))
-        text, n = _NIC_TEXT.text(fields)  # never empty: errors and drops
-        out.append(_new_line((f"{heads.get(key) or _head(key)} {text}{tail}", n)))
-    for k in d["disks"]:
-        fields = k.__dict__
-        text, n = _DISK_TEXT.text(fields)
-        if n:
-            key = (disk, site, node, fields["name"])
-            out.append(_new_line((f"{heads.get(key) or _head(key)} {text}{tail}", n)))
-        else:
-            out.append(_NO_LINE)
-    text, n = _HOST_TEXT.text(d["host"].__dict__)
-    if n:
-        key = (series.HOST.name, site, node)
-        out.append(_new_line((f"{heads.get(key) or _head(key)} {text}{tail}", n)))
+    built without its generic sorting (tags are written in sorted order by hand)."""
+    models = {g.index: g.model for g in birth.gpus} if birth else {}
+    roles = {n.name: n.role for n in birth.nics} if birth else {}
+    node, site = tag_value(w.node), tag_value(w.site)
+    tail = f" {round(w.end * 1e6) * 1000}"  # nanoseconds, rounded to the microsecond like every line
+    out = []
+    for g in w.gpus:
+        d = g.__dict__
+        model, workload = models.get(g.index), d["workload"]
+        head = f"{series.GPU.name},gpu={g.index}"
+        if model:
+            head += f",model={tag_value(model)}"
+        head += f",node={node},site={site}"
+        if workload:
+            head += f",workload={tag_value(workload)}"
+        out.append(_line(head, _field_text(_GPU_FIELDS, d), tail))
+    for n in w.nics:
+        role = roles.get(n.name, NicRole.OTHER).value
+        head = f"{series.NIC.name},nic={tag_value(n.name)},node={node},role={role},site={site}"
+        out.append(_line(head, _field_text(_NIC_FIELDS, n.__dict__), tail))
+    for disk in w.disks:
+        head = f"{series.DISK.name},disk={tag_value(disk.name)},node={node},site={site}"
+        out.append(_line(head, _field_text(_DISK_FIELDS, disk.__dict__), tail))
+    host = _field_text(_HOST_FIELDS, w.host.__dict__)
+    if host[1]:
+        out.append(_line(f"{series.HOST.name},node={node},site={site}", host, tail))
     return out
 
 
