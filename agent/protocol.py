@@ -23,7 +23,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from operator import itemgetter
+from itertools import chain
+from operator import attrgetter, itemgetter, le
 from types import MethodType
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -62,9 +63,12 @@ HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
 Measured = Annotated[float, Field(strict=True, ge=0, le=FLOAT32_MAX, allow_inf_nan=False)]
 Percent = Annotated[float, Field(strict=True, ge=0, le=100, allow_inf_nan=False)]
 Spread = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
-# What the check of every window reads of a GPU and of the host, in one C call on the model's __dict__ (an
+# What the check of every window reads of a GPU and of the host, by C calls on the models' __dict__ (an
 # attribute of a pydantic model costs twice a dict lookup: BaseModel defines __getattr__).
-_gpu_checked = itemgetter("index", *PERCENT_FIELDS, "util_series")
+_fields_of = attrgetter("__dict__")
+_gpu_percent = itemgetter(*PERCENT_FIELDS)
+_index, _util_series = itemgetter("index"), itemgetter("util_series")
+_mean, _p95, _max = itemgetter(0), itemgetter(1), itemgetter(2)  # of a Stats
 _host_checked = itemgetter(*HOST_PERCENT_FIELDS)
 
 
@@ -504,6 +508,19 @@ class WorkloadRef(_Model):
         return self
 
 
+def _check_gpus(gpus: list[GpuWindow], samples: int) -> None:
+    """Word why a window's GPUs are refused, GPU by GPU in order (the window's check found something)."""
+    indices = set()
+    for g in gpus:
+        _check_percent(g, PERCENT_FIELDS)
+        # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
+        if len(g.util_series) > samples:
+            raise ValueError(f"gpus.{g.index}.util_series: more values than samples")
+        indices.add(g.index)
+    if len(indices) != len(gpus) or max(indices) > MAX_GPU_INDEX:
+        raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
+
+
 class Telemetry(_Model):
     """One window of a node's telemetry."""
 
@@ -541,23 +558,18 @@ class Telemetry(_Model):
             raise ValueError(f"samples: {samples} in a window of {end - start:g} s")
         gpus = self.gpus
         if gpus:
-            indices = set()
-            for g in gpus:
-                index, util, mem, sm, tensor, dram, util_series = _gpu_checked(g.__dict__)
-                indices.add(index)
-                if (
-                    (util is not None and (util[0] > util[2] or util[1] > util[2]))
-                    or (mem is not None and (mem[0] > mem[2] or mem[1] > mem[2]))
-                    or (sm is not None and (sm[0] > sm[2] or sm[1] > sm[2]))
-                    or (tensor is not None and (tensor[0] > tensor[2] or tensor[1] > tensor[2]))
-                    or (dram is not None and (dram[0] > dram[2] or dram[1] > dram[2]))
-                ):
-                    _check_percent(g, PERCENT_FIELDS)
-                # a sample can fail (a driver hiccup), so a series may be shorter than the window, never longer
-                if len(util_series) > samples:
-                    raise ValueError(f"gpus.{index}.util_series: more values than samples")
-            if len(indices) != len(gpus) or max(indices) > MAX_GPU_INDEX:
-                raise ValueError(f"gpus: indices must be unique and at most {MAX_GPU_INDEX}")
+            # every GPU at once, by C calls; a window that fails is looked at again GPU by GPU, for the words
+            sections = list(map(_fields_of, gpus))
+            percent = list(filter(None, chain.from_iterable(map(_gpu_percent, sections))))
+            indices = set(map(_index, sections))
+            if (
+                not all(map(le, map(_mean, percent), map(_max, percent)))
+                or not all(map(le, map(_p95, percent), map(_max, percent)))
+                or max(map(len, map(_util_series, sections))) > samples
+                or len(indices) != len(gpus)
+                or max(indices) > MAX_GPU_INDEX
+            ):
+                _check_gpus(gpus, samples)
         cpu, mem = _host_checked(self.host.__dict__)
         if (cpu is not None and (cpu[0] > cpu[2] or cpu[1] > cpu[2])) or (
             mem is not None and (mem[0] > mem[2] or mem[1] > mem[2])
@@ -1019,10 +1031,11 @@ def _control_drops(raw: dict[str, Any]) -> list[tuple[tuple[int | str, ...], str
     return found
 
 
-def _clean_bytes(payload: bytes | bytearray) -> bool:
-    """No control character can hide in ``payload``: JSON refuses raw control bytes, so only escapes, DEL and
-    non-ASCII text need a look."""
-    return payload.isascii() and b"\\u" not in payload and b"\x7f" not in payload
+def clean_bytes(payload: bytes | bytearray) -> bool:
+    """No control character can hide in ``payload``: JSON refuses raw control bytes, so only escapes (``\\u001b``
+    and the short ones, ``\\n``, ``\\t``...), DEL and non-ASCII text need a look. A backslash is looked for
+    alone: one byte is found by memchr, ten times faster than ``\\u``, and honest windows hold none."""
+    return payload.isascii() and b"\\" not in payload and b"\x7f" not in payload
 
 
 def decode(kind: TopicKind, payload: bytes | bytearray, dropped: list[DroppedField] | None = None) -> Message:
@@ -1036,7 +1049,7 @@ def decode(kind: TopicKind, payload: bytes | bytearray, dropped: list[DroppedFie
     try:
         # The fast path, JSON parsed and validated in one pass by pydantic-core; a failure is diagnosed below.
         message = _MODELS[kind].model_validate_json(payload)
-        if not lenient or _clean_bytes(payload):
+        if not lenient or clean_bytes(payload):
             return message
     except ValidationError:
         pass

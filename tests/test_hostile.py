@@ -198,6 +198,31 @@ def test_one_tenants_process_name_costs_only_that_field() -> None:
     assert fleet.dropped_fields[("workloads.id", "control_character")] == 1
 
 
+def test_a_control_character_in_a_short_json_escape_is_found_too() -> None:
+    """JSON writes a newline or a tab as ``\\n`` or ``\\t``, not ``\\u000a``: those escapes decode to control
+    characters just the same, in a window's text and in a birth's."""
+    fleet = live_fleet(Clock())
+    birth, windows = node_data(5, "aaa")
+    hostile_birth = mutated(birth, lambda r: r.update(hostname="host\nname"))
+    assert b"\\n" in hostile_birth
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), hostile_birth) is None
+    assert fleet.rejected == {"control_character": 1}
+    assert fleet.ingest(topic("aaa", birth.node, TopicKind.BIRTH), encode(birth))
+
+    def poison(raw: dict[str, Any]) -> None:
+        raw["workloads"][0].update(hint="a\tb", name="x\ry")
+        raw["gpus"][0]["workload"] = "k8s/\bz"
+
+    window = fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), mutated(windows[0], poison))
+    assert isinstance(window, Telemetry) and window.gpus[0].workload is None
+    assert (window.workloads[0].hint, window.workloads[0].name) == (None, "")
+    assert fleet.dropped_fields == {
+        ("workloads.hint", "control_character"): 1,
+        ("workloads.name", "control_character"): 1,
+        ("gpus.workload", "control_character"): 1,
+    }
+
+
 def test_the_plan_topic_level_is_no_node_name() -> None:
     fleet = live_fleet(Clock())
     birth, _ = node_data(0, "aaa", name="recommendations")
@@ -231,8 +256,9 @@ def test_implausible_hardware_claims_are_rejected() -> None:
 def test_a_node_cannot_hijack_another_nodes_pod() -> None:
     clock = Clock()
     fleet = live_fleet(clock)
-    b1, w1 = node_data(1, "aaa")  # chat-serving on h100-002
-    b2, w2 = node_data(2, "aaa")  # h100-003, idle
+    # longer than TAKEOVER_SECONDS: the pod's node keeps it by reporting it, window after window
+    b1, w1 = node_data(1, "aaa", windows=14)  # chat-serving on h100-002
+    b2, w2 = node_data(2, "aaa", windows=14)  # h100-003, idle
     pod = w1[0].workloads[0]
     for b in (b1, b2):
         assert fleet.ingest(topic("aaa", b.node, TopicKind.BIRTH), encode(b))

@@ -150,7 +150,17 @@ def test_window_lines_are_what_influxdb_client_would_write() -> None:
     # 10-sample windows have p95 = max: one GPU where they differ
     spread = windows[1].gpus[0].model_copy(update={"util": Stats(10.0, 20.0, 30.0, 1.0)})
     windows[1] = windows[1].model_copy(update={"gpus": [spread, *windows[1].gpus[1:]]})
-    for b, w in [(birth, windows[1]), (None, windows[0]), (birth, odd)]:
+    # sections with figures absent, a number never written before, one not finite (never sent: it is left out)
+    sparse = windows[1].gpus[1].model_copy(update={"power_w": None, "temp_c": None, "xid_events": 3})
+    new = windows[1].gpus[2].model_copy(update={"sm_clock_mhz": Stats(1234.5678, 1300.0, 1400.0, 0.0)})
+    odd_gpu = windows[1].gpus[3].model_copy(update={"temp_c": Stats(float("inf"), 1.0, 2.0, 0.0)})
+    nics = [n.model_copy(update={"rx_bps": None, "errors": 2}) for n in windows[1].nics[:1]] + windows[1].nics[1:]
+    host = windows[1].host.model_copy(update={"cpu_util": None})
+    gaps = windows[1].model_copy(
+        update={"gpus": [sparse, new, odd_gpu, *windows[1].gpus[4:]], "nics": nics, "host": host, "seq": 9}
+    )
+    cases = [(birth, windows[1]), (None, windows[0]), (birth, odd), (birth, gaps)]
+    for b, w in cases + cases:  # again: the numbers' texts and the lines' tags are now cached
         models = {g.index: g.model for g in b.gpus} if b else {}
         expected = []
         for g in w.gpus:

@@ -11,10 +11,11 @@ import math
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from agent.protocol import FLOAT32_MAX, Birth, NicKind, NicRole, Telemetry, WorkloadRef
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
@@ -182,6 +183,9 @@ def _intern(refs: list[WorkloadRef], known: dict[RefKey, WorkloadRef] | None) ->
 
 
 _links = itemgetter("nvlink_tx_bps", "nvlink_rx_bps", "pcie_tx_bps", "pcie_rx_bps")
+_first = itemgetter(0)  # a Stats' mean
+# A GpuDigest of a row by one C call (GpuDigest's own __new__ is a Python-level call): one per GPU per window.
+_packed = cast(Callable[[list[float]], GpuDigest], partial(array.__new__, GpuDigest, "f"))
 _nic_fields = itemgetter("name", "rx_bps", "tx_bps")
 
 
@@ -232,10 +236,7 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         util = fields["util"]
         if util is None:
             continue
-        link = 0.0
-        for s in _links(fields):
-            if s is not None:
-                link += s.mean
+        link = sum(map(_first, filter(None, _links(fields))), 0.0)
         index, mem, power = fields["index"], fields["mem_used_mib"], fields["power_w"]
         limit = limits.get(index)
         # one list, one array: a GpuDigest's layout (no keyword matching, no boxed floats kept)
@@ -251,7 +252,7 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
             _NONE if (dram := fields["dram_active"]) is None else dram[0],
         ]
         row += fields["util_series"]
-        gpus.append(GpuDigest(row))
+        gpus.append(_packed(row))
     east = north = north_rx = north_tx_peak = 0.0
     for nic in window.nics:
         name, rx_bps, tx_bps = _nic_fields(nic.__dict__)
@@ -267,10 +268,14 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
     own = counted_disks(birth, [d.name for d in window.disks])
     disks = [d for d in window.disks if d.name in own]
     # What a workload pins is read only where it shares a GPU (time-slicing, MPS): kept for those windows alone.
-    listed = Counter(i for r in window.workloads for i in r.gpus)
-    shared = {i for i, n in listed.items() if n > 1}
+    workloads = window.workloads
     volatile = []
-    for r in window.workloads:
+    if len(workloads) > 1:
+        listed = Counter(i for r in workloads for i in r.gpus)
+        shared = {i for i, n in listed.items() if n > 1}
+    else:
+        shared = set()  # one workload shares a GPU with none
+    for r in workloads:
         pinned = tuple(r.gpu_mem_mib) if r.gpu_mem_mib is not None and shared.intersection(r.gpus) else None
         if r.net_rx_bps is not None or r.inbound_connections is not None or pinned is not None:
             volatile.append(Volatile(r.id, r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps, pinned))

@@ -27,6 +27,7 @@ from agent.protocol import (
     TopicKind,
     WorkloadKind,
     WorkloadRef,
+    clean_bytes,
     decode,
     parse_topic,
 )
@@ -231,9 +232,7 @@ class Fleet:
             raise ProtocolError("node_mismatch", f"payload says node {message.node!r}, topic says {where.node!r}")
         if isinstance(message, Birth | Telemetry) and message.site != where.site:
             raise ProtocolError("site_mismatch", f"payload says site {message.site!r}, topic says {where.site!r}")
-        if not isinstance(message, Telemetry) and not (
-            payload.isascii() and b"\\u" not in payload and b"\x7f" not in payload
-        ):
+        if not isinstance(message, Telemetry) and not clean_bytes(payload):
             _no_control_characters(message)  # JSON itself refuses raw control bytes; escapes and UTF-8 need a look
         self._check_time(message)
         record = self._record(where.site, where.node)
@@ -425,17 +424,24 @@ class Fleet:
         """
         now = self.clock()
         cap = self.limits.workloads_per_node
-        alive = [wid for wid, at in record.workload_seen.items() if at > record.received - self.horizon]
-        known = set(alive)
+        seen, oldest = record.workload_seen, record.received - self.horizon
+        known: set[str] | None = None  # the ids counted against the cap: needed only for an id not reported lately
         kept: list[WorkloadRef] = []
         dropped = False
         for ref in window.workloads:
-            if cap is not None and ref.id not in known and len(known) >= cap:
+            if cap is not None and seen.get(ref.id, oldest) <= oldest:
+                if known is None:
+                    known = {wid for wid, at in seen.items() if at > oldest}
+                over = ref.id not in known and len(known) >= cap
+            else:
+                over = False
+            if over:
                 reason: str | None = "workload_cap"  # checked first: a dropped id must not claim ownership
             else:
                 reason = self._claim(record, ref, now)
             if reason is None:
-                known.add(ref.id)
+                if known is not None:
+                    known.add(ref.id)
                 kept.append(ref)
                 continue
             dropped = True
@@ -452,7 +458,10 @@ class Fleet:
     def _claim(self, record: NodeRecord, ref: WorkloadRef, now: float) -> str | None:
         key = (record.site, ref.id)
         owner = self._owners.get(key)
-        if owner is None or owner.node == record.node or now - owner.seen > TAKEOVER_SECONDS:
+        if owner is not None and owner.node == record.node:
+            owner.kind, owner.seen = ref.kind, now  # its own workload, window after window: no new record
+            return None
+        if owner is None or now - owner.seen > TAKEOVER_SECONDS:
             self._owners[key] = _Owner(record.node, ref.kind, now)
             return None
         if ref.kind == owner.kind and ref.kind in MULTI_NODE_KINDS:

@@ -7,9 +7,11 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from optimizer.ingest.digest import WindowDigest
 
+_util_mean, _util_p95 = itemgetter(1), itemgetter(2)  # GpuDigest's layout
 DIGEST_SECONDS = 600.0
 # A day and an hour: a digest's end lies one period into what it covers, and a period closes at the first window
 # past its ten minutes, so 144 digests span under 24 h and a day of history (``history_min_hours``) could never
@@ -81,11 +83,12 @@ class History:
     def add(self, window: WindowDigest) -> None:
         for ref in window.workloads:
             ids = set(ref.gpus)
-            gpus = [g for g in window.gpus if g.index in ids]
+            # a GpuDigest's figures by position (C calls; its named properties are Python-level): every window
+            gpus = [g for g in window.gpus if g[0] in ids]
             if not gpus:
                 continue
-            mean = sum(g.util_mean for g in gpus) / len(gpus)
-            p95 = max(g.util_p95 for g in gpus)
+            mean = sum(map(_util_mean, gpus)) / len(gpus)
+            p95 = max(map(_util_p95, gpus))
             current = self._open.get(ref.id)
             if current is None:
                 current = self._open[ref.id] = _Open(window.start)
