@@ -402,11 +402,15 @@ class GpuWindow(_Model):
     dram_active: Percentages | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
     util_series: list[Percent] = Field(default_factory=list, max_length=3600)
     workload: str | None = Field(default=None, max_length=200)
-    xid_events: int = Field(strict=True, default=0, ge=0, description="XID errors reported in the window")
-    last_xid: int | None = Field(strict=True, default=None, ge=0)
-    ecc_uncorrected: int | None = Field(strict=True, default=None, ge=0, description="volatile uncorrected ECC errors")
+    xid_events: int = Field(
+        strict=True, default=0, ge=0, le=MAX_COUNTER, description="XID errors reported in the window"
+    )
+    last_xid: int | None = Field(strict=True, default=None, ge=0, le=MAX_COUNTER)
+    ecc_uncorrected: int | None = Field(
+        strict=True, default=None, ge=0, le=MAX_COUNTER, description="volatile uncorrected ECC errors"
+    )
     remapped_rows: int | None = Field(
-        strict=True, default=None, ge=0, description="rows remapped for uncorrectable errors"
+        strict=True, default=None, ge=0, le=MAX_COUNTER, description="rows remapped for uncorrectable errors"
     )
     lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 
@@ -415,8 +419,8 @@ class NicWindow(_Model):
     name: str = Field(min_length=1, max_length=64)
     rx_bps: Stats | None = None
     tx_bps: Stats | None = None
-    errors: int = Field(strict=True, default=0, ge=0)
-    drops: int = Field(strict=True, default=0, ge=0)
+    errors: int = Field(strict=True, default=0, ge=0, le=MAX_COUNTER)
+    drops: int = Field(strict=True, default=0, ge=0, le=MAX_COUNTER)
 
 
 class DiskWindow(_Model):
@@ -437,7 +441,7 @@ class MountWindow(_Model):
 
     path: str = Field(min_length=1, max_length=255)
     used_pct: float = Field(strict=True, ge=0, le=100)
-    free_bytes: int = Field(strict=True, ge=0)
+    free_bytes: int = Field(strict=True, ge=0, le=MAX_COUNTER)
 
 
 class WorkloadKind(StrEnum):
@@ -454,7 +458,7 @@ class WorkloadRef(_Model):
     id: str = Field(min_length=1, max_length=200)
     kind: WorkloadKind
     name: str = Field(max_length=200)
-    gpus: list[int] = Field(max_length=64)
+    gpus: list[Annotated[int, Field(strict=True)]] = Field(max_length=64)
     hint: str | None = Field(default=None, max_length=64, description="executable name, never a command line")
     # Schema 2: facts about the workload's processes, read once per window (collectors/workload_facts.py).
     program: str | None = Field(
@@ -462,7 +466,7 @@ class WorkloadRef(_Model):
         max_length=64,
         description="what the command line runs: the executable, or an interpreter's module or script; no arguments",
     )
-    listen_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+    listen_ports: list[Annotated[int, Field(strict=True, ge=1, le=65535)]] = Field(
         default_factory=list, max_length=16, description="TCP ports below the ephemeral range it listens on"
     )
     inbound_connections: int | None = Field(

@@ -506,7 +506,16 @@ def test_storm_summary() -> None:
 
 @pytest.mark.parametrize(
     ("path", "text"),
-    [(("start",), "9"), (("samples",), "10"), (("session",), "1"), (("gpus", 0, "util"), ["1", "2", "3", "0.5"])],
+    [
+        (("start",), "9"),
+        (("samples",), "10"),
+        (("session",), "1"),
+        (("gpus", 0, "util"), ["1", "2", "3", "0.5"]),
+        (("workloads", 0, "gpus"), ["0"]),  # a GPU index as text: the workload would claim nothing real
+        (("gpus", 0, "xid_events"), 2**64),  # a count past 2**53, which the store cannot write as a float field
+        (("gpus", 0, "ecc_uncorrected"), 10**400),
+        (("nics", 0, "errors"), 2**60),
+    ],
 )
 def test_a_number_sent_as_text_is_refused_as_schema(path: tuple[str | int, ...], text: object) -> None:
     """JSON numbers only: a string that reads as a number ("9") is what no agent sends, and refused whole."""
