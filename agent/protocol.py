@@ -28,7 +28,15 @@ from operator import attrgetter, itemgetter, le
 from types import MethodType
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import CoreSchema, core_schema
 
 SCHEMA_VERSION = 2
@@ -43,6 +51,16 @@ Ident = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9
 # A namespace, account, user or unit name: printable, no control characters (names reach pages and chat).
 OwnerName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
 Quantity = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+
+
+def _not_a_bool(value: object) -> object:
+    """JSON's true is no version number, though Python's True equals 1 (a Literal alone would take it)."""
+    if isinstance(value, bool):
+        raise ValueError("a schema version is a number")
+    return value
+
+
+Version = BeforeValidator(_not_a_bool)
 
 
 # Numbers are JSON numbers: strict, so that a string ("9") is refused rather than read as one.
@@ -258,7 +276,7 @@ class DiskInfo(_Model):
 class Birth(_Model):
     """Retained inventory a node publishes each time it (re)connects."""
 
-    schema_: Literal[1, 2] = Field(default=2, alias="schema")
+    schema_: Annotated[Literal[1, 2], Version] = Field(default=2, alias="schema")
     node: Ident
     site: Ident
     session: Count = Field(description="increments on every agent start")
@@ -302,7 +320,7 @@ class NodeStatus(StrEnum):
 
 
 class State(_Model):
-    schema_: Literal[1, 2] = Field(default=2, alias="schema")
+    schema_: Annotated[Literal[1, 2], Version] = Field(default=2, alias="schema")
     node: Ident
     session: Count
     status: NodeStatus
@@ -528,7 +546,7 @@ def _check_gpus(gpus: list[GpuWindow], samples: int) -> None:
 class Telemetry(_Model):
     """One window of a node's telemetry."""
 
-    schema_: Literal[1, 2] = Field(default=2, alias="schema")
+    schema_: Annotated[Literal[1, 2], Version] = Field(default=2, alias="schema")
     node: Ident
     site: Ident
     session: Count
@@ -715,7 +733,7 @@ class SolverReport(_Model):
 class Plan(_Model):
     """The optimizer's current plan for one site, published retained."""
 
-    schema_: Literal[1, 2] = Field(default=2, alias="schema")
+    schema_: Annotated[Literal[1, 2], Version] = Field(default=2, alias="schema")
     site: Ident
     generated_at: Quantity
     solver: SolverReport
@@ -776,7 +794,7 @@ class Presence(_Model):
     while no optimizer online lists that site in its ``sites``. One that lists neither plans every site no
     scoped optimizer claims. ``started`` orders one process's messages before its successor's."""
 
-    schema_: Literal[1] = Field(default=1, alias="schema")
+    schema_: Annotated[Literal[1], Version] = Field(default=1, alias="schema")
     optimizer: Ident
     status: NodeStatus
     started: Quantity
@@ -869,7 +887,7 @@ class HandedSettling(_Model):
 class Handover(_Model):
     """One site's alert and lifecycle state, as its owner ``optimizer`` held it at ``written_at``."""
 
-    schema_: Literal[1] = Field(default=1, alias="schema")
+    schema_: Annotated[Literal[1], Version] = Field(default=1, alias="schema")
     site: Ident
     optimizer: Ident
     written_at: Stamp
@@ -926,7 +944,7 @@ class Resend(_Model):
     dropped them from a full queue, or they were lost on the way). The node publishes again what it still has of
     each (session, first seq, last seq) range."""
 
-    schema_: Literal[2] = Field(default=2, alias="schema")
+    schema_: Annotated[Literal[2], Version] = Field(default=2, alias="schema")
     node: Ident
     windows: list[tuple[Count, Count, Count]] = Field(default_factory=list, max_length=MAX_RESEND_RANGES)
 
@@ -1064,7 +1082,7 @@ def decode(kind: TopicKind, payload: bytes | bytearray, dropped: list[DroppedFie
     if not isinstance(raw, dict):
         raise ProtocolError("schema", "payload is not a JSON object")
     version = raw.get("schema")
-    if version not in ACCEPTED_SCHEMAS:
+    if isinstance(version, bool) or version not in ACCEPTED_SCHEMAS:  # true == 1 in Python, not in JSON
         raise ProtocolError(
             "unknown_schema", f"schema version {version!r}, this build speaks {', '.join(map(str, ACCEPTED_SCHEMAS))}"
         )

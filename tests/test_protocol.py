@@ -170,6 +170,7 @@ def test_a_schema_1_agent_is_still_understood() -> None:
         (b"[1, 2]", "schema"),
         (b'{"schema": 3, "node": "n1"}', "unknown_schema"),
         (b'{"node": "n1"}', "unknown_schema"),
+        (b'{"schema": true, "node": "n1", "session": 1, "status": "online", "timestamp": 1}', "unknown_schema"),
         (b'{"schema": 1, "node": "n1", "session": 1, "status": "sleeping", "timestamp": 1}', "schema"),
         (b'{"schema": 1, "node": "n1", "session": 1, "status": "online", "timestamp": 1, "x": 1}', "schema"),
         (b'{"schema": 1, "node": "n1", "session": -1, "status": "online", "timestamp": 1}', "schema"),
