@@ -26,7 +26,7 @@ from enum import StrEnum
 from itertools import chain
 from operator import attrgetter, itemgetter, le
 from types import MethodType
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -765,6 +765,22 @@ def presence_filter(prefix: str) -> str:
     return f"{prefix}/{PRESENCE_LEVEL}/+"
 
 
+_Parsed = TypeVar("_Parsed", bound=BaseModel)
+
+
+def _bounded_model(model: type[_Parsed], payload: bytes | bytearray, limit: int) -> _Parsed:
+    """``payload`` as ``model``, at most ``limit`` bytes; ProtocolError ``oversize`` or ``schema`` (its first
+    error, worded) otherwise. For the optimizers' own messages (presence, handover), read whole or not at all."""
+    if len(payload) > limit:
+        raise ProtocolError("oversize", f"{len(payload)} bytes exceeds {limit}")
+    try:
+        return model.model_validate_json(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "payload"
+        raise ProtocolError("schema", f"{where}: {first['msg']}"[:300]) from None
+
+
 def parse_presence(prefix: str, topic: str, payload: bytes | bytearray) -> Presence:
     """The presence on ``topic``; ProtocolError when the topic or payload is bad or they name different
     optimizers (an account may write only its own topic, so the topic is what vouches for the name)."""
@@ -772,14 +788,7 @@ def parse_presence(prefix: str, topic: str, payload: bytes | bytearray) -> Prese
     if not topic.startswith(head):
         raise ProtocolError("bad_topic", f"topic {topic!r} is not a presence topic")
     name = _check_ident(topic[len(head) :], "optimizer")
-    if len(payload) > MAX_PRESENCE_BYTES:
-        raise ProtocolError("oversize", f"{len(payload)} bytes exceeds {MAX_PRESENCE_BYTES}")
-    try:
-        presence = Presence.model_validate_json(payload)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "payload"
-        raise ProtocolError("schema", f"{where}: {first['msg']}"[:300]) from None
+    presence = _bounded_model(Presence, payload, MAX_PRESENCE_BYTES)
     if presence.optimizer != name:
         raise ProtocolError("node_mismatch", f"payload says optimizer {presence.optimizer!r}, topic says {name!r}")
     return presence
@@ -921,14 +930,7 @@ def parse_handover(prefix: str, topic: str, payload: bytes | bytearray) -> Hando
     if site is None:
         raise ProtocolError("bad_topic", f"topic {topic!r} is not a handover topic")
     _check_ident(site, "site")
-    if len(payload) > MAX_HANDOVER_BYTES:
-        raise ProtocolError("oversize", f"{len(payload)} bytes exceeds {MAX_HANDOVER_BYTES}")
-    try:
-        record = Handover.model_validate_json(payload)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "payload"
-        raise ProtocolError("schema", f"{where}: {first['msg']}"[:300]) from None
+    record = _bounded_model(Handover, payload, MAX_HANDOVER_BYTES)
     if record.site != site:
         raise ProtocolError("site_mismatch", f"payload says site {record.site!r}, topic says {site!r}")
     return record

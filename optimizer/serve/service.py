@@ -518,18 +518,14 @@ class Optimizer:
     ) -> tuple[Snapshot, Plan, dict[str, str], list[Outcome]]:
         began = time.thread_time()  # this worker thread's CPU: features, classification and a 1-worker solve
         try:
-            return self._plan_site_timed(fleet, site, open_actions, done)
+            return self._planned(fleet, site, open_actions, done or [])
         finally:
             self.plan_cpu_seconds += time.thread_time() - began
 
-    def _plan_site_timed(
-        self,
-        fleet: Fleet,
-        site: str,
-        open_actions: Sequence[Recommendation] = (),
-        done: list[Outcome] | None = None,
+    def _planned(
+        self, fleet: Fleet, site: str, open_actions: Sequence[Recommendation], done: list[Outcome]
     ) -> tuple[Snapshot, Plan, dict[str, str], list[Outcome]]:
-        catalog, followed = self._learned(fleet, site, done or [])
+        catalog, followed = self._learned(fleet, site, done)
         pinned = self.config.plan.pinned
         excluded: dict[str, str] = {}
         estimated: Counter[tuple[str, str]] = Counter()
