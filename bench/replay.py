@@ -8,14 +8,14 @@ Each node's first ``per_node`` windows are simulated (the same engine and window
 seed per node); the run cycles through them with fresh sequence numbers and times, so a node repeats its own
 ``per_node * 10`` seconds of behaviour. Nodes start spread over one window, as agents do. Window bytes are made
 once with sentinel numbers; publishing swaps in the sequence number and times, so a window costs a few µs to send.
-Prepared windows are kept in the temporary directory for the next run of the same fleet.
+Prepared windows are kept in this user's cache directory for the next run of the same fleet and code.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
-import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -56,6 +56,18 @@ def _node(job: tuple[str, int, str, int, int]) -> tuple[str, bytes, list[bytes]]
     return node.name, encode(birth.model_copy(update={"timestamp": time.time()})), templates
 
 
+def _cache_dir() -> Path:
+    """This user's own cache directory, never a shared one: a pickle planted where another user can write would
+    run its code when loaded."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    directory = base / "fleetfit-bench"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = directory.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise RuntimeError(f"{directory} is not this user's alone: not reading cached windows from it")
+    return directory
+
+
 def _code() -> str:
     """A digest of the code that makes the windows: the simulator, the agent's window code and the protocol."""
     root = Path(__file__).resolve().parent.parent
@@ -67,7 +79,7 @@ class Replay:
     """``nodes`` nodes of ``scenario`` at ``site``, prepared on ``processes`` processes, published from a thread."""
 
     def __init__(self, scenario: str, nodes: int, site: str, per_node: int = 6, processes: int = 2) -> None:
-        cache = Path(tempfile.gettempdir()) / f"fleetfit-replay-{scenario}-{nodes}-{site}-{per_node}-{_code()}.pickle"
+        cache = _cache_dir() / f"replay-{scenario}-{nodes}-{site}-{per_node}-{_code()}.pickle"
         if cache.exists():  # the same fleet by the same code as a run before
             self.nodes = pickle.loads(cache.read_bytes())
         else:
