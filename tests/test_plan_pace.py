@@ -46,3 +46,16 @@ def test_the_share_is_a_setting_with_bounds() -> None:
         OptimizerSettings(plan_cpu_share=0)
     with pytest.raises(ValueError, match="plan_cpu_share"):
         OptimizerSettings(plan_cpu_share=1.5)
+
+
+def test_stretching_is_told_when_it_starts_and_ends_not_every_round(caplog: pytest.LogCaptureFixture) -> None:
+    opt = optimizer(60, 0.05)
+    with caplog.at_level("INFO", logger="optimizer.serve.service"):
+        opt._pace(3.1, 3.2)  # 3.1 / 0.05 - 3.2 = 58.8 s: within the interval, nothing to tell
+        opt._pace(20.0, 21.0)
+        opt._pace(21.0, 22.0)
+        opt._pace(1.0, 1.5)
+    told = [r.getMessage() for r in caplog.records]
+    assert len(told) == 2
+    assert "resting 379 s between rounds rather than solve_interval's 60 s" in told[0]
+    assert "solve_interval's 60 s again" in told[1]
