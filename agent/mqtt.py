@@ -72,7 +72,8 @@ def make_client(
         timeout=PUBLISH_TIMEOUT_S,
         max_queued_incoming_messages=max_queued_incoming,
         clean_session=False if persistent and not v5 else None,
-        clean_start=False if persistent else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
+        # MQTT 3.1.1 has no clean start (paho refuses one): its persistent session is clean_session=False
+        clean_start=False if persistent and v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
         properties=properties,
     )
 
