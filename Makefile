@@ -60,7 +60,7 @@ faults: deps-test  # the fault-injection tests at full length (about 6 minutes)
 
 # The benchmarks that need no GPU and no long soak, one after the other (several minutes); each prints its
 # figures against a baseline measured in the same run. BENCH="e2e simulate_scale" runs others (docs/benchmarks.md).
-BENCH ?= console plan classify ingest store_lines
+BENCH ?= console plan classify ingest intake store_lines
 bench: deps-test
 	@for b in $(BENCH); do echo "== bench/$$b.py"; $(BIN)/python bench/$$b.py || exit 1; done
 

@@ -1509,19 +1509,21 @@ async def test_an_optimizer_stopped_in_the_middle_of_a_backlog_loses_none_of_it(
                    + [(topic("good", name, TopicKind.TELEMETRY), encode(w), False) for w in backlog])  # fmt: skip
     taken: Counter[int] = Counter()
 
-    def counting(optimizer: Optimizer) -> Optimizer:
+    def counting(optimizer: Optimizer, stop_at: int | None = None) -> Optimizer:
         ingest = optimizer.fleet.ingest
 
         def counted(t: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
             message = ingest(t, payload)
             if isinstance(message, Telemetry):
                 taken[message.seq] += 1
+                if len(taken) == stop_at:  # stopped from within: the backlog is still streaming in
+                    optimizer.should_exit.set()
             return message
 
         optimizer.fleet.ingest = counted  # type: ignore[method-assign]
         return optimizer
 
-    async with running(counting(optimizer_on(shipped, tmp_path)), fresh=False):
+    async with running(counting(optimizer_on(shipped, tmp_path), stop_at=300), fresh=False):
         await wait_until(lambda: len(taken) >= 300, 15, "the backlog to start arriving")
     first = len(taken)
     async with running(counting(optimizer_on(shipped, tmp_path)), fresh=False):

@@ -69,7 +69,9 @@ class OptimizerSettings(Section):
         description="sites this optimizer follows and plans only while no optimizer online lists them in sites",
     )
     max_queued_messages: int = Field(
-        default=200_000, ge=1000, description="client-side queue; size the broker's max_queued_messages too"
+        default=200_000,
+        ge=1000,
+        description="no longer used (messages are taken in as they are read); accepted so that configs load",
     )
     max_clock_skew: float = Field(
         default=86_400.0, gt=0, description="seconds a window may lie behind or ahead of now (a birth: ahead)"

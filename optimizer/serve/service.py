@@ -51,6 +51,7 @@ from optimizer.serve.alerts.alerter import Alerter
 from optimizer.serve.alerts.journal import Sent
 from optimizer.serve.config import OptimizerConfig
 from optimizer.serve.handover import Handovers
+from optimizer.serve.intake import Intake
 from optimizer.serve.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.serve.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
 from optimizer.serve.ownership import Ownership
@@ -67,9 +68,6 @@ MAX_PACKET_BYTES = MAX_PAYLOAD_BYTES + 4096
 RESEND_DELAY = 5.0
 RESEND_INTERVAL = 10.0
 RESEND_GIVE_UP = 3600.0
-# Messages taken from the client's queue in one go before the event loop serves anything else (HTTP, planning's
-# hand-offs): a few hundred milliseconds of ingest at most.
-DRAIN_AT_ONCE = 256
 # The owner of a site publishes its handover record right after each plan and each alert post, and at least this
 # often (seconds) when it says something new: `fleetfit recommendations ack` writes the state file from outside.
 HANDOVER_INTERVAL = 10.0
@@ -116,6 +114,7 @@ class Optimizer:
         self.solve_stop = SolveStop()  # set once, at shutdown
         self.connected = asyncio.Event()
         self._client: aiomqtt.Client | None = None
+        self._intake: Intake | None = None  # the connected client's
         self._backoff = Backoff(cap=config.mqtt.reconnect_max_delay)
         self.store = store if store is not None else (Store(config.influxdb) if config.influxdb.url else None)
         self.lifecycle = lifecycle
@@ -158,12 +157,11 @@ class Optimizer:
                     settings,
                     self.config.optimizer.client_id,
                     will=will,
-                    max_queued_incoming=self.config.optimizer.max_queued_messages,
                     max_packet_size=MAX_PACKET_BYTES,
                 )
                 # A message is acknowledged once it has been taken in, not on receipt: what the client holds
                 # unread when the optimizer stops is delivered again by the broker (persistent session).
-                client._client.manual_ack_set(True)
+                intake = self._intake = Intake(client, lambda t, payload: self._message(t, payload, presence_head))
                 async with client:
                     self.ownership.connected()
                     filters = subscription_filters(
@@ -186,15 +184,8 @@ class Optimizer:
                         settings.host,
                         settings.port,
                     )
-                    queue = client._queue
-                    async for message in client.messages:
-                        self._message(client, message, presence_head)
-                        # What has queued up meanwhile is taken at once: aiomqtt's iterator makes a task and a
-                        # wait per message, which at thousands of nodes costs more than reading the message.
-                        for _ in range(DRAIN_AT_ONCE):
-                            if queue.empty():
-                                break
-                            self._message(client, queue.get_nowait(), presence_head)
+                    intake.start()
+                    await intake.closed()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -214,16 +205,13 @@ class Optimizer:
                 )
                 await asyncio.sleep(delay)
 
-    def _message(self, client: aiomqtt.Client, message: aiomqtt.Message, presence_head: str) -> None:
-        topic = str(message.topic)
+    def _message(self, topic: str, payload: bytes | bytearray, presence_head: str) -> None:
         if topic.startswith(presence_head):
-            self.ownership.observe(topic, _bytes(message.payload))
+            self.ownership.observe(topic, payload)
         elif topic.endswith("/handover") and handover_site(self.config.mqtt.prefix, topic) is not None:
-            self.handovers.observe(topic, _bytes(message.payload))
+            self.handovers.observe(topic, payload)
         else:
-            self._take(topic, message.payload)
-        if message.qos:  # acknowledged once taken in: unread messages are delivered again after a restart
-            client._client.ack(message.mid, message.qos)
+            self._take(topic, payload)
 
     def _presence(self, status: NodeStatus) -> bytes:
         return self.ownership.presence(status, self.started).model_dump_json(by_alias=True).encode()
@@ -664,6 +652,8 @@ class Optimizer:
         Alerts gathered are posted and each site's state handed over while the broker connection stands, and only
         then does the optimizer say it leaves: its standbys take over from where it stopped."""
         self.solve_stop.stop()  # a plan still solving in its thread would hold the process's exit
+        if self._intake is not None:  # what is not taken in yet stays with the broker, for the next session
+            self._intake.stop()
         ingest = [t for t in tasks if t.get_name() == "optimizer-ingest"]
         await _stop(t for t in tasks if t not in ingest)
         try:
@@ -735,12 +725,6 @@ def ingest_limits(config: OptimizerConfig, catalog: Catalog) -> IngestLimits:
         inventory=inventory_check(catalog, settings.max_gpus_per_node),
         site_inventory=inventories.reconcile if inventories else None,
     )
-
-
-def _bytes(payload: object) -> bytes:
-    if isinstance(payload, bytes | bytearray):
-        return bytes(payload)
-    return str(payload).encode() if payload is not None else b""
 
 
 def _brief(exc: BaseException) -> str:
