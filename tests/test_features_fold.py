@@ -7,11 +7,15 @@ import math
 import random
 import tracemalloc
 from array import array
+from typing import Any
 
 import pytest
+from conftest import simulated_fleet
 
+from optimizer.decide import features
 from optimizer.decide.features import _Acc, _fold_run, _fold_window
 from optimizer.ingest.digest import GpuDigest, WindowDigest
+from optimizer.ingest.fleet import Fleet
 
 
 def window(rng: random.Random, seq: int, gpus: list[int], seconds: int) -> WindowDigest:
@@ -103,3 +107,28 @@ def test_figures_per_second_are_held_packed(together: bool) -> None:
     assert len(acc.load) == len(acc.spreads) == len(acc.centred) == 600
     # 4,800 float32 and 4 x 600 float64, with the per-window figures besides (a few dozen lists of 60 or 480)
     assert held < 100_000
+
+
+def test_a_workloads_features_are_worked_out_once_its_last_node_is_folded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its figures are let go then, not held with every other workload's until the whole site is folded."""
+    fleet, _ = simulated_fleet("mixed", 12, windows=6)
+    events: list[tuple[str, str]] = []
+    fold, finish = features._fold_windows, features._features
+
+    def folding(acc: _Acc, rows: list[Any], node: str) -> None:
+        events.append(("fold", node))
+        fold(acc, rows, node)
+
+    def finishing(fleet: Fleet, site: str, wid: str, acc: _Acc) -> features.WorkloadFeatures:
+        done = finish(fleet, site, wid, acc)
+        events.append(("features", max(done.nodes)))
+        return done
+
+    monkeypatch.setattr(features, "_fold_windows", folding)
+    monkeypatch.setattr(features, "_features", finishing)
+    out = features.workload_features(fleet, "s1")
+    assert len(out) == sum(kind == "features" for kind, _ in events) > 10
+    for at, (kind, last) in enumerate(events):
+        if kind == "features":  # nothing of a node after its last has been folded yet; all of its own have
+            assert all(node <= last for k, node in events[:at] if k == "fold")
+            assert ("fold", last) in events[:at]

@@ -666,12 +666,25 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
     accs: dict[str, _Acc] = defaultdict(_Acc)
     reference = site_baseline(fleet, site, horizon)
     gone = departed(fleet, site)
-    for (rec_site, _), record in sorted(fleet.nodes.items()):
-        if rec_site != site or record.birth is None:
-            continue
-        gpu_info = {g.index: g for g in record.birth.gpus}
-        devices = layout(record.birth)
-        windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
+    records = [
+        (r, r.birth) for (rec_site, _), r in sorted(fleet.nodes.items()) if rec_site == site and r.birth is not None
+    ]
+    # A workload's features are worked out once the last node it runs on is folded, and its figures let go: held
+    # all together until the end, a large site's would be most of what a plan holds at its peak.
+    last = {
+        ref.id: n
+        for n, (record, _) in enumerate(records)
+        for w in _recent(record.windows, horizon)
+        for ref in w.workloads
+    }
+    finished: dict[int, list[str]] = defaultdict(list)
+    for wid, n in last.items():
+        finished[n].append(wid)
+    out: dict[str, WorkloadFeatures] = {}
+    for n, (record, birth) in enumerate(records):
+        gpu_info = {g.index: g for g in birth.gpus}
+        devices = layout(birth)
+        windows = _recent(record.windows, horizon)
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
         by_index = [{int(g[0]): g.util_mean for g in w.gpus} for w in windows]
@@ -770,79 +783,83 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             )
         for wid, rows in pending.items():
             _fold_windows(accs[wid], rows, record.node)
+        del pending
+        for wid in finished.pop(n, ()):
+            done = accs.pop(wid) if wid in accs else None  # none where it left every node it was seen on
+            if done is not None and done.windows:
+                out[wid] = _features(fleet, site, wid, done)
+    return [out[wid] for wid in sorted(out)]
+
+
+def _recent(windows: Iterable[WindowDigest], horizon: int | None) -> list[WindowDigest]:
+    return list(windows)[-horizon:] if horizon else list(windows)
+
+
+def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
+    """A workload's features from its folded figures."""
     # its history where it runs now: digests it left on a node it moved away from describe other hardware
-    digests: dict[str, list[Digest]] = defaultdict(list)
-    for wid, acc in accs.items():
-        for node in acc.placements:
-            held = fleet.record(site, node)
-            if held is not None:
-                digests[wid] += held.history.of(wid)
-    out = []
-    for wid, acc in sorted(accs.items()):
-        if acc.windows == 0:
-            continue
-        hours, daily_peak, diurnal = _daily(digests[wid])
-        placements = list(acc.placements.values())
-        memory = max((p.gpu_memory_mib for p in placements), default=0)
-        mem_peak = max(acc.mem, default=0.0)
-        gpus = max(sum(len(p.gpus) for p in placements), 1)
-        per_gpu = len(placements) / gpus
-        period, strength = step_period(acc.centred)
-        out.append(
-            WorkloadFeatures(
-                id=wid,
-                name=acc.name,
-                hint=acc.hint,
-                placements=placements,
-                windows=acc.windows,
-                mean_util=_mean(acc.util_means),
-                p95_util=_p95(acc.load) if len(acc.load) >= 20 else _mean(acc.util_p95),
-                burstiness=_mean(acc.cvs),
-                gpu_spread=_mean(acc.spreads),
-                zero_seconds=acc.idle_seconds / acc.seconds if acc.seconds else 0.0,
-                mem_used_mib=mem_peak,
-                mem_fraction=mem_peak / memory if memory else 0.0,
-                mem_stability=_cv(acc.mem),
-                gpu_link_bps=_mean(acc.links),
-                east_west_bps=_mean(acc.east) * per_gpu,
-                north_south_bps=_mean(acc.north) * per_gpu,
-                checkpoint_windows=_mean(acc.ckpt),
-                write_bursts=int(sum(acc.ckpt)),
-                history_hours=hours,
-                daily_peak_p95=daily_peak,
-                diurnal_ratio=diurnal,
-                busy_cv=_cv(acc.busy),
-                busy_level=_mean(acc.busy),
-                busy_seconds=len(acc.busy),
-                node_front_bps=_median(acc.node_front),
-                period_s=period,
-                period_strength=strength,
-                # A few busy windows (a notebook's cell) say little about how the work uses the GPU.
-                intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
-                tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
-                dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
-                shape_tensor=statistics.median(t for t, _ in acc.gpm) if len(acc.gpm) >= 3 else None,
-                shape_dram=statistics.median(d for _, d in acc.gpm) if len(acc.gpm) >= 3 else None,
-                # Medians: what the workload does most of the time, not a model load at its start.
-                ingress_bps=_median(acc.ingress) * per_gpu,
-                egress_bps=_median(acc.egress) * per_gpu,
-                disk_read_bps=_median(acc.reads) * per_gpu,
-                program=acc.program,
-                listen_ports=acc.listen,
-                inbound_connections=acc.connections,
-                inbound_peers=acc.peers,
-                own_network=acc.own_net,
-                sched_step=acc.step,
-                held_mem_mib=max(acc.held_mem, default=0.0),
-                front_baseline_bps=None if None in acc.baseline_from else _median(acc.baseline),
-                # The least certain source of any of its nodes.
-                baseline_from=None
-                if None in acc.baseline_from
-                else ("site" if "site" in acc.baseline_from else "node"),
-                node_share=_mean(acc.shares) if acc.shares else 1.0,
-                write_bps=_median(acc.writes) * per_gpu,
-                shared_bursts=acc.shared_bursts,
-                lockstep=gpu_lockstep(acc.per_gpu),
-            )
-        )
-    return out
+    digests: list[Digest] = []
+    for node in acc.placements:
+        held = fleet.record(site, node)
+        if held is not None:
+            digests += held.history.of(wid)
+    hours, daily_peak, diurnal = _daily(digests)
+    placements = list(acc.placements.values())
+    memory = max((p.gpu_memory_mib for p in placements), default=0)
+    mem_peak = max(acc.mem, default=0.0)
+    gpus = max(sum(len(p.gpus) for p in placements), 1)
+    per_gpu = len(placements) / gpus
+    period, strength = step_period(acc.centred)
+    return WorkloadFeatures(
+        id=wid,
+        name=acc.name,
+        hint=acc.hint,
+        placements=placements,
+        windows=acc.windows,
+        mean_util=_mean(acc.util_means),
+        p95_util=_p95(acc.load) if len(acc.load) >= 20 else _mean(acc.util_p95),
+        burstiness=_mean(acc.cvs),
+        gpu_spread=_mean(acc.spreads),
+        zero_seconds=acc.idle_seconds / acc.seconds if acc.seconds else 0.0,
+        mem_used_mib=mem_peak,
+        mem_fraction=mem_peak / memory if memory else 0.0,
+        mem_stability=_cv(acc.mem),
+        gpu_link_bps=_mean(acc.links),
+        east_west_bps=_mean(acc.east) * per_gpu,
+        north_south_bps=_mean(acc.north) * per_gpu,
+        checkpoint_windows=_mean(acc.ckpt),
+        write_bursts=int(sum(acc.ckpt)),
+        history_hours=hours,
+        daily_peak_p95=daily_peak,
+        diurnal_ratio=diurnal,
+        busy_cv=_cv(acc.busy),
+        busy_level=_mean(acc.busy),
+        busy_seconds=len(acc.busy),
+        node_front_bps=_median(acc.node_front),
+        period_s=period,
+        period_strength=strength,
+        # A few busy windows (a notebook's cell) say little about how the work uses the GPU.
+        intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
+        tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
+        dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
+        shape_tensor=statistics.median(t for t, _ in acc.gpm) if len(acc.gpm) >= 3 else None,
+        shape_dram=statistics.median(d for _, d in acc.gpm) if len(acc.gpm) >= 3 else None,
+        # Medians: what the workload does most of the time, not a model load at its start.
+        ingress_bps=_median(acc.ingress) * per_gpu,
+        egress_bps=_median(acc.egress) * per_gpu,
+        disk_read_bps=_median(acc.reads) * per_gpu,
+        program=acc.program,
+        listen_ports=acc.listen,
+        inbound_connections=acc.connections,
+        inbound_peers=acc.peers,
+        own_network=acc.own_net,
+        sched_step=acc.step,
+        held_mem_mib=max(acc.held_mem, default=0.0),
+        front_baseline_bps=None if None in acc.baseline_from else _median(acc.baseline),
+        # The least certain source of any of its nodes.
+        baseline_from=None if None in acc.baseline_from else ("site" if "site" in acc.baseline_from else "node"),
+        node_share=_mean(acc.shares) if acc.shares else 1.0,
+        write_bps=_median(acc.writes) * per_gpu,
+        shared_bursts=acc.shared_bursts,
+        lockstep=gpu_lockstep(acc.per_gpu),
+    )
