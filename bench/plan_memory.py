@@ -51,6 +51,15 @@ def _status(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _reset_peak() -> None:
+    """VmHWM from here on: the round's own peak."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _write(path: Path, plans: list[dict[str, object]]) -> None:
+    path.write_text(json.dumps(plans, indent=1))
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -105,14 +114,14 @@ async def measure(windows: int, plan_out: Path | None) -> dict[str, object]:
         topic_len, payload_len = _HEAD.unpack(_read(stdin, _HEAD.size))
         opt.fleet.ingest(_read(stdin, topic_len).decode(), _read(stdin, payload_len))
     steady = _status("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here on: the round's own peak
+    _reset_peak()
     cpu, wall = _cpu(), time.monotonic()
     with Sampler() as sampler:
         plans = await opt.plan_once()
     cpu, wall = _cpu() - cpu, time.monotonic() - wall
     after = _status("VmRSS")
     if plan_out is not None:
-        plan_out.write_text(json.dumps([_content(json.loads(p.model_dump_json())) for p in plans], indent=1))
+        _write(plan_out, [_content(json.loads(p.model_dump_json())) for p in plans])
     return {
         "nodes": len(opt.fleet.nodes),
         "accepted": opt.fleet.accepted["telemetry"],
@@ -198,7 +207,8 @@ def main() -> int:
     print(f"{n} nodes, {r['accepted']:,} windows taken in ({r['held']} held a node), rejected: {r['rejected'] or 0}")
     print(f"idle (before any node): {r['idle'] / 1024:,.0f} MiB")
     print(f"steady (every window in): {per_node(r['steady'])}")
-    print(f"peak during the round of plans: {per_node(r['peak'])} (sampled every 20 ms: {r['sampled'] / 1024:,.0f} MiB)")
+    sampled = f"sampled every 20 ms: {r['sampled'] / 1024:,.0f} MiB"
+    print(f"peak during the round of plans: {per_node(r['peak'])} ({sampled})")
     print(f"after the round: {per_node(r['after'])}")
     print(f"peak against steady: {(r['peak'] - r['idle']) / max(r['steady'] - r['idle'], 1):.2f}x")
     print(
