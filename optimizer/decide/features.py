@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +39,7 @@ CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the nod
 NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
 QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
 QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
+PERIOD_SECONDS = 720  # the most recent seconds of per-second load a step period is looked for in
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,26 +173,54 @@ def _cv(values: Sequence[float]) -> float:
     return math.sqrt(math.fsum([(v - mean) * (v - mean) for v in values]) / n) / mean
 
 
+def _doubles() -> array[float]:
+    return array("d")
+
+
+def _singles() -> array[float]:
+    return array("f")
+
+
+_DTYPES = {"d": np.float64, "f": np.float32}
+
+
+def _extend(into: array[float], values: np.ndarray) -> None:
+    """``values`` appended to ``into`` as they are: float64 to an array of doubles, or float32-exact figures (a
+    GPU's series, as the digest packs them) to one of singles."""
+    into.frombytes(np.ascontiguousarray(values, dtype=_DTYPES[into.typecode]).tobytes())
+
+
+def _keep_recent(centred: array[float]) -> None:
+    """Only the last ``PERIOD_SECONDS`` are read (``step_period``): older seconds go, in batches."""
+    if len(centred) > 2 * PERIOD_SECONDS:
+        del centred[:-PERIOD_SECONDS]
+
+
 @dataclass(slots=True)
 class _Acc:
+    """A workload's figures as its windows are folded. Every workload's are held until the last node is folded,
+    so figures per second (hundreds per window) are packed arrays, not lists of float objects: ~8 bytes a figure
+    instead of ~32, 4 for a GPU's own series (float32 as the digest keeps it)."""
+
     name: str = ""
     hint: str | None = None
     placements: dict[str, Placement] = field(default_factory=dict)
     util_means: list[float] = field(default_factory=list)
     util_p95: list[float] = field(default_factory=list)
-    load: list[float] = field(default_factory=list)
-    cvs: list[float] = field(default_factory=list)
-    spreads: list[float] = field(default_factory=list)
+    load: array[float] = field(default_factory=_doubles)  # per second: the mean across its GPUs
+    cvs: array[float] = field(default_factory=_doubles)  # per GPU and window
+    spreads: array[float] = field(default_factory=_doubles)  # per second, across its GPUs
     idle_seconds: int = 0  # seconds of its GPUs' series under 2 %
     seconds: int = 0  # seconds of its GPUs' series in all
-    mem: list[float] = field(default_factory=list)
-    links: list[float] = field(default_factory=list)
+    mem: array[float] = field(default_factory=_doubles)  # per GPU and window
+    links: array[float] = field(default_factory=_doubles)  # per GPU and window
     east: list[float] = field(default_factory=list)
     north: list[float] = field(default_factory=list)
     ckpt: list[float] = field(default_factory=list)
     windows: int = 0
-    busy: list[float] = field(default_factory=list)  # per-second load while anything ran
-    centred: list[float] = field(default_factory=list)  # per-second load less its window's mean
+    busy: array[float] = field(default_factory=_doubles)  # per-second load while anything ran
+    # per-second load less its window's mean: the last PERIOD_SECONDS at least
+    centred: array[float] = field(default_factory=_doubles)
     intensity: list[float] = field(default_factory=list)
     node_front: list[float] = field(default_factory=list)
     tensor: list[float] = field(default_factory=list)
@@ -211,7 +241,7 @@ class _Acc:
     baseline: list[float] = field(default_factory=list)  # its nodes' own front-end traffic per GPU, where known
     baseline_from: set[str | None] = field(default_factory=set)
     shares: list[float] = field(default_factory=list)  # its part of its node's GPU work, per window
-    per_gpu: dict[int, list[float]] = field(default_factory=dict)  # per-second load of each GPU, on its first node
+    per_gpu: dict[int, array[float]] = field(default_factory=dict)  # per-second load of each GPU, on its first node
     first_node: str | None = None
 
 
@@ -263,7 +293,7 @@ def _fold_window(
         acc.first_node = acc.first_node or node
         if node == acc.first_node and len(series) == len(gpus) > 1:
             for g, s in zip(gpus, all_series, strict=True):
-                acc.per_gpu.setdefault(g.index, []).extend(s[:seconds])
+                acc.per_gpu.setdefault(g.index, _singles()).extend(s[:seconds])
         if len(series) == 1:
             levels = series[0][:seconds].tolist()
         else:
@@ -277,6 +307,7 @@ def _fold_window(
         acc.busy.extend([v for v in levels if v >= 5])
         centre = math.fsum(levels) / len(levels) if levels else 0.0
         acc.centred.extend([v - centre for v in levels])
+        _keep_recent(acc.centred)
     if util >= 5:
         # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
         pairs = [(g.tensor_active, g.dram_active) for g in gpus]
@@ -347,20 +378,21 @@ def _fold_run(
         means = series.mean(axis=2)
         spread = np.sqrt(((series - means[:, :, None]) ** 2).mean(axis=2))
         cvs = np.divide(spread, means, out=np.zeros_like(means), where=means > 1e-9)
-        acc.cvs.extend(cvs.ravel().tolist())
+        _extend(acc.cvs, cvs)
     if seconds:
         acc.first_node = acc.first_node or node
         if node == acc.first_node and width > 1:
             for j, index in enumerate(indices):
-                acc.per_gpu.setdefault(index, []).extend(series[:, j, :].ravel().tolist())
+                _extend(acc.per_gpu.setdefault(index, _singles()), series[:, j, :])
         if width == 1:
             levels = series[:, 0, :]
         else:
             levels = series.mean(axis=1)
-            acc.spreads.extend(((series.max(axis=1) - series.min(axis=1)) / np.maximum(levels, 5.0)).ravel().tolist())
-        acc.load.extend(levels.ravel().tolist())
-        acc.busy.extend(levels[levels >= 5].tolist())
-        acc.centred.extend((levels - levels.mean(axis=1, keepdims=True)).ravel().tolist())
+            _extend(acc.spreads, (series.max(axis=1) - series.min(axis=1)) / np.maximum(levels, 5.0))
+        _extend(acc.load, levels)
+        _extend(acc.busy, levels[levels >= 5])
+        _extend(acc.centred, levels - levels.mean(axis=1, keepdims=True))
+        _keep_recent(acc.centred)
     power, tensor, dram = digests[:, :, 6], digests[:, :, 7], digests[:, :, 8]
     with np.errstate(invalid="ignore", divide="ignore"):
         both = ~np.isnan(tensor) & ~np.isnan(dram)
@@ -384,8 +416,8 @@ def _fold_run(
     acc.idle_seconds += int((series < 2).sum())
     acc.seconds += series.size
     memory = digests[:, :, 4]
-    acc.mem.extend(memory[~np.isnan(memory)].tolist())
-    acc.links.extend(digests[:, :, 5].ravel().tolist())
+    _extend(acc.mem, memory[~np.isnan(memory)])
+    _extend(acc.links, digests[:, :, 5])
     for _, _, east, north, ckpt in rows:
         acc.east.append(east)
         acc.north.append(north)
@@ -487,7 +519,7 @@ def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None
 
     A training step (compute, then wait for data or the all-reduce) repeats with a fixed period; a server's load
     follows arrivals and a notebook's bursts persist, then fade: neither rises again after falling."""
-    x = np.asarray(centred[-720:], dtype=np.float64)
+    x = np.asarray(centred[-PERIOD_SECONDS:], dtype=np.float64)
     n = len(x)
     if n < 30 or not np.isfinite(x).all():
         return None, 0.0
@@ -576,7 +608,7 @@ def node_baseline(windows: Sequence[WindowDigest], reference: Baseline | None) -
     return reference if reference is not None else Baseline()
 
 
-def gpu_lockstep(per_gpu: dict[int, list[float]]) -> float | None:
+def gpu_lockstep(per_gpu: Mapping[int, Sequence[float]]) -> float | None:
     """How closely its GPUs' per-second loads move together: the mean correlation of each GPU with the mean of the
     others. Only where the load varies by a few points or more: at a flat 99 % every GPU looks alike, and noise
     alone says nothing."""
@@ -634,12 +666,25 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
     accs: dict[str, _Acc] = defaultdict(_Acc)
     reference = site_baseline(fleet, site, horizon)
     gone = departed(fleet, site)
-    for (rec_site, _), record in sorted(fleet.nodes.items()):
-        if rec_site != site or record.birth is None:
-            continue
-        gpu_info = {g.index: g for g in record.birth.gpus}
-        devices = layout(record.birth)
-        windows = list(record.windows)[-horizon:] if horizon else list(record.windows)
+    records = [
+        (r, r.birth) for (rec_site, _), r in sorted(fleet.nodes.items()) if rec_site == site and r.birth is not None
+    ]
+    # A workload's features are worked out once the last node it runs on is folded, and its figures let go: held
+    # all together until the end, a large site's would be most of what a plan holds at its peak.
+    last = {
+        ref.id: n
+        for n, (record, _) in enumerate(records)
+        for w in _recent(record.windows, horizon)
+        for ref in w.workloads
+    }
+    finished: dict[int, list[str]] = defaultdict(list)
+    for wid, n in last.items():
+        finished[n].append(wid)
+    out: dict[str, WorkloadFeatures] = {}
+    for n, (record, birth) in enumerate(records):
+        gpu_info = {g.index: g for g in birth.gpus}
+        devices = layout(birth)
+        windows = _recent(record.windows, horizon)
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
         by_index = [{int(g[0]): g.util_mean for g in w.gpus} for w in windows]
@@ -738,79 +783,83 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             )
         for wid, rows in pending.items():
             _fold_windows(accs[wid], rows, record.node)
+        del pending
+        for wid in finished.pop(n, ()):
+            done = accs.pop(wid) if wid in accs else None  # none where it left every node it was seen on
+            if done is not None and done.windows:
+                out[wid] = _features(fleet, site, wid, done)
+    return [out[wid] for wid in sorted(out)]
+
+
+def _recent(windows: Iterable[WindowDigest], horizon: int | None) -> list[WindowDigest]:
+    return list(windows)[-horizon:] if horizon else list(windows)
+
+
+def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
+    """A workload's features from its folded figures."""
     # its history where it runs now: digests it left on a node it moved away from describe other hardware
-    digests: dict[str, list[Digest]] = defaultdict(list)
-    for wid, acc in accs.items():
-        for node in acc.placements:
-            held = fleet.record(site, node)
-            if held is not None:
-                digests[wid] += held.history.of(wid)
-    out = []
-    for wid, acc in sorted(accs.items()):
-        if acc.windows == 0:
-            continue
-        hours, daily_peak, diurnal = _daily(digests[wid])
-        placements = list(acc.placements.values())
-        memory = max((p.gpu_memory_mib for p in placements), default=0)
-        mem_peak = max(acc.mem, default=0.0)
-        gpus = max(sum(len(p.gpus) for p in placements), 1)
-        per_gpu = len(placements) / gpus
-        period, strength = step_period(acc.centred)
-        out.append(
-            WorkloadFeatures(
-                id=wid,
-                name=acc.name,
-                hint=acc.hint,
-                placements=placements,
-                windows=acc.windows,
-                mean_util=_mean(acc.util_means),
-                p95_util=_p95(acc.load) if len(acc.load) >= 20 else _mean(acc.util_p95),
-                burstiness=_mean(acc.cvs),
-                gpu_spread=_mean(acc.spreads),
-                zero_seconds=acc.idle_seconds / acc.seconds if acc.seconds else 0.0,
-                mem_used_mib=mem_peak,
-                mem_fraction=mem_peak / memory if memory else 0.0,
-                mem_stability=_cv(acc.mem),
-                gpu_link_bps=_mean(acc.links),
-                east_west_bps=_mean(acc.east) * per_gpu,
-                north_south_bps=_mean(acc.north) * per_gpu,
-                checkpoint_windows=_mean(acc.ckpt),
-                write_bursts=int(sum(acc.ckpt)),
-                history_hours=hours,
-                daily_peak_p95=daily_peak,
-                diurnal_ratio=diurnal,
-                busy_cv=_cv(acc.busy),
-                busy_level=_mean(acc.busy),
-                busy_seconds=len(acc.busy),
-                node_front_bps=_median(acc.node_front),
-                period_s=period,
-                period_strength=strength,
-                # A few busy windows (a notebook's cell) say little about how the work uses the GPU.
-                intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
-                tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
-                dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
-                shape_tensor=statistics.median(t for t, _ in acc.gpm) if len(acc.gpm) >= 3 else None,
-                shape_dram=statistics.median(d for _, d in acc.gpm) if len(acc.gpm) >= 3 else None,
-                # Medians: what the workload does most of the time, not a model load at its start.
-                ingress_bps=_median(acc.ingress) * per_gpu,
-                egress_bps=_median(acc.egress) * per_gpu,
-                disk_read_bps=_median(acc.reads) * per_gpu,
-                program=acc.program,
-                listen_ports=acc.listen,
-                inbound_connections=acc.connections,
-                inbound_peers=acc.peers,
-                own_network=acc.own_net,
-                sched_step=acc.step,
-                held_mem_mib=max(acc.held_mem, default=0.0),
-                front_baseline_bps=None if None in acc.baseline_from else _median(acc.baseline),
-                # The least certain source of any of its nodes.
-                baseline_from=None
-                if None in acc.baseline_from
-                else ("site" if "site" in acc.baseline_from else "node"),
-                node_share=_mean(acc.shares) if acc.shares else 1.0,
-                write_bps=_median(acc.writes) * per_gpu,
-                shared_bursts=acc.shared_bursts,
-                lockstep=gpu_lockstep(acc.per_gpu),
-            )
-        )
-    return out
+    digests: list[Digest] = []
+    for node in acc.placements:
+        held = fleet.record(site, node)
+        if held is not None:
+            digests += held.history.of(wid)
+    hours, daily_peak, diurnal = _daily(digests)
+    placements = list(acc.placements.values())
+    memory = max((p.gpu_memory_mib for p in placements), default=0)
+    mem_peak = max(acc.mem, default=0.0)
+    gpus = max(sum(len(p.gpus) for p in placements), 1)
+    per_gpu = len(placements) / gpus
+    period, strength = step_period(acc.centred)
+    return WorkloadFeatures(
+        id=wid,
+        name=acc.name,
+        hint=acc.hint,
+        placements=placements,
+        windows=acc.windows,
+        mean_util=_mean(acc.util_means),
+        p95_util=_p95(acc.load) if len(acc.load) >= 20 else _mean(acc.util_p95),
+        burstiness=_mean(acc.cvs),
+        gpu_spread=_mean(acc.spreads),
+        zero_seconds=acc.idle_seconds / acc.seconds if acc.seconds else 0.0,
+        mem_used_mib=mem_peak,
+        mem_fraction=mem_peak / memory if memory else 0.0,
+        mem_stability=_cv(acc.mem),
+        gpu_link_bps=_mean(acc.links),
+        east_west_bps=_mean(acc.east) * per_gpu,
+        north_south_bps=_mean(acc.north) * per_gpu,
+        checkpoint_windows=_mean(acc.ckpt),
+        write_bursts=int(sum(acc.ckpt)),
+        history_hours=hours,
+        daily_peak_p95=daily_peak,
+        diurnal_ratio=diurnal,
+        busy_cv=_cv(acc.busy),
+        busy_level=_mean(acc.busy),
+        busy_seconds=len(acc.busy),
+        node_front_bps=_median(acc.node_front),
+        period_s=period,
+        period_strength=strength,
+        # A few busy windows (a notebook's cell) say little about how the work uses the GPU.
+        intensity=statistics.median(acc.intensity) if len(acc.intensity) >= 3 else None,
+        tensor_share=statistics.median(acc.tensor) if len(acc.tensor) >= 3 else None,
+        dram_share=statistics.median(acc.dram) if len(acc.dram) >= 3 else None,
+        shape_tensor=statistics.median(t for t, _ in acc.gpm) if len(acc.gpm) >= 3 else None,
+        shape_dram=statistics.median(d for _, d in acc.gpm) if len(acc.gpm) >= 3 else None,
+        # Medians: what the workload does most of the time, not a model load at its start.
+        ingress_bps=_median(acc.ingress) * per_gpu,
+        egress_bps=_median(acc.egress) * per_gpu,
+        disk_read_bps=_median(acc.reads) * per_gpu,
+        program=acc.program,
+        listen_ports=acc.listen,
+        inbound_connections=acc.connections,
+        inbound_peers=acc.peers,
+        own_network=acc.own_net,
+        sched_step=acc.step,
+        held_mem_mib=max(acc.held_mem, default=0.0),
+        front_baseline_bps=None if None in acc.baseline_from else _median(acc.baseline),
+        # The least certain source of any of its nodes.
+        baseline_from=None if None in acc.baseline_from else ("site" if "site" in acc.baseline_from else "node"),
+        node_share=_mean(acc.shares) if acc.shares else 1.0,
+        write_bps=_median(acc.writes) * per_gpu,
+        shared_bursts=acc.shared_bursts,
+        lockstep=gpu_lockstep(acc.per_gpu),
+    )
