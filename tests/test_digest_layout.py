@@ -8,10 +8,10 @@ import tracemalloc
 
 import pytest
 
-from agent.protocol import Birth, Telemetry
+from agent.protocol import Birth, Telemetry, WorkloadRef
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
-from optimizer.ingest.digest import HEAD, GpuDigest, GpuRows, WindowDigest, digest
+from optimizer.ingest.digest import HEAD, GpuDigest, GpuRows, RefKey, WindowDigest, digest
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +96,25 @@ def test_a_gpu_that_missed_a_sample_keeps_its_shorter_series(node: tuple[Birth, 
     assert kept.gpu_rows.width == HEAD + 1 + max(len(g.util_series) for g in gpus)
     for g, sent in zip(kept.gpus, gpus, strict=True):
         assert list(g.series) == pytest.approx(sent.util_series, rel=1e-6)
+
+
+def _fresh_ids(window: Telemetry) -> Telemetry:
+    """The window as decoded anew: its workload ids equal strings, but objects of their own."""
+    refs = [r.model_copy(update={"id": "".join(list(r.id))}) for r in window.workloads]
+    return window.model_copy(update={"workloads": refs})
+
+
+def test_a_nodes_windows_share_its_workloads_and_their_ids(node: tuple[Birth, Telemetry]) -> None:
+    """Window after window a node reports the same workloads: the digests hold one tuple of one set of references,
+    and what changes per window (``Volatile``) names its workload by the interned reference's id."""
+    birth, window = node
+    known: dict[RefKey, WorkloadRef] = {}
+    first = digest(_fresh_ids(window), birth, known)
+    again = digest(_fresh_ids(window), birth, known, first.workloads)
+    assert again.workloads is first.workloads
+    assert again.volatile, "the scenario's workloads report their own traffic"
+    ids = [r.id for r in first.workloads]
+    assert all(any(v.workload is i for i in ids) for v in again.volatile)
+    other = window.workloads[0].model_copy(update={"id": "k8s/someone-else"})
+    changed = digest(window.model_copy(update={"workloads": [other]}), birth, known, first.workloads)
+    assert [r.id for r in changed.workloads] == ["k8s/someone-else"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import operator
 import re
 from array import array
 from collections import Counter
@@ -305,8 +306,14 @@ def birth_devices(birth: Birth) -> frozenset[int]:
     return _view(birth).devices
 
 
-def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadRef] | None = None) -> WindowDigest:
-    """``known`` interns workload references: a node reports the same workloads window after window."""
+def digest(
+    window: Telemetry,
+    birth: Birth | None,
+    known: dict[RefKey, WorkloadRef] | None = None,
+    previous: tuple[WorkloadRef, ...] = (),
+) -> WindowDigest:
+    """``known`` interns workload references: a node reports the same workloads window after window; ``previous``
+    (the node's last digest's workloads) lends its tuple where they are the same."""
     view = _view(birth)
     nic_roles, limits = view.roles, view.limits
     flat: list[float] = [ROW_SERIES_AT]  # the rows' width, set below
@@ -357,16 +364,21 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
     disks = [d for d in window.disks if d.name in own]
     # What a workload pins is read only where it shares a GPU (time-slicing, MPS): kept for those windows alone.
     workloads = window.workloads
+    interned = _intern(list(workloads), known)
+    if len(interned) == len(previous) and all(map(operator.is_, interned, previous)):
+        interned = previous  # the same references as the window before: its tuple, not one more
     volatile = []
     if len(workloads) > 1:
         listed = Counter(i for r in workloads for i in r.gpus)
         shared = {i for i, n in listed.items() if n > 1}
     else:
         shared = set()  # one workload shares a GPU with none
-    for r in workloads:
+    for r, kept in zip(workloads, interned, strict=True):
         pinned = tuple(r.gpu_mem_mib) if r.gpu_mem_mib is not None and shared.intersection(r.gpus) else None
         if r.net_rx_bps is not None or r.inbound_connections is not None or pinned is not None:
-            volatile.append(Volatile(r.id, r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps, pinned))
+            # the interned reference's id, not the decoded window's own copy of it
+            conns, peers, rx, tx = r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps
+            volatile.append(Volatile(kept.id, conns, peers, rx, tx, pinned))
     return WindowDigest(
         session=window.session,
         seq=window.seq,
@@ -376,7 +388,7 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         east_bps=east,
         north_bps=north,
         peak_write_bps=sum(d.write_bps.max for d in disks if d.write_bps),
-        workloads=_intern(list(window.workloads), known),
+        workloads=interned,
         north_rx_bps=north_rx,
         north_tx_peak_bps=north_tx_peak,
         read_bps=sum(d.read_bps.mean for d in disks if d.read_bps),
