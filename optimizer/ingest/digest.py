@@ -1,7 +1,8 @@
 """What the optimizer keeps of a telemetry window: the few numbers features are computed from.
 
-A decoded window is ~45 KiB of Python objects; a digest is a few hundred bytes. At 2,000 nodes and an hour of
-10 s windows that is the difference between gigabytes and tens of megabytes.
+A decoded window is ~39 KiB of Python objects; a digest of one with 8 GPUs ~1.4 KiB, most of it one float32 array
+of its GPUs' figures and per-second series. At 2,000 nodes and an hour of 10 s windows that is the difference
+between gigabytes and tens of megabytes.
 """
 
 from __future__ import annotations
