@@ -109,7 +109,7 @@ class GpuRows(_Floats):
 
     A node keeps ``horizon_windows`` of these. One array per GPU cost an object header and an allocation of its
     own for each (~170 bytes a GPU at 10 s windows, half of it not figures); one per window, ~90 bytes a GPU
-    (docs/operations.md, "Memory"). Column ``k`` of every row is ``rows[1 + k :: rows.width]``: one C call."""
+    (docs/operations.md, "Memory per node"). Column ``k`` of every row is ``rows[1 + k :: rows.width]``: one C call."""
 
     __slots__ = ()
 
