@@ -14,7 +14,7 @@ from conftest import simulated_fleet
 
 from optimizer.decide import features
 from optimizer.decide.features import _Acc, _fold_run, _fold_window
-from optimizer.ingest.digest import GpuDigest, WindowDigest
+from optimizer.ingest.digest import ROW_SERIES_AT, GpuDigest, GpuRows, WindowDigest
 from optimizer.ingest.fleet import Fleet
 
 
@@ -38,7 +38,7 @@ def window(rng: random.Random, seq: int, gpus: list[int], seconds: int) -> Windo
                 dram_active=rng.choice([None, rng.uniform(0, 60)]),
             )
         )
-    return WindowDigest(seq, seq, seq * 10.0, seq * 10.0 + 10, tuple(digests), 0.0, 0.0, 0.0, ())
+    return WindowDigest(seq, seq, seq * 10.0, seq * 10.0 + 10, GpuRows.of(digests), 0.0, 0.0, 0.0, ())
 
 
 def close(a: object, b: object) -> bool:
@@ -132,3 +132,23 @@ def test_a_workloads_features_are_worked_out_once_its_last_node_is_folded(monkey
         if kind == "features":  # nothing of a node after its last has been folded yet; all of its own have
             assert all(node <= last for k, node in events[:at] if k == "fold")
             assert ("fold", last) in events[:at]
+
+
+def test_a_longer_series_of_a_gpu_it_does_not_hold_reaches_none_of_its_figures() -> None:
+    """A window's rows are as wide as its longest series: GPU 0 (another workload's) has a second more than the
+    workload's own GPUs 1 and 2, whose rows are padded; the fold as arrays reads their seconds alone."""
+    rng = random.Random(5)
+    windows = []
+    for seq in range(8):
+        w = window(rng, seq, [1, 2], 10)
+        longer = window(rng, seq, [0], 11)
+        rows = GpuRows.of([*longer.gpus, *w.gpus])
+        windows.append(dataclasses.replace(w, gpu_rows=rows))
+    assert windows[0].gpu_rows.width == ROW_SERIES_AT + 11
+    rows_of = [(w, (1, 2), 1.0, 2.0, False) for w in windows]
+    together, alone = _Acc(), _Acc()
+    _fold_run(together, rows_of, {1, 2}, "n")
+    for w, _, east, north, ckpt in rows_of:
+        _fold_window(alone, w, {1, 2}, east, north, ckpt, "n")
+    assert together.seconds == alone.seconds == 8 * 2 * 10
+    assert close(dataclasses.asdict(together), dataclasses.asdict(alone))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from optimizer.ingest.digest import SERIES_AT, WindowDigest
+from optimizer.ingest.digest import ROW_SECONDS, ROW_SERIES_AT, WindowDigest
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.history import Digest
 from optimizer.ingest.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
@@ -266,19 +266,21 @@ def _held_memory(
     """Memory the workload holds on its devices this window: what its processes pin where the agent reports it
     (NVML's per-process figure), else its part of each device's memory in use."""
     total = 0.0
-    for g in window.gpus:
-        if g.index in gpus:
-            mine = own.get(g.index)
-            total += mine if mine is not None else (g.mem_max_mib or 0.0) * parts.get(g.index, 1.0)
+    rows = window.gpu_rows
+    for at in rows.starts(gpus):
+        index, mem = int(rows[at]), rows[at + 4]
+        mine = own.get(index)
+        total += mine if mine is not None else (0.0 if math.isnan(mem) else mem) * parts.get(index, 1.0)
     return total
 
 
 def _fold_window(
     acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool, node: str
 ) -> None:
-    # Runs for every workload of every window at every plan (120,000 windows at 2,000 nodes): read each GPU's
-    # packed digest once, its series sliced once, with C-level calls where they suffice.
-    gpus = [g for g in window.gpus if g[0] in gpu_ids]  # the index, as a float: 1.0 in {1} holds
+    # Windows that cannot be folded as arrays (``_fold_run``): each of the workload's GPUs copied out of the
+    # window's rows once, its series sliced once, with C-level calls where they suffice.
+    rows = window.gpu_rows
+    gpus = [rows.view(k) for k, index in enumerate(rows.column(0)) if index in gpu_ids]  # 1.0 in {1} holds
     if not gpus:
         return
     acc.windows += 1
@@ -357,22 +359,32 @@ def _fold_run(
     """``_fold_window`` for consecutive windows of the same devices, as arrays: windows × GPUs × the digest's
     fields. The same figures to the last bits of a float (sums in another order); windows whose GPUs or series
     lengths differ (a GPU lost, a sample missed) are folded one by one."""
-    found = [[g for g in w.gpus if g[0] in gpu_ids] for w, *_ in rows]
-    shape = {(tuple(g[0] for g in f), tuple(map(len, f))) for f in found}
+    found = []  # per window: its packed rows, their width, which of them are the workload's
+    shape = set()
+    for w, *_ in rows:
+        block = w.gpu_rows
+        stride = int(block[0])
+        listed, seconds = block[1::stride], block[1 + ROW_SECONDS :: stride]
+        at = [k for k, index in enumerate(listed) if index in gpu_ids]  # 1.0 in {1} holds
+        found.append((block, stride, at))
+        shape.add((tuple([listed[k] for k in at]), tuple([seconds[k] for k in at])))
     lengths = next(iter(shape))[1] if len(shape) == 1 else ()
     if len(rows) < 4 or len(shape) != 1 or not lengths or len(set(lengths)) != 1:
         for window, _, east, north, ckpt in rows:
             _fold_window(acc, window, gpu_ids, east, north, ckpt, node)
         return
-    indices = [int(g[0]) for g in found[0]]
-    digests = np.array(found, dtype=np.float64)  # windows × GPUs × (head, series)
+    indices = [int(i) for i in next(iter(shape))[0]]
+    cut = ROW_SERIES_AT + int(lengths[0])  # a longer series of a GPU not the workload's pads the others
+    digests = np.stack(
+        [np.frombuffer(block, np.float32, offset=4).reshape(-1, stride)[at, :cut] for block, stride, at in found]
+    ).astype(np.float64)  # windows × GPUs × (head, seconds, series)
     width = len(indices)
     acc.windows += len(rows)
     util_list = [math.fsum(row) / width for row in digests[:, :, 1].tolist()]
     util = np.array(util_list)
     acc.util_means.extend(util_list)
     acc.util_p95.extend(digests[:, :, 2].max(axis=1).tolist())
-    series = digests[:, :, SERIES_AT:]
+    series = digests[:, :, ROW_SERIES_AT:]
     seconds = series.shape[2]
     if seconds > 1:
         means = series.mean(axis=2)
@@ -425,12 +437,12 @@ def _fold_run(
 
 
 def _trains_hard(window: WindowDigest, gpu_ids: Sequence[int]) -> bool:
-    ids = set(gpu_ids)
-    gpus = [g for g in window.gpus if g.index in ids]
-    if not gpus:
+    rows = window.gpu_rows
+    at = rows.starts(set(gpu_ids))
+    if not at:
         return False
-    mean = sum(g.util_mean for g in gpus) / len(gpus)
-    variation = sum(g.util_std / max(g.util_mean, 1.0) for g in gpus) / len(gpus)
+    mean = sum(rows[a + 1] for a in at) / len(at)
+    variation = sum(rows[a + 3] / max(rows[a + 1], 1.0) for a in at) / len(at)
     return mean >= 60 and variation < 0.15
 
 
@@ -566,7 +578,14 @@ def _channels(window: WindowDigest) -> tuple[float, float, float, float]:
 
 def _quiet(window: WindowDigest) -> bool:
     """A window in which no GPU of the node did any work."""
-    return bool(window.gpus) and all((max(g.series) if len(g.series) else g.util_p95) < QUIET_UTIL for g in window.gpus)
+    rows = window.gpu_rows
+    width = int(rows[0])
+    for at in range(1, len(rows), width):
+        seconds = int(rows[at + ROW_SECONDS])
+        series = rows[at + ROW_SERIES_AT : at + ROW_SERIES_AT + seconds]
+        if not (max(series) if seconds else rows[at + 2]) < QUIET_UTIL:  # its busiest second, else its p95
+            return False
+    return len(rows) > 1
 
 
 def _medians(windows: Sequence[WindowDigest], source: str) -> Baseline:
@@ -687,7 +706,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         windows = _recent(record.windows, horizon)
         refs = {ref.id: ref for window in windows for ref in window.workloads}
         # Node-level signals (NICs, disks) per window, then shared among the node's workloads.
-        by_index = [{int(g[0]): g.util_mean for g in w.gpus} for w in windows]
+        by_index = [dict(zip(map(int, w.gpu_rows.column(0)), w.gpu_rows.column(1), strict=True)) for w in windows]
         loads = {
             wid: [sum([u[i] for i in held if i in u]) for u in by_index]
             for wid, held in ((wid, devices.effective(ref.gpus)) for wid, ref in refs.items())
@@ -725,7 +744,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             else:  # the same references window after window (interned): the same tenancy
                 key = tuple(map(id, window.workloads))
                 tenants = tenancies.get(key) or tenancies.setdefault(key, tenancy(window.workloads, devices, {}))
-            present = {g[0] for g in window.gpus}
+            present = set(window.gpu_rows.column(0))
             for ref in window.workloads:
                 if (ref.id, record.node) in gone:
                     continue

@@ -1,17 +1,19 @@
 """What the optimizer keeps of a telemetry window: the few numbers features are computed from.
 
-A decoded window is ~45 KiB of Python objects; a digest is a few hundred bytes. At 2,000 nodes and an hour of
-10 s windows that is the difference between gigabytes and tens of megabytes.
+A decoded window is ~39 KiB of Python objects; a digest of one with 8 GPUs ~1.4 KiB, most of it one float32 array
+of its GPUs' figures and per-second series. At 2,000 nodes and an hour of 10 s windows that is the difference
+between gigabytes and tens of megabytes.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
+import operator
 import re
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import itemgetter
@@ -20,8 +22,11 @@ from typing import TYPE_CHECKING, cast
 from agent.protocol import FLOAT32_MAX, Birth, NicKind, NicRole, Telemetry, WorkloadRef
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
 
-_NONE = float("nan")  # an absent figure, in the packed array
-SERIES_AT = 9  # where the per-second series starts in a GpuDigest
+_NONE = float("nan")  # an absent figure, in the packed arrays
+HEAD = 9  # a GPU's figures before its series: index, util_mean, ..., dram_active
+SERIES_AT = HEAD  # where the per-second series starts in a GpuDigest
+ROW_SECONDS = HEAD  # in a row of GpuRows: how many seconds of series the row holds
+ROW_SERIES_AT = HEAD + 1  # in a row of GpuRows: where the series starts
 
 
 def _optional(position: int) -> property:
@@ -33,13 +38,12 @@ def _optional(position: int) -> property:
 
 
 class GpuDigest(array):  # type: ignore[type-arg]
-    """One GPU over one window, packed into one float32 array: ``[index, util_mean, util_p95, util_std,
-    mem_max_mib, link_bps, power_frac, tensor_active, dram_active, *series]``, absent figures as NaN.
+    """One GPU over one window, as one float32 array: ``[index, util_mean, util_p95, util_std, mem_max_mib,
+    link_bps, power_frac, tensor_active, dram_active, *series]``, absent figures as NaN. float32 holds 7
+    significant digits; the wire carries 4.
 
-    A node keeps ``horizon_windows`` of these per GPU: as an object with boxed floats and an array for its series
-    each cost ~410 bytes at 10 s windows, packed ~140 (docs/operations.md, "Memory"). float32 holds 7 significant
-    digits; the wire carries 4.
-    """
+    What a window keeps is ``GpuRows``, all its GPUs in one array; a GpuDigest is one GPU of it, copied out for
+    readers that want a GPU at a time (``GpuRows.views``)."""
 
     __slots__ = ()
 
@@ -76,7 +80,7 @@ class GpuDigest(array):  # type: ignore[type-arg]
         power_frac: float | None  # mean board power / its limit
         tensor_active: float | None  # GPM, %
         dram_active: float | None  # GPM, %
-    else:  # read by C calls where a figure is always there: features read these for every window they fold
+    else:  # read by C calls where a figure is always there
         util_mean = property(itemgetter(1))
         util_p95 = property(itemgetter(2))
         util_std = property(itemgetter(3))
@@ -90,6 +94,81 @@ class GpuDigest(array):  # type: ignore[type-arg]
     def series(self) -> array[float]:
         """Per-second utilisation."""
         return self[SERIES_AT:]
+
+
+if TYPE_CHECKING:
+    _Floats = array[float]
+else:
+    _Floats = array  # not subscriptable at run time
+
+
+class GpuRows(_Floats):
+    """Every GPU of one window in one float32 array: ``[width, *rows]``, each row ``width`` figures long: a
+    GpuDigest's head (index .. dram_active), how many seconds its series holds, then the series, NaN-padded to
+    the window's longest.
+
+    A node keeps ``horizon_windows`` of these. One array per GPU cost an object header and an allocation of its
+    own for each (~170 bytes a GPU at 10 s windows, half of it not figures); one per window, ~90 bytes a GPU
+    (docs/operations.md, "Memory per node"). Column ``k`` of every row is ``rows[1 + k :: rows.width]``: one C call."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, gpus: Iterable[Sequence[float]]) -> GpuRows:
+        """Rows of GPUs given as a GpuDigest's layout (head, then series)."""
+        return _pack([[*g[:HEAD], len(g) - HEAD, *g[HEAD:]] for g in gpus])
+
+    @property
+    def width(self) -> int:
+        return int(self[0])
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs in the window."""
+        return (len(self) - 1) // int(self[0])
+
+    def column(self, at: int) -> array[float]:
+        """Figure ``at`` of a row (``ROW_SECONDS``, or a GpuDigest's position before ``HEAD``) for every GPU."""
+        return self[1 + at :: int(self[0])]
+
+    def starts(self, ids: Container[float]) -> list[int]:
+        """Where the rows of the GPUs ``ids`` start, in order (1.0 in {1} holds)."""
+        width = int(self[0])
+        return [1 + k * width for k, index in enumerate(self[1::width]) if index in ids]
+
+    def view(self, k: int) -> GpuDigest:
+        """GPU ``k`` of the window (its row, in order) as a GpuDigest: a copy."""
+        at = 1 + k * int(self[0])
+        seconds = int(self[at + ROW_SECONDS])
+        return _digest(self[at : at + HEAD] + self[at + ROW_SERIES_AT : at + ROW_SERIES_AT + seconds])
+
+    def views(self) -> tuple[GpuDigest, ...]:
+        return tuple(map(self.view, range(self.gpu_count)))
+
+
+_digest = cast("Callable[[array[float]], GpuDigest]", partial(array.__new__, GpuDigest, "f"))
+# GpuRows of a flat list by one C call (a class's own __new__ is a Python-level call): one per window.
+_block = cast(Callable[[list[float]], GpuRows], partial(array.__new__, GpuRows, "f"))
+
+
+def _padded(flat: list[float], seconds: list[int]) -> GpuRows:
+    """``digest``'s rows, one after the other in ``flat`` after its width, each padded to that width."""
+    rows, at = [], 1
+    for n in seconds:
+        rows.append(flat[at : at + ROW_SERIES_AT + n])
+        at += ROW_SERIES_AT + n
+    return _pack(rows)
+
+
+def _pack(rows: list[list[float]]) -> GpuRows:
+    """Rows (head, seconds, series) into one array, shorter series padded to the longest."""
+    longest = max(map(len, rows), default=ROW_SERIES_AT)
+    flat: list[float] = [longest]
+    for row in rows:
+        flat += row
+        if len(row) < longest:
+            flat += [_NONE] * (longest - len(row))
+    return _block(flat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +189,7 @@ class WindowDigest:
     seq: int
     start: float
     end: float
-    gpus: tuple[GpuDigest, ...]
+    gpu_rows: GpuRows
     east_bps: float  # fabric NICs, both directions
     north_bps: float  # front-end NICs, both directions
     peak_write_bps: float  # the busiest second of the node's disks (RAID and LVM members not counted twice)
@@ -120,6 +199,12 @@ class WindowDigest:
     read_bps: float = 0.0  # the node's disks, mean
     volatile: tuple[Volatile, ...] = ()
     write_bps: float = 0.0  # the node's disks, mean: a batch job's results written steadily show here
+
+    @property
+    def gpus(self) -> tuple[GpuDigest, ...]:
+        """Each GPU as a GpuDigest, copied out of ``gpu_rows`` on every read: for readers of a window now and then;
+        what reads every window reads ``gpu_rows``' columns."""
+        return self.gpu_rows.views()
 
 
 _MD = re.compile(r"^(md\d+|dm-\d+)$")
@@ -184,8 +269,6 @@ def _intern(refs: list[WorkloadRef], known: dict[RefKey, WorkloadRef] | None) ->
 
 _links = itemgetter("nvlink_tx_bps", "nvlink_rx_bps", "pcie_tx_bps", "pcie_rx_bps")
 _first = itemgetter(0)  # a Stats' mean
-# A GpuDigest of a row by one C call (GpuDigest's own __new__ is a Python-level call): one per GPU per window.
-_packed = cast(Callable[[list[float]], GpuDigest], partial(array.__new__, GpuDigest, "f"))
 _nic_fields = itemgetter("name", "rx_bps", "tx_bps")
 
 
@@ -224,11 +307,18 @@ def birth_devices(birth: Birth) -> frozenset[int]:
     return _view(birth).devices
 
 
-def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadRef] | None = None) -> WindowDigest:
-    """``known`` interns workload references: a node reports the same workloads window after window."""
+def digest(
+    window: Telemetry,
+    birth: Birth | None,
+    known: dict[RefKey, WorkloadRef] | None = None,
+    previous: tuple[WorkloadRef, ...] = (),
+) -> WindowDigest:
+    """``known`` interns workload references: a node reports the same workloads window after window; ``previous``
+    (the node's last digest's workloads) lends its tuple where they are the same."""
     view = _view(birth)
     nic_roles, limits = view.roles, view.limits
-    gpus = []
+    flat: list[float] = [ROW_SERIES_AT]  # the rows' width, set below
+    seconds = []
     for g in window.gpus:
         # Read from the model's __dict__: pydantic's __getattr__ hook makes each attribute access dearer, and
         # this runs for every GPU of every window taken in.
@@ -239,8 +329,9 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
         link = sum(map(_first, filter(None, _links(fields))), 0.0)
         index, mem, power = fields["index"], fields["mem_used_mib"], fields["power_w"]
         limit = limits.get(index)
-        # one list, one array: a GpuDigest's layout (no keyword matching, no boxed floats kept)
-        row = [
+        series = fields["util_series"]
+        # a row of GpuRows, straight into the window's one list (no keyword matching, no boxed floats kept)
+        flat += (
             index,
             util[0],
             util[1],
@@ -250,9 +341,14 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
             min(power[0] / limit, FLOAT32_MAX) if (power is not None and limit) else _NONE,
             _NONE if (tensor := fields["tensor_active"]) is None else tensor[0],
             _NONE if (dram := fields["dram_active"]) is None else dram[0],
-        ]
-        row += fields["util_series"]
-        gpus.append(_packed(row))
+            len(series),
+        )
+        flat += series
+        seconds.append(len(series))
+    if seconds:
+        flat[0] = ROW_SERIES_AT + max(seconds)
+    # a GPU that missed a sample has a shorter series: its row padded (seldom)
+    gpu_rows = _block(flat) if min(seconds, default=0) == max(seconds, default=0) else _padded(flat, seconds)
     east = north = north_rx = north_tx_peak = 0.0
     for nic in window.nics:
         name, rx_bps, tx_bps = _nic_fields(nic.__dict__)
@@ -269,26 +365,31 @@ def digest(window: Telemetry, birth: Birth | None, known: dict[RefKey, WorkloadR
     disks = [d for d in window.disks if d.name in own]
     # What a workload pins is read only where it shares a GPU (time-slicing, MPS): kept for those windows alone.
     workloads = window.workloads
+    interned = _intern(list(workloads), known)
+    if len(interned) == len(previous) and all(map(operator.is_, interned, previous)):
+        interned = previous  # the same references as the window before: its tuple, not one more
     volatile = []
     if len(workloads) > 1:
         listed = Counter(i for r in workloads for i in r.gpus)
         shared = {i for i, n in listed.items() if n > 1}
     else:
         shared = set()  # one workload shares a GPU with none
-    for r in workloads:
+    for r, kept in zip(workloads, interned, strict=True):
         pinned = tuple(r.gpu_mem_mib) if r.gpu_mem_mib is not None and shared.intersection(r.gpus) else None
         if r.net_rx_bps is not None or r.inbound_connections is not None or pinned is not None:
-            volatile.append(Volatile(r.id, r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps, pinned))
+            # the interned reference's id, not the decoded window's own copy of it
+            conns, peers, rx, tx = r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps
+            volatile.append(Volatile(kept.id, conns, peers, rx, tx, pinned))
     return WindowDigest(
         session=window.session,
         seq=window.seq,
         start=window.start,
         end=window.end,
-        gpus=tuple(gpus),
+        gpu_rows=gpu_rows,
         east_bps=east,
         north_bps=north,
         peak_write_bps=sum(d.write_bps.max for d in disks if d.write_bps),
-        workloads=_intern(list(window.workloads), known),
+        workloads=interned,
         north_rx_bps=north_rx,
         north_tx_peak_bps=north_tx_peak,
         read_bps=sum(d.read_bps.mean for d in disks if d.read_bps),

@@ -313,7 +313,9 @@ class Fleet:
         record.session = max(record.session, window.session)
         if refs is not window.workloads:
             window = window.model_copy(update={"workloads": refs})
-        kept = digest(window, record.birth, record.known_workloads)
+        kept = digest(
+            window, record.birth, record.known_workloads, record.windows[-1].workloads if record.windows else ()
+        )
         record.windows.append(kept)
         record.history.add(kept)
         record.received += 1

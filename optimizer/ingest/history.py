@@ -5,13 +5,11 @@ the daily peak a placement must carry."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 from optimizer.ingest.digest import WindowDigest
 
-_util_mean, _util_p95 = itemgetter(1), itemgetter(2)  # GpuDigest's layout
 DIGEST_SECONDS = 600.0
 # A day and an hour: a digest's end lies one period into what it covers, and a period closes at the first window
 # past its ten minutes, so 144 digests span under 24 h and a day of history (``history_min_hours``) could never
@@ -81,14 +79,22 @@ class History:
     _open: dict[str, _Open] = field(default_factory=dict)
 
     def add(self, window: WindowDigest) -> None:
+        # The window's packed figures a column at a time (C calls, no object per GPU): this runs for every window.
+        rows = window.gpu_rows
+        width = int(rows[0])
+        listed, means, p95s, mems = rows[1::width], rows[2::width], rows[3::width], rows[5::width]
         for ref in window.workloads:
             ids = set(ref.gpus)
-            # a GpuDigest's figures by position (C calls; its named properties are Python-level): every window
-            gpus = [g for g in window.gpus if g[0] in ids]
-            if not gpus:
+            held = [k for k, index in enumerate(listed) if index in ids]  # 1.0 in {1} holds
+            if not held:
                 continue
-            mean = sum(map(_util_mean, gpus)) / len(gpus)
-            p95 = max(map(_util_p95, gpus))
+            mean_of: Sequence[float] = means
+            p95_of: Sequence[float] = p95s
+            mem_of: Sequence[float] = mems
+            if len(held) < len(listed):
+                mean_of, p95_of, mem_of = [means[k] for k in held], [p95s[k] for k in held], [mems[k] for k in held]
+            mean = sum(mean_of) / len(held)
+            p95 = max(p95_of)
             current = self._open.get(ref.id)
             if current is None:
                 current = self._open[ref.id] = _Open(window.start)
@@ -98,7 +104,8 @@ class History:
             current.total += mean
             current.count += 1
             current.peak = max(current.peak, p95)
-            current.mem = max(current.mem, *(g.mem_max_mib or 0.0 for g in gpus))
+            # an absent figure is NaN, which compares false: max() keeps what it has (0.0 at first) past it
+            current.mem = max(current.mem, *mem_of)
 
     def _close(self, workload: str, period: _Open, end: float) -> None:
         if period.count:
