@@ -139,3 +139,26 @@ def test_paho_still_has_what_the_intake_uses() -> None:
     """The packet reader and its error handling the intake calls are paho's own (not public API)."""
     assert callable(getattr(mqtt.Client, "_packet_read", None))
     assert callable(getattr(mqtt.Client, "_loop_rc_handle", None))
+
+
+def test_the_optimizer_counts_a_message_it_fails_on_whatever_its_kind() -> None:
+    """A bug met by one message (a node's, a presence, a handover record) is counted in
+    ``fleetfit_internal_errors_total`` and costs only that message."""
+    from optimizer.decide.catalog import load_catalog
+    from optimizer.serve.config import OptimizerConfig
+    from optimizer.serve.service import Optimizer
+
+    opt = Optimizer(OptimizerConfig(), load_catalog())
+    prefix = opt.config.mqtt.prefix
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug")
+
+    opt.fleet.ingest = broken  # type: ignore[method-assign,assignment]
+    opt.ownership.observe = broken  # type: ignore[method-assign]
+    opt.handovers.observe = broken  # type: ignore[method-assign]
+    head = f"{prefix}/_optimizers/"
+    opt._message(f"{prefix}/s/n1/telemetry", b"{}", head)
+    opt._message(f"{head}other", b"{}", head)
+    opt._message(f"{prefix}/s/handover", b"{}", head)
+    assert opt.internal_errors == 3

@@ -104,10 +104,10 @@ class Intake:
             topic = ""
         try:
             self._handle(topic, message.payload)
-        except Exception:
+        except Exception:  # the handler counts its own failures; one that escapes must not end paho's reading
             self.failures += 1
             if self.failures <= 5 or self.failures % 1000 == 0:
-                log.exception("message on %r not handled (%d so far)", topic[:200], self.failures)
+                log.exception("message on %r: its handler raised (%d so far)", topic[:200], self.failures)
         finally:
             self.messages += 1
             if message.qos:

@@ -207,12 +207,19 @@ class Optimizer:
                 await asyncio.sleep(delay)
 
     def _message(self, topic: str, payload: bytes | bytearray, presence_head: str) -> None:
-        if topic.startswith(presence_head):
-            self.ownership.observe(topic, payload)
-        elif topic.endswith("/handover") and handover_site(self.config.mqtt.prefix, topic) is not None:
-            self.handovers.observe(topic, payload)
-        else:
-            self._take(topic, payload)
+        """One message in, whatever its kind. A failure here is a bug: logged and counted, and the next message is
+        taken (bad input is refused and counted by the steps themselves)."""
+        try:
+            if topic.startswith(presence_head):
+                self.ownership.observe(topic, payload)
+            elif topic.endswith("/handover") and handover_site(self.config.mqtt.prefix, topic) is not None:
+                self.handovers.observe(topic, payload)
+            else:
+                self._take(topic, payload)
+        except Exception:
+            self.internal_errors += 1
+            if self.internal_errors <= 5 or self.internal_errors % 1000 == 0:
+                log.exception("message on %r not handled (%d so far)", topic[:200], self.internal_errors)
 
     def _presence(self, status: NodeStatus) -> bytes:
         return self.ownership.presence(status, self.started).model_dump_json(by_alias=True).encode()
@@ -228,21 +235,14 @@ class Optimizer:
         except (aiomqtt.MqttError, TimeoutError) as exc:
             log.info("could not say this optimizer is leaving (its last will will): %s", _brief(exc))
 
-    def _take(self, topic: str, payload: object) -> None:
-        """One message in. A failure here is a bug: logged and counted, and the next message is taken."""
-        try:
-            if not isinstance(payload, bytes | bytearray):
-                payload = str(payload).encode() if payload is not None else b""
-            accepted = self.fleet.ingest(topic, payload)
-            if isinstance(accepted, Telemetry):
-                self.lag.add(self.fleet.clock() - accepted.end)
-                if self.store is not None:
-                    record = self.fleet.record(accepted.site, accepted.node)
-                    self.store.add(window_points(record.birth if record else None, accepted))
-        except Exception:
-            self.internal_errors += 1
-            if self.internal_errors <= 5 or self.internal_errors % 1000 == 0:
-                log.exception("message on %r not handled (%d so far)", topic[:200], self.internal_errors)
+    def _take(self, topic: str, payload: bytes | bytearray) -> None:
+        """A node's message: into the fleet, and a window's lines into the store."""
+        accepted = self.fleet.ingest(topic, payload)
+        if isinstance(accepted, Telemetry):
+            self.lag.add(self.fleet.clock() - accepted.end)
+            if self.store is not None:
+                record = self.fleet.record(accepted.site, accepted.node)
+                self.store.add(window_points(record.birth if record else None, accepted))
 
     async def request_resends(self) -> int:
         """Ask each node for the windows missing from its sequence; the number of nodes asked."""
