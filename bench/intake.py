@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -109,12 +110,23 @@ def one(variant: str, port: int, args: argparse.Namespace) -> tuple[float, float
     return cpu / args.messages * 1e6, cpu / wall * 100
 
 
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its message: "invalid int value"
+    return parse
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=300.0, help="messages a second (300: 3,000 nodes)")
-    parser.add_argument("--messages", type=int, default=6000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--size", type=int, default=5900, help="bytes a message (a window is ~5.8 KiB)")
+    parser.add_argument("--rate", type=_positive(float), default=300.0, help="messages a second (300: 3,000 nodes)")
+    parser.add_argument("--messages", type=_positive(int), default=6000)
+    parser.add_argument("--rounds", type=_positive(int), default=3)
+    parser.add_argument("--size", type=_positive(int), default=5900, help="bytes a message (a window is ~5.8 KiB)")
     parser.add_argument("--subscriber", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()

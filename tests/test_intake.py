@@ -162,3 +162,20 @@ def test_the_optimizer_counts_a_message_it_fails_on_whatever_its_kind() -> None:
     opt._message(f"{head}other", b"{}", head)
     opt._message(f"{prefix}/s/handover", b"{}", head)
     assert opt.internal_errors == 3
+
+
+async def test_a_setting_that_no_longer_does_anything_says_so(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from optimizer.decide.catalog import load_catalog
+    from optimizer.serve.config import OptimizerConfig, OptimizerSettings
+    from optimizer.serve.service import Optimizer
+
+    for settings, said in ((OptimizerSettings(state_dir=tmp_path), False), (OptimizerSettings(state_dir=tmp_path, max_queued_messages=5000), True)):  # fmt: skip
+        caplog.clear()
+        opt = Optimizer(OptimizerConfig(mqtt=mosquitto.settings(prefix), optimizer=settings), load_catalog())
+        task = asyncio.create_task(opt.run())
+        await wait_until(opt.connected.is_set, 10, "the optimizer to subscribe")
+        opt.should_exit.set()
+        await task
+        assert ("max_queued_messages is no longer used" in caplog.text) is said

@@ -147,6 +147,8 @@ class Optimizer:
         """Subscribe and take messages in; reconnect with backoff after any failure, whatever it was (a broker
         gone, a CA file unreadable for a moment, a bug), logging each."""
         settings = self.config.mqtt
+        if "max_queued_messages" in self.config.optimizer.model_fields_set:
+            log.warning("[optimizer] max_queued_messages is no longer used: messages are taken in as they are read")
         presence_at = presence_topic(settings.prefix, self.config.optimizer.client_id)
         presence_head = presence_at.rsplit("/", 1)[0] + "/"
         # the broker says this optimizer is offline when its connection dies: its standbys take its sites over
