@@ -57,8 +57,8 @@ def test_a_windows_gpus_cost_no_allocation_of_their_own(node: tuple[Birth, Telem
 def test_gpus_read_back_as_taken_in(node: tuple[Birth, Telemetry]) -> None:
     birth, window = node
     kept = digest(window, birth)
-    assert [g.index for g in kept.gpus] == [g.index for g in window.gpus]
-    for g, sent in zip(kept.gpus, window.gpus, strict=True):
+    assert [g.index for g in kept.gpu_rows.views()] == [g.index for g in window.gpus]
+    for g, sent in zip(kept.gpu_rows.views(), window.gpus, strict=True):
         assert sent.util is not None
         assert g.util_mean == pytest.approx(sent.util.mean, rel=1e-6)
         assert g.util_p95 == pytest.approx(sent.util.p95, rel=1e-6)
@@ -92,9 +92,9 @@ def test_a_gpu_that_missed_a_sample_keeps_its_shorter_series(node: tuple[Birth, 
     empty = window.gpus[2].model_copy(update={"util_series": []})
     gpus = [window.gpus[0], short, empty, *window.gpus[3:]]
     kept = digest(window.model_copy(update={"gpus": gpus}), birth)
-    assert [len(g.series) for g in kept.gpus] == [len(g.util_series) for g in gpus]
+    assert [len(g.series) for g in kept.gpu_rows.views()] == [len(g.util_series) for g in gpus]
     assert kept.gpu_rows.width == HEAD + 1 + max(len(g.util_series) for g in gpus)
-    for g, sent in zip(kept.gpus, gpus, strict=True):
+    for g, sent in zip(kept.gpu_rows.views(), gpus, strict=True):
         assert list(g.series) == pytest.approx(sent.util_series, rel=1e-6)
 
 

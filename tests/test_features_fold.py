@@ -142,7 +142,7 @@ def test_a_longer_series_of_a_gpu_it_does_not_hold_reaches_none_of_its_figures()
     for seq in range(8):
         w = window(rng, seq, [1, 2], 10)
         longer = window(rng, seq, [0], 11)
-        rows = GpuRows.of([*longer.gpus, *w.gpus])
+        rows = GpuRows.of([*longer.gpu_rows.views(), *w.gpu_rows.views()])
         windows.append(dataclasses.replace(w, gpu_rows=rows))
     assert windows[0].gpu_rows.width == ROW_SERIES_AT + 11
     rows_of = [(w, (1, 2), 1.0, 2.0, False) for w in windows]

@@ -318,3 +318,33 @@ async def test_the_simulated_scheduler_carries_out_what_a_person_acknowledged(tm
     assert not h100.specs and moved.name == "vision-0" and moved.id != "vision-0" and len(moved.gpus) == 2
     share = memory_share(moved)
     assert moved.speed == pytest.approx(world_speed("l40s", share) / world_speed("h100", share))
+
+
+def test_a_workloads_load_since_a_move_is_read_from_its_own_gpus_figures() -> None:
+    """Before its first ten-minute digest closes, a moved workload's load is read from the windows held: the mean
+    of its own GPUs' utilisation means, and the highest of their p95s, as the windows sent them (float32 kept)."""
+    from agent.protocol import TopicKind, encode, node_topic
+    from agent.simulate import offline_windows, shift_to_now
+    from collectors.sim.scenarios import build_scenario
+    from optimizer.ingest.fleet import Fleet
+    from optimizer.serve.outcomes import _periods
+
+    # a node whose windows name two workloads or more: each has its own GPUs among the node's
+    for node in build_scenario("mixed", 40, seed=3):
+        birth, windows = offline_windows(node, 6, site="s")
+        if len(windows[0].workloads) > 1:
+            break
+    windows = shift_to_now(windows)
+    fleet = Fleet("p")
+    fleet.ingest(node_topic("p", "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        fleet.ingest(node_topic("p", "s", node.name, TopicKind.TELEMETRY), encode(w))
+    record = fleet.record("s", node.name)
+    assert record is not None
+    ref = windows[0].workloads[-1]
+    periods = _periods(record, ref.id, windows[0].start - 1, windows[-1].end + 1)
+    assert len(periods) == len(windows)
+    for period, w in zip(periods, windows, strict=True):
+        own = [g.util for g in w.gpus if g.index in ref.gpus and g.util is not None]
+        assert period.mean == pytest.approx(sum(u.mean for u in own) / len(own), rel=1e-6)
+        assert period.p95 == pytest.approx(max(u.p95 for u in own), rel=1e-6)

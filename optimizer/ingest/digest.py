@@ -200,12 +200,6 @@ class WindowDigest:
     volatile: tuple[Volatile, ...] = ()
     write_bps: float = 0.0  # the node's disks, mean: a batch job's results written steadily show here
 
-    @property
-    def gpus(self) -> tuple[GpuDigest, ...]:
-        """Each GPU as a GpuDigest, copied out of ``gpu_rows`` on every read: for readers of a window now and then;
-        what reads every window reads ``gpu_rows``' columns."""
-        return self.gpu_rows.views()
-
 
 _MD = re.compile(r"^(md\d+|dm-\d+)$")
 

@@ -222,11 +222,11 @@ def _periods(record: NodeRecord, workload: str, since: float, until: float) -> l
         ref = next((r for r in w.workloads if r.id == workload), None)
         if ref is None:
             continue
-        ids = set(ref.gpus)
-        gpus = [g for g in w.gpus if g.index in ids]
-        if gpus:
-            mean = sum(g.util_mean for g in gpus) / len(gpus)
-            out.append(_Period(w.end, (w.end - w.start) / 3600, mean, max(g.util_p95 for g in gpus)))
+        rows = w.gpu_rows
+        starts = rows.starts(set(ref.gpus))  # where its GPUs' rows start: index, util mean, util p95, ...
+        if starts:
+            mean = sum(rows[at + 1] for at in starts) / len(starts)
+            out.append(_Period(w.end, (w.end - w.start) / 3600, mean, max(rows[at + 2] for at in starts)))
     return out
 
 
