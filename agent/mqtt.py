@@ -78,6 +78,18 @@ def make_client(
     )
 
 
+def note_loss_quietly(client: aiomqtt.Client) -> None:
+    """Have the loss of ``client``'s connection read when it comes, whoever waits at that moment.
+
+    aiomqtt records a connection lost after CONNACK as an exception in a future that only a waiter on the whole
+    connection reads. Lost while a SUBSCRIBE or PUBLISH waits for its acknowledgement (a broker that drops the
+    connection without a word), the call's own timeout reports it instead; the future is never read, and asyncio
+    logs it with a traceback as "Future exception was never retrieved" once the client is collected. Call this once
+    connected (aiomqtt replaces the future when it connects)."""
+    lost: asyncio.Future[None] = client._disconnected
+    lost.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+
+
 def _raise_if_cancelled() -> None:
     """Python 3.11's asyncio.wait_for (inside aiomqtt's publish) swallows a cancellation that arrives as the
     acknowledgement does; the task is still marked cancelling, and a loop must end there rather than wait on."""
@@ -171,6 +183,7 @@ class Link:
         while True:
             try:
                 async with make_client(self._settings, self.client_id, will) as client:
+                    note_loss_quietly(client)
                     self._client = client
                     await client.publish(self._topics[TopicKind.BIRTH], encode(self._birth()), qos=1, retain=True)
                     await client.publish(

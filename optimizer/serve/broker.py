@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 import socket
+from _collections_abc import dict_items
+from collections.abc import Iterator
 from types import TracebackType
+from typing import Any
 
 from amqtt.broker import Broker
 
@@ -15,6 +18,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+class _Subscriptions(dict[str, Any]):
+    """amqtt's table of topic filters, iterated over snapshots.
+
+    amqtt 0.12 walks its ``_subscriptions`` dict with awaits inside the loop (sending retained messages to a client
+    that connects, broadcasting a message), while another client's SUBSCRIBE adds a filter to the same dict: the walk
+    then raises "dictionary changed size during iteration". A client connecting at that moment is left without a
+    message loop (its SUBSCRIBE never acknowledged) and a broadcast can be dropped. Walking a copy of the keys or
+    items, as the broker's own deletion loop needs anyway, removes the race; lookups and updates stay the dict's own.
+    """
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(super().keys()))
+
+    def items(self) -> dict_items[str, Any]:
+        return dict(super().items()).items()
 
 
 class EmbeddedBroker:
@@ -33,6 +53,7 @@ class EmbeddedBroker:
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
         }
         self._broker = Broker(config)
+        self._broker._subscriptions = _Subscriptions()
         await self._broker.start()
         return self
 

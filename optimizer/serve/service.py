@@ -18,7 +18,7 @@ import aiomqtt
 
 from agent.backoff import Backoff
 from agent.heap import trim
-from agent.mqtt import make_client
+from agent.mqtt import make_client, note_loss_quietly
 from agent.notify import Notifier
 from agent.protocol import (
     MAX_HANDOVER_ENTRIES,
@@ -166,6 +166,7 @@ class Optimizer:
                 # unread when the optimizer stops is delivered again by the broker (persistent session).
                 intake = self._intake = Intake(client, lambda t, payload: self._message(t, payload, presence_head))
                 async with client:
+                    note_loss_quietly(client)
                     self.ownership.connected()
                     filters = subscription_filters(
                         settings.prefix, self.config.optimizer.shared_group, self.ownership.subscribed_sites
