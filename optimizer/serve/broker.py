@@ -53,6 +53,8 @@ class EmbeddedBroker:
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
         }
         self._broker = Broker(config)
+        if type(getattr(self._broker, "_subscriptions", None)) is not dict:
+            raise RuntimeError("amqtt no longer keeps its topic filters in _subscriptions: the broker needs updating")
         self._broker._subscriptions = _Subscriptions()
         await self._broker.start()
         return self
