@@ -84,8 +84,9 @@ def note_loss_quietly(client: aiomqtt.Client) -> None:
     aiomqtt records a connection lost after CONNACK as an exception in a future that only a waiter on the whole
     connection reads. Lost while a SUBSCRIBE or PUBLISH waits for its acknowledgement (a broker that drops the
     connection without a word), the call's own timeout reports it instead; the future is never read, and asyncio
-    logs it with a traceback as "Future exception was never retrieved" once the client is collected. Call this once
-    connected (aiomqtt replaces the future when it connects)."""
+    logs it with a traceback as "Future exception was never retrieved" once the client is collected. Call this
+    before connecting: the future made with the client is the one a connection's loss is recorded in (aiomqtt
+    replaces it on connecting only when the loss came already, between CONNACK and the end of ``async with``)."""
     lost: asyncio.Future[None] = client._disconnected
     lost.add_done_callback(lambda f: None if f.cancelled() else f.exception())
 
@@ -182,8 +183,9 @@ class Link:
         will = aiomqtt.Will(self._topics[TopicKind.STATE], self._state(NodeStatus.OFFLINE), qos=1, retain=True)
         while True:
             try:
-                async with make_client(self._settings, self.client_id, will) as client:
-                    note_loss_quietly(client)
+                client = make_client(self._settings, self.client_id, will)
+                note_loss_quietly(client)
+                async with client:
                     self._client = client
                     await client.publish(self._topics[TopicKind.BIRTH], encode(self._birth()), qos=1, retain=True)
                     await client.publish(

@@ -165,8 +165,8 @@ class Optimizer:
                 # A message is acknowledged once it has been taken in, not on receipt: what the client holds
                 # unread when the optimizer stops is delivered again by the broker (persistent session).
                 intake = self._intake = Intake(client, lambda t, payload: self._message(t, payload, presence_head))
+                note_loss_quietly(client)
                 async with client:
-                    note_loss_quietly(client)
                     self.ownership.connected()
                     filters = subscription_filters(
                         settings.prefix, self.config.optimizer.shared_group, self.ownership.subscribed_sites
