@@ -114,6 +114,9 @@ async def test_a_trickle_is_read_several_messages_a_round(mosquitto: MosquittoSe
     # load rounds only grow larger.
     assert intake.rounds <= 150 / 3, f"{intake.rounds} rounds for 150 messages"
     assert intake.rate > 0
+    # Each round costs a wake-up, the reader's registration, a timer and a write besides its messages: a pause
+    # after a quiet round waits for a couple of dozen more, at a few hundred a second longer than 50 ms.
+    assert intake.pauses and intake.paused_seconds / intake.pauses > 0.05, (intake.paused_seconds, intake.pauses)
 
 
 async def test_a_lost_connection_is_reported(tmp_path: Path, prefix: str) -> None:

@@ -9,10 +9,16 @@ Most of it is the wake-ups, each with a cold cache.
 Here every packet the socket holds is read at once, each message handled right there (no queue, no task) and
 acknowledged once handled, and the acknowledgements are written together in the same round. After a round of
 few messages the socket is left alone for a moment, so that the next round finds several: the pause aims at
-``BATCH`` messages a round at the recent rate and never exceeds ``MAX_PAUSE``. A round of ``BATCH`` or more
-reads on at once, so that a broker holding back deliveries for want of acknowledgements is not kept waiting by
-a pause (an MQTT 5 client's Receive Maximum, 65,535 unless set, bounds those; Mosquitto's
-``max_inflight_messages`` applies to MQTT 3.1.1 clients).
+``GATHER`` messages at the recent rate and never exceeds ``MAX_PAUSE``. Every round has a fixed cost beyond its
+messages (the wake-up, the reader's registration, the timer, a write of acknowledgements, caches refilled), so
+pausing for ~24 messages took each one in for ~35 % less CPU than pausing for ~8 (``bench/intake.py``,
+docs/benchmarks.md).
+
+A round of ``BATCH`` or more reads on at once, with no pause: a broker that holds back deliveries for want of
+acknowledgements must never be kept waiting. ``BATCH`` is below every broker's default window of unacknowledged
+deliveries to a client (Mosquitto's ``max_inflight_messages`` 20 for MQTT 3.1.1 clients; EMQX the smaller of its
+``max_inflight``, 32, and an MQTT 5 client's Receive Maximum, 65,535 unless set), so a round cut short by the
+window is always followed by the next at once; ``GATHER`` may exceed the window, as it only sizes the pause.
 
 This leans on aiomqtt's and paho's internals (the paho client inside aiomqtt, its packet reader, its
 write-registration hook); ``tests/test_intake.py`` holds it to a real broker, so an upgrade that changes them
@@ -33,10 +39,11 @@ import paho.mqtt.client as mqtt
 
 log = logging.getLogger(__name__)
 
-BATCH = 8  # messages a round aims at: enough to share a wake-up's cost, few against any broker's window
-MAX_PAUSE = 0.05  # seconds the socket may wait after a quiet round: added to ingest lag at most
+BATCH = 8  # a round of this many reads on at once: below any broker's default window (see above)
+GATHER = 24  # messages a pause after a smaller round aims to let arrive
+MAX_PAUSE = 0.15  # seconds the socket may wait after a quiet round: added to ingest lag at most
 MAX_ROUND = 256  # packets read in one round before other work on the event loop gets its turn
-RATE_WEIGHT = 0.2  # of the latest round in the running message rate
+RATE_SPAN = 0.1  # seconds, at least, that the arrival rate is counted over
 
 Handler = Callable[[str, bytes | bytearray], None]
 WriteHook = Callable[[mqtt.Client, Any, Any], None]
@@ -62,8 +69,9 @@ class Intake:
         self._paho.on_socket_register_write = self._register_write
         self._sock: Any = None
         self._stopped = False
-        self._last = 0.0
-        self.rate = 0.0  # messages a second, running
+        self._span_start = 0.0
+        self._span_messages = 0
+        self.rate = 0.0  # messages a second, over the latest RATE_SPAN
         self.rounds = 0  # reads of the socket
         self.pauses = 0
         self.paused_seconds = 0.0  # asked for, in all
@@ -76,7 +84,7 @@ class Intake:
         if sock is None:
             raise aiomqtt.MqttError("not connected")
         self._sock = sock
-        self._last = time.monotonic()
+        self._span_start = time.monotonic()
         self._loop.add_reader(sock.fileno(), self._round)
 
     def stop(self) -> None:
@@ -136,12 +144,16 @@ class Intake:
         self.rounds += 1
         now = time.monotonic()
         taken = self.messages - before
-        elapsed = max(now - self._last, 1e-3)
-        self._last = now
-        self.rate += RATE_WEIGHT * (taken / elapsed - self.rate)
+        # counted over a span, not per round: a round that reads on right after a large one took a message or
+        # two in microseconds, and a per-round rate would take that for the fleet's
+        self._span_messages += taken
+        span = now - self._span_start
+        if span >= RATE_SPAN:
+            self.rate = self._span_messages / span
+            self._span_start, self._span_messages = now, 0
         if taken >= BATCH or self.rate <= 0:
             return
-        pause = min(MAX_PAUSE, BATCH / self.rate)
+        pause = min(MAX_PAUSE, GATHER / self.rate)
         self.pauses += 1
         self.paused_seconds += pause
         fd: int = self._sock.fileno()
