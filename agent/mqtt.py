@@ -35,6 +35,19 @@ log = logging.getLogger(__name__)
 PUBLISH_TIMEOUT_S = 10.0
 
 
+def _read_loss_when_it_comes(client: aiomqtt.Client) -> None:
+    """Have the loss of ``client``'s connection read when it comes, whoever waits at that moment.
+
+    aiomqtt records a connection lost after CONNACK as an exception in a future that only a waiter on the whole
+    connection reads. Lost while a SUBSCRIBE or PUBLISH waits for its acknowledgement (a broker that drops the
+    connection without a word), the call's own timeout reports it instead; the future is never read, and asyncio
+    logs it with a traceback as "Future exception was never retrieved" once the client is collected. The future
+    made with the client is the one a connection's loss is recorded in (aiomqtt replaces it on connecting only when
+    the loss came already, between CONNACK and the end of ``async with``)."""
+    lost: asyncio.Future[None] = client._disconnected
+    lost.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+
+
 def make_client(
     settings: MqttSettings,
     identifier: str,
@@ -42,7 +55,8 @@ def make_client(
     max_queued_incoming: int | None = None,
     max_packet_size: int | None = None,
 ) -> aiomqtt.Client:
-    """An aiomqtt client configured from ``settings``; connect it with ``async with``."""
+    """An aiomqtt client configured from ``settings``; connect it with ``async with``. The loss of its connection is
+    read whenever it comes (see ``_read_loss_when_it_comes``)."""
     tls_context = None
     if settings.tls:
         tls_context = ssl.create_default_context(cafile=str(settings.ca_file) if settings.ca_file else None)
@@ -59,7 +73,7 @@ def make_client(
     if max_packet_size and v5:  # the broker then never forwards this client a larger packet
         properties = properties or Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.MaximumPacketSize = max_packet_size
-    return aiomqtt.Client(
+    client = aiomqtt.Client(
         settings.host,
         settings.port,
         username=settings.username,
@@ -76,19 +90,8 @@ def make_client(
         clean_start=False if persistent and v5 else mqtt.MQTT_CLEAN_START_FIRST_ONLY,
         properties=properties,
     )
-
-
-def note_loss_quietly(client: aiomqtt.Client) -> None:
-    """Have the loss of ``client``'s connection read when it comes, whoever waits at that moment.
-
-    aiomqtt records a connection lost after CONNACK as an exception in a future that only a waiter on the whole
-    connection reads. Lost while a SUBSCRIBE or PUBLISH waits for its acknowledgement (a broker that drops the
-    connection without a word), the call's own timeout reports it instead; the future is never read, and asyncio
-    logs it with a traceback as "Future exception was never retrieved" once the client is collected. Call this
-    before connecting: the future made with the client is the one a connection's loss is recorded in (aiomqtt
-    replaces it on connecting only when the loss came already, between CONNACK and the end of ``async with``)."""
-    lost: asyncio.Future[None] = client._disconnected
-    lost.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+    _read_loss_when_it_comes(client)
+    return client
 
 
 def _raise_if_cancelled() -> None:
@@ -183,9 +186,7 @@ class Link:
         will = aiomqtt.Will(self._topics[TopicKind.STATE], self._state(NodeStatus.OFFLINE), qos=1, retain=True)
         while True:
             try:
-                client = make_client(self._settings, self.client_id, will)
-                note_loss_quietly(client)
-                async with client:
+                async with make_client(self._settings, self.client_id, will) as client:
                     self._client = client
                     await client.publish(self._topics[TopicKind.BIRTH], encode(self._birth()), qos=1, retain=True)
                     await client.publish(

@@ -18,7 +18,7 @@ import aiomqtt
 
 from agent.backoff import Backoff
 from agent.heap import trim
-from agent.mqtt import make_client, note_loss_quietly
+from agent.mqtt import make_client
 from agent.notify import Notifier
 from agent.protocol import (
     MAX_HANDOVER_ENTRIES,
@@ -165,7 +165,6 @@ class Optimizer:
                 # A message is acknowledged once it has been taken in, not on receipt: what the client holds
                 # unread when the optimizer stops is delivered again by the broker (persistent session).
                 intake = self._intake = Intake(client, lambda t, payload: self._message(t, payload, presence_head))
-                note_loss_quietly(client)
                 async with client:
                     self.ownership.connected()
                     filters = subscription_filters(
