@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -32,6 +31,7 @@ from common import free_port, mosquitto_command
 
 from agent.config import MqttSettings
 from agent.mqtt import make_client
+from optimizer.commands.cliargs import number
 from optimizer.serve.intake import Intake
 
 VARIANTS = ("iterator", "intake")
@@ -110,23 +110,13 @@ def one(variant: str, port: int, args: argparse.Namespace) -> tuple[float, float
     return cpu / args.messages * 1e6, cpu / wall * 100
 
 
-def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    def parse(text: str) -> int | float:
-        value = kind(text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its message: "invalid int value"
-    return parse
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=_positive(float), default=300.0, help="messages a second (300: 3,000 nodes)")
-    parser.add_argument("--messages", type=_positive(int), default=6000)
-    parser.add_argument("--rounds", type=_positive(int), default=3)
-    parser.add_argument("--size", type=_positive(int), default=5900, help="bytes a message (a window is ~5.8 KiB)")
+    positive, count = number(float, above=0), number(int, above=0)
+    parser.add_argument("--rate", type=positive, default=300.0, help="messages a second (300: 3,000 nodes)")
+    parser.add_argument("--messages", type=count, default=6000)
+    parser.add_argument("--rounds", type=count, default=3)
+    parser.add_argument("--size", type=count, default=5900, help="bytes a message (a window is ~5.8 KiB)")
     parser.add_argument("--subscriber", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
