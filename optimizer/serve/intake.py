@@ -11,8 +11,8 @@ acknowledged once handled, and the acknowledgements are written together in the 
 few messages the socket is left alone for a moment, so that the next round finds several: the pause aims at
 ``GATHER`` messages at the recent rate and never exceeds ``MAX_PAUSE``. Every round has a fixed cost beyond its
 messages (the wake-up, the reader's registration, the timer, a write of acknowledgements, caches refilled), so
-pausing for ~24 messages took each one in for ~35 % less CPU than pausing for ~8 (``bench/intake.py``,
-docs/benchmarks.md).
+pausing for ~24 messages took each one in for about half the CPU of pausing for ~8 (63-76 µs against 148-161
+at 200 a second: ``bench/intake.py --rate 200``, docs/benchmarks.md).
 
 A round of ``BATCH`` or more reads on at once, with no pause: a broker that holds back deliveries for want of
 acknowledgements must never be kept waiting. ``BATCH`` is below every broker's default window of unacknowledged
