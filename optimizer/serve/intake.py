@@ -16,9 +16,10 @@ at 200 a second: ``bench/intake.py --rate 200``, docs/benchmarks.md).
 
 A round of ``BATCH`` or more reads on at once, with no pause: a broker that holds back deliveries for want of
 acknowledgements must never be kept waiting. ``BATCH`` is below every broker's default window of unacknowledged
-deliveries to a client (Mosquitto's ``max_inflight_messages`` 20 for MQTT 3.1.1 clients; EMQX the smaller of its
-``max_inflight``, 32, and an MQTT 5 client's Receive Maximum, 65,535 unless set), so a round cut short by the
-window is always followed by the next at once; ``GATHER`` may exceed the window, as it only sizes the pause.
+deliveries to a client (Mosquitto's ``max_inflight_messages``, 20 by default per mosquitto.conf(5), for MQTT 3.1.1
+clients; EMQX the smaller of its ``max_inflight`` and an MQTT 5 client's Receive Maximum, 65,535 unless set, per
+its "In-flight and Message Queue" page), so a round cut short by the window is always followed by the next at
+once; ``GATHER`` may exceed the window, as it only sizes the pause.
 
 This leans on aiomqtt's and paho's internals (the paho client inside aiomqtt, its packet reader, its
 write-registration hook); ``tests/test_intake.py`` holds it to a real broker, so an upgrade that changes them
