@@ -44,8 +44,9 @@ def _read_loss_when_it_comes(client: aiomqtt.Client) -> None:
     logs it with a traceback as "Future exception was never retrieved" once the client is collected. The future
     made with the client is the one a connection's loss is recorded in (aiomqtt replaces it on connecting only when
     the loss came already, between CONNACK and the end of ``async with``)."""
-    lost: asyncio.Future[None] = client._disconnected
-    lost.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+    lost = getattr(client, "_disconnected", None)
+    if isinstance(lost, asyncio.Future):  # an aiomqtt that keeps it elsewhere costs a log line, never a connection
+        lost.add_done_callback(lambda f: None if f.cancelled() else f.exception())
 
 
 def make_client(
