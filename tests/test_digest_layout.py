@@ -12,6 +12,7 @@ from agent.protocol import Birth, Telemetry, WorkloadRef
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
 from optimizer.ingest.digest import HEAD, GpuDigest, GpuRows, RefKey, WindowDigest, digest
+from optimizer.ingest.window import as_window
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def _retained(window: Telemetry, birth: Birth) -> tuple[int, int, WindowDigest]:
     tracemalloc.start()
     try:
         before = tracemalloc.take_snapshot()
-        kept = digest(window, birth, {})
+        kept = digest(as_window(window), birth, {})
         gc.collect()
         after = tracemalloc.take_snapshot()
     finally:
@@ -44,7 +45,10 @@ def test_a_windows_gpus_cost_no_allocation_of_their_own(node: tuple[Birth, Telem
     and what each adds is its figures: 4 bytes each, a row of ``HEAD`` + 1 + its seconds."""
     birth, window = node
     one = window.model_copy(update={"gpus": window.gpus[:1]})
-    digest(window, birth, {}), digest(one, birth, {})  # what is worked out once per birth, and warmed caches
+    (
+        digest(as_window(window), birth, {}),
+        digest(as_window(one), birth, {}),
+    )  # what is worked out once per birth, and warmed caches
     blocks_one, bytes_one, _ = _retained(one, birth)
     blocks_all, bytes_all, kept = _retained(window, birth)
     assert blocks_all == blocks_one
@@ -56,7 +60,7 @@ def test_a_windows_gpus_cost_no_allocation_of_their_own(node: tuple[Birth, Telem
 
 def test_gpus_read_back_as_taken_in(node: tuple[Birth, Telemetry]) -> None:
     birth, window = node
-    kept = digest(window, birth)
+    kept = digest(as_window(window), birth)
     assert [g.index for g in kept.gpu_rows.views()] == [g.index for g in window.gpus]
     for g, sent in zip(kept.gpu_rows.views(), window.gpus, strict=True):
         assert sent.util is not None
@@ -91,7 +95,7 @@ def test_a_gpu_that_missed_a_sample_keeps_its_shorter_series(node: tuple[Birth, 
     short = window.gpus[1].model_copy(update={"util_series": window.gpus[1].util_series[:-1]})
     empty = window.gpus[2].model_copy(update={"util_series": []})
     gpus = [window.gpus[0], short, empty, *window.gpus[3:]]
-    kept = digest(window.model_copy(update={"gpus": gpus}), birth)
+    kept = digest(as_window(window.model_copy(update={"gpus": gpus})), birth)
     assert [len(g.series) for g in kept.gpu_rows.views()] == [len(g.util_series) for g in gpus]
     assert kept.gpu_rows.width == HEAD + 1 + max(len(g.util_series) for g in gpus)
     for g, sent in zip(kept.gpu_rows.views(), gpus, strict=True):
@@ -109,12 +113,12 @@ def test_a_nodes_windows_share_its_workloads_and_their_ids(node: tuple[Birth, Te
     and what changes per window (``Volatile``) names its workload by the interned reference's id."""
     birth, window = node
     known: dict[RefKey, WorkloadRef] = {}
-    first = digest(_fresh_ids(window), birth, known)
-    again = digest(_fresh_ids(window), birth, known, first.workloads)
+    first = digest(as_window(_fresh_ids(window)), birth, known)
+    again = digest(as_window(_fresh_ids(window)), birth, known, first.workloads)
     assert again.workloads is first.workloads
     assert again.volatile, "the scenario's workloads report their own traffic"
     ids = [r.id for r in first.workloads]
     assert all(any(v.workload is i for i in ids) for v in again.volatile)
     other = window.workloads[0].model_copy(update={"id": "k8s/someone-else"})
-    changed = digest(window.model_copy(update={"workloads": [other]}), birth, known, first.workloads)
+    changed = digest(as_window(window.model_copy(update={"workloads": [other]})), birth, known, first.workloads)
     assert [r.id for r in changed.workloads] == ["k8s/someone-else"]

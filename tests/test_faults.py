@@ -36,6 +36,7 @@ from agent.spool import DiskSpool, window_key
 from collectors.sim.scenarios import build_scenario, simulated_node
 from optimizer.decide.catalog import load_catalog
 from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.window import Window
 from optimizer.serve.config import OptimizerConfig, OptimizerSettings
 from optimizer.serve.service import Optimizer
 
@@ -285,9 +286,9 @@ async def test_replays_through_agent_restarts_and_an_optimizer_outage_lose_no_ac
         optimizer.resend_interval = 10.0 / scale
         ingest = optimizer.fleet.ingest
 
-        def counted(topic: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
+        def counted(topic: str, payload: bytes | bytearray) -> Birth | State | Window | None:
             message = ingest(topic, payload)
-            if isinstance(message, Telemetry):
+            if isinstance(message, Window):
                 accepted[(message.session, message.seq)] += 1
             return message
 

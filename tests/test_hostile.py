@@ -47,6 +47,7 @@ from agent.spool import MemoryQueue
 from collectors.sim.scenarios import build_scenario
 from optimizer.decide.catalog import load_catalog
 from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.window import Window, as_window
 from optimizer.serve.config import ApiSettings, OptimizerConfig, OptimizerSettings, SiteSettings
 from optimizer.serve.lifecycle import Lifecycle, Offloaded
 from optimizer.serve.report import Ledger
@@ -178,9 +179,9 @@ def test_one_tenants_process_name_costs_only_that_field() -> None:
             raw["workloads"][i].update(fields)
 
     window = fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), mutated(windows[0], poison))
-    assert isinstance(window, Telemetry)
+    assert isinstance(window, Window)
     assert [w.id for w in window.workloads] == [w.id for w in windows[0].workloads]  # every workload kept
-    assert window.gpus == windows[0].gpus  # and every GPU
+    assert window.gpus == as_window(windows[0]).gpus  # and every GPU
     first, second = window.workloads
     assert (first.name, first.hint, first.program, first.owner) == ("", None, None, None)
     assert second.hint is None and second.owner == windows[0].workloads[1].owner
@@ -194,7 +195,7 @@ def test_one_tenants_process_name_costs_only_that_field() -> None:
     # a workload whose id holds one is dropped from the window; the window is still taken
     bad_id = mutated(windows[1], lambda r: r["workloads"][0].update(id="k8s/\u202eevil"))
     window = fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), bad_id)
-    assert isinstance(window, Telemetry) and [w.id for w in window.workloads] == [windows[1].workloads[1].id]
+    assert isinstance(window, Window) and [w.id for w in window.workloads] == [windows[1].workloads[1].id]
     assert fleet.dropped_fields[("workloads.id", "control_character")] == 1
 
 
@@ -214,7 +215,7 @@ def test_a_control_character_in_a_short_json_escape_is_found_too() -> None:
         raw["gpus"][0]["workload"] = "k8s/\bz"
 
     window = fleet.ingest(topic("aaa", birth.node, TopicKind.TELEMETRY), mutated(windows[0], poison))
-    assert isinstance(window, Telemetry) and window.gpus[0].workload is None
+    assert isinstance(window, Window) and window.gpus[0].workload is None
     assert (window.workloads[0].hint, window.workloads[0].name) == (None, "")
     assert fleet.dropped_fields == {
         ("workloads.hint", "control_character"): 1,
@@ -1512,9 +1513,9 @@ async def test_an_optimizer_stopped_in_the_middle_of_a_backlog_loses_none_of_it(
     def counting(optimizer: Optimizer, stop_at: int | None = None) -> Optimizer:
         ingest = optimizer.fleet.ingest
 
-        def counted(t: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
+        def counted(t: str, payload: bytes | bytearray) -> Birth | State | Window | None:
             message = ingest(t, payload)
-            if isinstance(message, Telemetry):
+            if isinstance(message, Window):
                 taken[message.seq] += 1
                 if len(taken) == stop_at:  # stopped from within: the backlog is still streaming in
                     optimizer.should_exit.set()

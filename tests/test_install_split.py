@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIMIZER_ONLY = ("ortools", "aiohttp", "amqtt", "influxdb_client", "numpy")
+OPTIMIZER_ONLY = ("ortools", "aiohttp", "amqtt", "influxdb_client", "numpy", "msgspec")
 # The module each distribution installs, where the two names differ.
 MODULE_OF = {"influxdb-client": "influxdb_client", "nvidia-ml-py": "pynvml", "paho-mqtt": "paho"}
 

@@ -8,11 +8,21 @@ import contextlib
 import pytest
 from conftest import VictoriaMetrics, fault_size
 
-from agent.protocol import Stats, TopicKind, encode, node_topic
+from agent.protocol import Stats, Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
 from optimizer.decide.catalog import load_catalog
 from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.window import (
+    Window,
+    WindowDisk,
+    WindowGpu,
+    WindowHost,
+    WindowMount,
+    WindowNic,
+    WindowWorkload,
+    as_window,
+)
 from optimizer.plan.recommend import PlanSettings, build_plan
 from optimizer.serve import series
 from optimizer.serve.store import Store, StoreSettings, plan_points, point, window_points
@@ -27,7 +37,7 @@ async def test_windows_and_plans_round_trip_through_victoria_metrics(victoria: V
     birth, windows = offline_windows(node, 6, site="s1")
     store = Store(_settings(victoria.url))
     for w in windows:
-        store.add(window_points(birth, w))
+        store.add(window_points(birth, as_window(w)))
     fleet = Fleet("p")
     fleet.ingest(node_topic("p", "s1", node.name, TopicKind.BIRTH), encode(birth))
     for w in windows:
@@ -65,7 +75,7 @@ async def test_a_store_outage_loses_nothing(victoria: VictoriaMetrics) -> None:
     try:
         for i in range(rounds):
             for birth, windows in produced:
-                pts = window_points(birth, windows[i])
+                pts = window_points(birth, as_window(windows[i]))
                 expected += sum(p.values for p in pts)  # one series value per field
                 store.add(pts)
             if i == 5:
@@ -138,6 +148,22 @@ async def test_the_writer_task_stops_when_cancelled_as_a_batch_becomes_ready() -
         await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
 
 
+def _unchecked(w: Telemetry) -> Window:
+    """``w`` as a Window, values as they are: a reader would refuse the tag that shows the escaping."""
+    d = w.model_dump()
+    return Window(
+        **d
+        | {
+            "gpus": [WindowGpu(**g) for g in d["gpus"]],
+            "nics": [WindowNic(**n) for n in d["nics"]],
+            "disks": [WindowDisk(**x) for x in d["disks"]],
+            "host": WindowHost(**d["host"]),
+            "mounts": [WindowMount(**m) for m in d["mounts"]],
+            "workloads": [WindowWorkload(**r) for r in d["workloads"]],
+        }
+    )
+
+
 def test_window_lines_are_what_influxdb_client_would_write() -> None:
     """Each window's lines, built by hand for speed, against influxdb-client's Point for the same values:
     every GPU, NIC, disk and host field, tags sorted and escaped, GPUs without a model or workload."""
@@ -150,14 +176,16 @@ def test_window_lines_are_what_influxdb_client_would_write() -> None:
     # 10-sample windows have p95 = max: one GPU where they differ
     spread = windows[1].gpus[0].model_copy(update={"util": Stats(10.0, 20.0, 30.0, 1.0)})
     windows[1] = windows[1].model_copy(update={"gpus": [spread, *windows[1].gpus[1:]]})
-    # sections with figures absent, a number never written before, one not finite (never sent: it is left out)
+    # sections with figures absent, a number never written before, a GPU with none but xid_events; every value
+    # a window holds is finite (the reader refuses NaN and infinities)
     sparse = windows[1].gpus[1].model_copy(update={"power_w": None, "temp_c": None, "xid_events": 3})
     new = windows[1].gpus[2].model_copy(update={"sm_clock_mhz": Stats(1234.5678, 1300.0, 1400.0, 0.0)})
-    odd_gpu = windows[1].gpus[3].model_copy(update={"temp_c": Stats(float("inf"), 1.0, 2.0, 0.0)})
+    arrays = [f for f, v in windows[1].gpus[3] if isinstance(v, Stats)]
+    bare_gpu = windows[1].gpus[3].model_copy(update=dict.fromkeys(arrays))
     nics = [n.model_copy(update={"rx_bps": None, "errors": 2}) for n in windows[1].nics[:1]] + windows[1].nics[1:]
-    host = windows[1].host.model_copy(update={"cpu_util": None})
+    host = windows[1].host.model_copy(update={"cpu_util": None, "mem_used_pct": Stats(40.0, 45.0, 50.0, 1.0)})
     gaps = windows[1].model_copy(
-        update={"gpus": [sparse, new, odd_gpu, *windows[1].gpus[4:]], "nics": nics, "host": host, "seq": 9}
+        update={"gpus": [sparse, new, bare_gpu, *windows[1].gpus[4:]], "nics": nics, "host": host, "seq": 9}
     )
     cases = [(birth, windows[1]), (None, windows[0]), (birth, odd), (birth, gaps)]
     for b, w in cases + cases:  # again: the numbers' texts and the lines' tags are now cached
@@ -205,5 +233,6 @@ def test_window_lines_are_what_influxdb_client_would_write() -> None:
             for k, f in fields.items():
                 p.field(k, float(f))
             lines.append(p.to_line_protocol())  # type: ignore[no-untyped-call]
-        assert [line.text for line in window_points(b, w)] == lines
-        assert all(line.values == line.text.rsplit(" ", 2)[1].count("=") for line in window_points(b, w))
+        written = window_points(b, _unchecked(w))
+        assert [line.text for line in written] == lines
+        assert all(line.values == line.text.rsplit(" ", 2)[1].count("=") for line in written)

@@ -16,11 +16,14 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, cast
 
-from agent.protocol import FLOAT32_MAX, Birth, NicKind, NicRole, Telemetry, WorkloadRef
+import msgspec
+
+from agent.protocol import FLOAT32_MAX, Birth, NicKind, NicRole, WorkloadRef
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
+from optimizer.ingest.window import MAX, MEAN, P95, STD, Window, WindowWorkload
 
 _NONE = float("nan")  # an absent figure, in the packed arrays
 HEAD = 9  # a GPU's figures before its series: index, util_mean, ..., dram_active
@@ -248,22 +251,27 @@ _VOLATILE = {
 }
 
 
-def _intern(refs: list[WorkloadRef], known: dict[RefKey, WorkloadRef] | None) -> tuple[WorkloadRef, ...]:
+def _reference(r: WindowWorkload) -> WorkloadRef:
+    """What planning keeps of a workload a window reports: the protocol's model, without the figures that change
+    window after window (those go into the digest's ``volatile``)."""
+    return WorkloadRef.model_validate(msgspec.structs.asdict(r) | _VOLATILE)
+
+
+def _intern(refs: list[WindowWorkload], known: dict[RefKey, WorkloadRef] | None) -> tuple[WorkloadRef, ...]:
     if known is None:
-        return tuple(refs)
+        return tuple(map(_reference, refs))
     out = []
     for r in refs:
         key = (r.id, r.kind, r.name, tuple(r.gpus), r.hint, r.program, tuple(r.listen_ports), r.sched_step)
         ref = known.get(key)
         if ref is None:
-            ref = known[key] = r.model_copy(update=_VOLATILE)
+            ref = known[key] = _reference(r)
         out.append(ref)
     return tuple(out)
 
 
-_links = itemgetter("nvlink_tx_bps", "nvlink_rx_bps", "pcie_tx_bps", "pcie_rx_bps")
-_first = itemgetter(0)  # a Stats' mean
-_nic_fields = itemgetter("name", "rx_bps", "tx_bps")
+_links = attrgetter("nvlink_tx_bps", "nvlink_rx_bps", "pcie_tx_bps", "pcie_rx_bps")
+_first = itemgetter(MEAN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +310,7 @@ def birth_devices(birth: Birth) -> frozenset[int]:
 
 
 def digest(
-    window: Telemetry,
+    window: Window,
     birth: Birth | None,
     known: dict[RefKey, WorkloadRef] | None = None,
     previous: tuple[WorkloadRef, ...] = (),
@@ -314,27 +322,24 @@ def digest(
     flat: list[float] = [ROW_SERIES_AT]  # the rows' width, set below
     seconds = []
     for g in window.gpus:
-        # Read from the model's __dict__: pydantic's __getattr__ hook makes each attribute access dearer, and
-        # this runs for every GPU of every window taken in.
-        fields = g.__dict__
-        util = fields["util"]
+        util = g.util
         if util is None:
             continue
-        link = sum(map(_first, filter(None, _links(fields))), 0.0)
-        index, mem, power = fields["index"], fields["mem_used_mib"], fields["power_w"]
+        link = sum(map(_first, filter(None, _links(g))), 0.0)
+        index, mem, power = g.index, g.mem_used_mib, g.power_w
         limit = limits.get(index)
-        series = fields["util_series"]
+        series = g.util_series
         # a row of GpuRows, straight into the window's one list (no keyword matching, no boxed floats kept)
         flat += (
             index,
-            util[0],
-            util[1],
-            util[3],
-            mem[2] if mem is not None else _NONE,
+            util[MEAN],
+            util[P95],
+            util[STD],
+            mem[MAX] if mem is not None else _NONE,
             link if link <= FLOAT32_MAX else FLOAT32_MAX,  # four rates at the wire's bound overflow float32
-            min(power[0] / limit, FLOAT32_MAX) if (power is not None and limit) else _NONE,
-            _NONE if (tensor := fields["tensor_active"]) is None else tensor[0],
-            _NONE if (dram := fields["dram_active"]) is None else dram[0],
+            min(power[MEAN] / limit, FLOAT32_MAX) if (power is not None and limit) else _NONE,
+            _NONE if (tensor := g.tensor_active) is None else tensor[MEAN],
+            _NONE if (dram := g.dram_active) is None else dram[MEAN],
             len(series),
         )
         flat += series
@@ -345,16 +350,16 @@ def digest(
     gpu_rows = _block(flat) if min(seconds, default=0) == max(seconds, default=0) else _padded(flat, seconds)
     east = north = north_rx = north_tx_peak = 0.0
     for nic in window.nics:
-        name, rx_bps, tx_bps = _nic_fields(nic.__dict__)
-        rx = rx_bps.mean if rx_bps else 0.0
-        rate = (tx_bps.mean if tx_bps else 0.0) + rx
-        role = _role(name, nic_roles)
+        rx_bps, tx_bps = nic.rx_bps, nic.tx_bps
+        rx = rx_bps[MEAN] if rx_bps else 0.0
+        rate = (tx_bps[MEAN] if tx_bps else 0.0) + rx
+        role = _role(nic.name, nic_roles)
         if role is NicRole.EAST_WEST:
             east += rate
         elif role is NicRole.NORTH_SOUTH:
             north += rate
             north_rx += rx
-            north_tx_peak += tx_bps.max if tx_bps else 0.0
+            north_tx_peak += tx_bps[MAX] if tx_bps else 0.0
     own = counted_disks(birth, [d.name for d in window.disks])
     disks = [d for d in window.disks if d.name in own]
     # What a workload pins is read only where it shares a GPU (time-slicing, MPS): kept for those windows alone.
@@ -372,8 +377,8 @@ def digest(
         pinned = tuple(r.gpu_mem_mib) if r.gpu_mem_mib is not None and shared.intersection(r.gpus) else None
         if r.net_rx_bps is not None or r.inbound_connections is not None or pinned is not None:
             # the interned reference's id, not the decoded window's own copy of it
-            conns, peers, rx, tx = r.inbound_connections, r.inbound_peers, r.net_rx_bps, r.net_tx_bps
-            volatile.append(Volatile(kept.id, conns, peers, rx, tx, pinned))
+            conns, peers = r.inbound_connections, r.inbound_peers
+            volatile.append(Volatile(kept.id, conns, peers, r.net_rx_bps, r.net_tx_bps, pinned))
     return WindowDigest(
         session=window.session,
         seq=window.seq,
@@ -382,11 +387,11 @@ def digest(
         gpu_rows=gpu_rows,
         east_bps=east,
         north_bps=north,
-        peak_write_bps=sum(d.write_bps.max for d in disks if d.write_bps),
+        peak_write_bps=sum(d.write_bps[MAX] for d in disks if d.write_bps),
         workloads=interned,
         north_rx_bps=north_rx,
         north_tx_peak_bps=north_tx_peak,
-        read_bps=sum(d.read_bps.mean for d in disks if d.read_bps),
+        read_bps=sum(d.read_bps[MEAN] for d in disks if d.read_bps),
         volatile=tuple(volatile),
-        write_bps=sum(d.write_bps.mean for d in disks if d.write_bps),
+        write_bps=sum(d.write_bps[MEAN] for d in disks if d.write_bps),
     )

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+import msgspec
+
 from agent.protocol import (
     CONTROL,
     MAX_RESEND_RANGES,
@@ -22,7 +24,6 @@ from agent.protocol import (
     NodeStatus,
     ProtocolError,
     State,
-    Telemetry,
     Topic,
     TopicKind,
     WorkloadKind,
@@ -33,6 +34,7 @@ from agent.protocol import (
 )
 from optimizer.ingest.digest import RefKey, WindowDigest, birth_devices, digest
 from optimizer.ingest.history import History
+from optimizer.ingest.window import Window, WindowWorkload, read_window
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +178,7 @@ class Fleet:
     def sites(self) -> list[str]:
         return sorted({site for site, _ in self.nodes})
 
-    def ingest(self, topic: str, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
+    def ingest(self, topic: str, payload: bytes | bytearray) -> Birth | State | Window | None:
         """Apply one message; return it once accepted, or None (the reason counted) when it is rejected."""
         where: Topic | None = None
         try:
@@ -204,7 +206,7 @@ class Fleet:
     def record(self, site: str, node: str) -> NodeRecord | None:
         return self.nodes.get((site, node))
 
-    def _apply(self, where: Topic, payload: bytes | bytearray) -> Birth | State | Telemetry | None:
+    def _apply(self, where: Topic, payload: bytes | bytearray) -> Birth | State | Window | None:
         if where.node is None:
             raise ProtocolError("bad_topic", "not a node topic")
         if where.node in RESERVED_NODE_NAMES:
@@ -225,14 +227,19 @@ class Fleet:
         if where.kind is not TopicKind.TELEMETRY and limits.control_rate is not None:
             self._admit((where.site, where.node, "control"), limits.control_rate, limits.control_burst, where.kind)
         dropped: list[DroppedField] = []
-        message = decode(where.kind, payload, dropped)
-        if not isinstance(message, Birth | State | Telemetry):
-            raise ProtocolError("bad_topic", "not a node message")
+        message: Birth | State | Window
+        if where.kind is TopicKind.TELEMETRY:
+            message = read_window(payload, dropped)
+        else:
+            decoded = decode(where.kind, payload)
+            if not isinstance(decoded, Birth | State):
+                raise ProtocolError("bad_topic", "not a node message")
+            message = decoded
         if message.node != where.node:
             raise ProtocolError("node_mismatch", f"payload says node {message.node!r}, topic says {where.node!r}")
-        if isinstance(message, Birth | Telemetry) and message.site != where.site:
+        if isinstance(message, Birth | Window) and message.site != where.site:
             raise ProtocolError("site_mismatch", f"payload says site {message.site!r}, topic says {where.site!r}")
-        if not isinstance(message, Telemetry) and not clean_bytes(payload):
+        if not isinstance(message, Window) and not clean_bytes(payload):
             _no_control_characters(message)  # JSON itself refuses raw control bytes; escapes and UTF-8 need a look
         self._check_time(message)
         record = self._record(where.site, where.node)
@@ -283,7 +290,7 @@ class Fleet:
             fields = ", ".join(sorted({f"{name} ({reason})" for name, reason in dropped}))
             log.warning("%s/%s: left out of a window: %s (%d so far)", record.site, record.node, fields, n)
 
-    def _telemetry(self, record: NodeRecord, window: Telemetry) -> None:
+    def _telemetry(self, record: NodeRecord, window: Window) -> None:
         """Accept each (session, seq) once, in any order. Windows of an earlier session are still accepted after a
         restart: an agent replays what it spooled during an outage once it reconnects, after its new birth. A
         window that fills a gap in the sequence numbers (it was lost on the way and sent again) is accepted."""
@@ -312,7 +319,7 @@ class Fleet:
         refs = self._admit_workloads(record, window)
         record.session = max(record.session, window.session)
         if refs is not window.workloads:
-            window = window.model_copy(update={"workloads": refs})
+            window = msgspec.structs.replace(window, workloads=refs)
         kept = digest(
             window, record.birth, record.known_workloads, record.windows[-1].workloads if record.windows else ()
         )
@@ -406,19 +413,19 @@ class Fleet:
         bucket = self._take(key, rate, self.limits.refusal_burst)
         bucket.tokens = max(0.0, bucket.tokens - cost)
 
-    def _check_time(self, message: Birth | State | Telemetry) -> None:
+    def _check_time(self, message: Birth | State | Window) -> None:
         skew = self.limits.clock_skew
         if skew is None:
             return
         now = self.clock()
         # A retained birth or state can be days old (the node has been up that long); windows cannot.
-        if isinstance(message, Telemetry):
+        if isinstance(message, Window):
             if message.end > now + skew or message.start < now - skew:
                 raise ProtocolError("timestamp", f"window {message.start:.0f}-{message.end:.0f}, now {now:.0f}")
         elif message.timestamp > now + skew:
             raise ProtocolError("timestamp", f"timestamp {message.timestamp:.0f} ahead of now {now:.0f}")
 
-    def _admit_workloads(self, record: NodeRecord, window: Telemetry) -> list[WorkloadRef]:
+    def _admit_workloads(self, record: NodeRecord, window: Window) -> list[WindowWorkload]:
         """The window's workload references this node may claim; the rest are dropped and counted.
 
         A single-node workload (a pod, a unit) belongs to the node that reported it first until that node goes
@@ -428,7 +435,7 @@ class Fleet:
         cap = self.limits.workloads_per_node
         seen, oldest = record.workload_seen, record.received - self.horizon
         known: set[str] | None = None  # the ids counted against the cap: needed only for an id not reported lately
-        kept: list[WorkloadRef] = []
+        kept: list[WindowWorkload] = []
         dropped = False
         for ref in window.workloads:
             if cap is not None and seen.get(ref.id, oldest) <= oldest:
@@ -457,7 +464,7 @@ class Fleet:
             self._owners = {k: o for k, o in self._owners.items() if now - o.seen <= TAKEOVER_SECONDS}
         return kept if dropped else window.workloads
 
-    def _claim(self, record: NodeRecord, ref: WorkloadRef, now: float) -> str | None:
+    def _claim(self, record: NodeRecord, ref: WindowWorkload, now: float) -> str | None:
         key = (record.site, ref.id)
         owner = self._owners.get(key)
         if owner is not None and owner.node == record.node:
@@ -493,7 +500,7 @@ def _strings(value: object) -> Iterable[str]:
             yield from _strings(item)
 
 
-def _no_control_characters(message: Birth | State | Telemetry) -> None:
+def _no_control_characters(message: Birth | State) -> None:
     for text in _strings(message):
         if CONTROL.search(text):
             raise ProtocolError("control_character", f"a name or id holds a control character: {text[:40]!r}")

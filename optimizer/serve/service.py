@@ -28,7 +28,6 @@ from agent.protocol import (
     Plan,
     Recommendation,
     Resend,
-    Telemetry,
     WorkloadClass,
     encode,
     handover_filters,
@@ -46,6 +45,7 @@ from optimizer.decide.snapshot import Snapshot, from_fleet
 from optimizer.ingest.fleet import Fleet, IngestLimits
 from optimizer.ingest.history import DIGEST_SECONDS
 from optimizer.ingest.lag import Lag
+from optimizer.ingest.window import Window
 from optimizer.plan.interrupt import SolveStop
 from optimizer.plan.recommend import plan_snapshot
 from optimizer.serve.alerts.alerter import Alerter
@@ -240,7 +240,7 @@ class Optimizer:
     def _take(self, topic: str, payload: bytes | bytearray) -> None:
         """A node's message: into the fleet, and a window's lines into the store."""
         accepted = self.fleet.ingest(topic, payload)
-        if isinstance(accepted, Telemetry):
+        if isinstance(accepted, Window):
             self.lag.add(self.fleet.clock() - accepted.end)
             if self.store is not None:
                 record = self.fleet.record(accepted.site, accepted.node)

@@ -11,10 +11,11 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from math import isfinite
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from influxdb_client.client.influxdb_client import InfluxDBClient
 from influxdb_client.client.write_api import SYNCHRONOUS
@@ -22,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from agent.backoff import Backoff
 from agent.config import secret_or_file
-from agent.protocol import Birth, NicRole, Plan, Stats, Telemetry
+from agent.protocol import Birth, NicRole, Plan
+from optimizer.ingest.window import MAX, MEAN, P95, STD, Window
 from optimizer.serve import series
 from optimizer.serve.lineproto import Line, encode_line, tag_value
 from optimizer.serve.series import Measurement
@@ -64,101 +66,153 @@ def point(m: Measurement, tags: Mapping[str, str | None], fields: Mapping[str, f
     return line if line is not None else Line("", 0)
 
 
-def _mean(s: Stats | None) -> float | None:
-    return s.mean if s is not None else None
+class _Layout(NamedTuple):
+    """How the lines of a window's sections of one kind are written, for one set of stats arrays present."""
+
+    pick: Callable[[tuple[float, ...]], tuple[float, ...]]  # the fields' values, section by section, in field order
+    template: str  # "name=%s,..." per section, in the order line protocol sorts fields; sections on lines of their own
+    counts: tuple[int, ...]  # values on each section's line
 
 
-# A window's fields, in the order line protocol sorts them: (field, the window's attribute, index in its Stats),
-# index None for a plain number. Built once, so that a window's lines need no sorting and no name lookups: they
-# are written for every window taken in (bench/store_lines.py).
-_FieldPlan = tuple[tuple[str, str, int | None], ...]
+class _Fields:
+    """How one measurement's fields are read from a window's sections of one kind (its GPUs, its NICs, its disks,
+    its host) and written.
+
+    A field is one figure of a stats array (``util_p95``: util's p95) or a plain number (``errors``, never
+    absent). All sections' arrays and numbers are read by C calls and flattened into one tuple, from which the
+    fields are picked by position and written by one ``%``; positions and template are worked out once for
+    each set of arrays present. Numbers are written as influxdb-client writes them (``repr``, a whole float
+    without ``.0``), looked up rather than formatted: values arrive rounded to 4 significant digits and repeat
+    window after window. Every value of a window is finite (``optimizer.ingest.window``). This runs for the ~15
+    lines of every window taken in (``bench/store_lines.py``)."""
+
+    def __init__(self, fields: tuple[str, ...], derived: dict[str, tuple[str, int | None]]) -> None:
+        self.plan = sorted((name, *derived.get(name, (name, MEAN))) for name in fields)
+        self.arrays = list(dict.fromkeys(attribute for _, attribute, index in self.plan if index is not None))
+        self.numbers = list(dict.fromkeys(attribute for _, attribute, index in self.plan if index is None))
+        if len(self.arrays) < 2:
+            raise ValueError("a section's arrays are read as a tuple: two at least")
+        self.read_arrays = attrgetter(*self.arrays)
+        self.layouts: dict[tuple[bool, ...], _Layout] = {}
+
+    def _numbers(self, sections: Sequence[object]) -> Iterable[float]:
+        if len(self.numbers) >= 2:
+            return chain.from_iterable(map(attrgetter(*self.numbers), sections))
+        if not self.numbers:
+            return ()
+        one: Callable[[object], float] = attrgetter(self.numbers[0])
+        return map(one, sections)
+
+    def lines(self, sections: Sequence[object], heads: Iterable[str], tail: str) -> list[Line]:
+        """One line per section (an empty one, of no values, for a section with none), with its head."""
+        arrays = tuple(chain.from_iterable(map(self.read_arrays, sections)))
+        present = tuple(map(is_not, arrays, repeat(None)))
+        layout = self.layouts.get(present)
+        if layout is None:
+            if len(self.layouts) >= LAYOUTS_CACHED:
+                self.layouts.clear()
+            layout = self.layouts[present] = self._layout(present, len(sections))
+        values = layout.pick((*chain.from_iterable(filter(None, arrays)), *self._numbers(sections)))
+        texts = tuple(map(_NUMBERS.get, values))
+        if None in texts:
+            texts = tuple(map(_number, values))
+        fields = (layout.template % texts).split("\n")
+        return [
+            Line(f"{head} {text}{tail}", count) if count else _NO_LINE
+            for head, text, count in zip(heads, fields, layout.counts, strict=True)
+        ]
+
+    def _layout(self, present: tuple[bool, ...], sections: int) -> _Layout:
+        width = len(self.arrays)
+        at: dict[tuple[int, str, int | None], int] = {}
+        for section in range(sections):
+            for attribute in compress(self.arrays, present[section * width : (section + 1) * width]):
+                for index in (MEAN, P95, MAX, STD):
+                    at[(section, attribute, index)] = len(at)
+        for section in range(sections):
+            for attribute in self.numbers:
+                at[(section, attribute, None)] = len(at)
+        positions: list[int] = []
+        templates, counts = [], []
+        for section in range(sections):
+            written = [(name, at[key]) for name, *where in self.plan if (key := (section, *where)) in at]
+            positions += (position for _, position in written)
+            templates.append(",".join(f"{name}=%s" for name, _ in written))
+            counts.append(len(written))
+        pick: Callable[[tuple[float, ...]], tuple[float, ...]]
+        if len(positions) >= 2:
+            pick = itemgetter(*positions)
+        else:  # one value (a slice keeps it a tuple), or none
+            first = positions[0] if positions else 0
+            pick = itemgetter(slice(first, first + len(positions)))
+        return _Layout(pick, "\n".join(templates), tuple(counts))
 
 
-def _plan(fields: tuple[str, ...], derived: dict[str, tuple[str, int | None]]) -> _FieldPlan:
-    return tuple(sorted((f, *derived.get(f, (f, 0))) for f in fields))
-
-
-_GPU_FIELDS = _plan(
-    series.GPU.fields, {"util_p95": ("util", 1), "util_max": ("util", 2), "xid_events": ("xid_events", None)}
-)
-_NIC_FIELDS = _plan(
-    series.NIC.fields,
-    {"rx_bps_max": ("rx_bps", 2), "tx_bps_max": ("tx_bps", 2), "errors": ("errors", None), "drops": ("drops", None)},
-)
-_DISK_FIELDS = _plan(series.DISK.fields, {"write_bps_max": ("write_bps", 2)})
-_HOST_FIELDS = _plan(series.HOST.fields, {})
-
-
-def _field_text(plan: _FieldPlan, values: dict[str, Any]) -> tuple[str, int]:
-    """The field set of one line (``values``: a section's ``__dict__``) and how many values it holds."""
-    parts = []
-    for name, attribute, index in plan:
-        value = values[attribute]
-        if value is None:
-            continue
-        number: float = value[index] if index is not None else value
-        text = _NUMBERS.get(number)
-        if text is None:
-            text = _number(number)
-            if text is None:
-                continue
-        parts.append(f"{name}={text}")
-    return ",".join(parts), len(parts)
-
-
-# The text of numbers already written: values arrive rounded to 4 significant digits, so they repeat window
-# after window and a lookup is cheaper than float's repr. Bounded: cleared once full.
+_NO_LINE = Line("", 0)
+_OTHER = NicRole.OTHER.value  # a NIC the birth does not list
+LAYOUTS_CACHED = 4096  # sets of arrays present, per measurement; cleared once full
+# The text of numbers already written. Bounded: cleared once full.
 _NUMBERS: dict[float, str] = {}
 NUMBERS_CACHED = 65_536
 
 
-def _number(value: float) -> str | None:
-    """``value`` as line protocol writes a float (a whole one without ``.0``); None when not finite."""
-    number = float(value)
-    if not isfinite(number):
-        return None
-    text = repr(number)
-    text = text[:-2] if text[-2:] == ".0" else text
-    if len(_NUMBERS) >= NUMBERS_CACHED:
-        _NUMBERS.clear()
-    _NUMBERS[value] = text
+def _number(value: float) -> str:
+    """``value`` (finite) as line protocol writes a float: a whole one without ``.0``."""
+    text = _NUMBERS.get(value)
+    if text is None:
+        text = repr(float(value))
+        text = text[:-2] if text[-2:] == ".0" else text
+        if len(_NUMBERS) >= NUMBERS_CACHED:
+            _NUMBERS.clear()
+        _NUMBERS[value] = text
     return text
 
 
-def _line(head: str, fields: tuple[str, int], tail: str) -> Line:
-    text, values = fields
-    return Line(f"{head} {text}{tail}", values) if values else Line("", 0)
+_GPU_FIELDS = _Fields(
+    series.GPU.fields, {"util_p95": ("util", P95), "util_max": ("util", MAX), "xid_events": ("xid_events", None)}
+)
+_NIC_FIELDS = _Fields(
+    series.NIC.fields,
+    {
+        "rx_bps_max": ("rx_bps", MAX),
+        "tx_bps_max": ("tx_bps", MAX),
+        "errors": ("errors", None),
+        "drops": ("drops", None),
+    },
+)
+_DISK_FIELDS = _Fields(series.DISK.fields, {"write_bps_max": ("write_bps", MAX)})
+_HOST_FIELDS = _Fields(series.HOST.fields, {})
 
 
-def window_points(birth: Birth | None, w: Telemetry) -> list[Line]:
+def window_points(birth: Birth | None, w: Window) -> list[Line]:
     """Points for one telemetry window, tagged with site, node and GPU model: what ``point`` writes for them,
     built without its generic sorting (tags are written in sorted order by hand)."""
-    models = {g.index: g.model for g in birth.gpus} if birth else {}
-    roles = {n.name: n.role for n in birth.nics} if birth else {}
+    models = {g.index: tag_value(g.model) for g in birth.gpus if g.model} if birth else {}
+    roles = {n.name: n.role.value for n in birth.nics} if birth else {}
     node, site = tag_value(w.node), tag_value(w.site)
     tail = f" {round(w.end * 1e6) * 1000}"  # nanoseconds, rounded to the microsecond like every line
-    out = []
+    gpu_heads = []
     for g in w.gpus:
-        d = g.__dict__
-        model, workload = models.get(g.index), d["workload"]
+        model, workload = models.get(g.index), g.workload
         head = f"{series.GPU.name},gpu={g.index}"
         if model:
-            head += f",model={tag_value(model)}"
+            head += f",model={model}"
         head += f",node={node},site={site}"
         if workload:
             head += f",workload={tag_value(workload)}"
-        out.append(_line(head, _field_text(_GPU_FIELDS, d), tail))
-    for n in w.nics:
-        role = roles.get(n.name, NicRole.OTHER).value
-        head = f"{series.NIC.name},nic={tag_value(n.name)},node={node},role={role},site={site}"
-        out.append(_line(head, _field_text(_NIC_FIELDS, n.__dict__), tail))
-    for disk in w.disks:
-        head = f"{series.DISK.name},disk={tag_value(disk.name)},node={node},site={site}"
-        out.append(_line(head, _field_text(_DISK_FIELDS, disk.__dict__), tail))
-    host = _field_text(_HOST_FIELDS, w.host.__dict__)
-    if host[1]:
-        out.append(_line(f"{series.HOST.name},node={node},site={site}", host, tail))
-    return out
+        gpu_heads.append(head)
+    nic_heads = [
+        f"{series.NIC.name},nic={tag_value(n.name)},node={node},role={roles.get(n.name, _OTHER)},site={site}"
+        for n in w.nics
+    ]
+    disk_heads = [f"{series.DISK.name},disk={tag_value(d.name)},node={node},site={site}" for d in w.disks]
+    host = _HOST_FIELDS.lines((w.host,), (f"{series.HOST.name},node={node},site={site}",), tail)
+    return [
+        *_GPU_FIELDS.lines(w.gpus, gpu_heads, tail),
+        *_NIC_FIELDS.lines(w.nics, nic_heads, tail),
+        *_DISK_FIELDS.lines(w.disks, disk_heads, tail),
+        *(line for line in host if line.values),
+    ]
 
 
 def plan_points(plan: Plan) -> list[Line]:

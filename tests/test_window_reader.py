@@ -1,0 +1,214 @@
+"""The optimizer's window reader (msgspec) against the protocol's model (pydantic): the same windows accepted,
+with the same values, and the same refused, for the same reason.
+
+The reader vouches for a window only when its bytes are clean ASCII and msgspec and its cross-value checks accept
+it; anything else goes to the protocol's ``decode``. So a wrong constraint in the reader shows as a window it
+accepts and the model refuses (or reads differently). Every field of a real window is replaced, in turn, with
+hostile values; Hypothesis then mutates several at once, and adds and deletes keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from agent import protocol
+from agent.protocol import ProtocolError, Telemetry, TopicKind, decode, encode
+from agent.simulate import offline_windows
+from collectors.sim.scenarios import build_scenario
+from optimizer.ingest import window as reader
+from optimizer.ingest.window import read_window
+
+Path = tuple[str | int, ...]
+
+# Values at and just past every bound the protocol sets, and of every wrong JSON type.
+HOSTILE: list[Any] = [
+    None, True, False, 0, -0.0, -1, -1e-9, 0.5, 1, 63, 64, 99.99, 100, 100.0001, 65535, 65536, 2**24, 2**24 + 1,
+    3.4028234663852886e38, 3.41e38, 1.7976931348623157e308, 2**53, 2**53 + 1, 2**64, 9.0e9, 9.0e9 + 1, "", "9",
+    "a", "-a", "n,1 x", "x" * 33, "x" * 65, "x" * 129, "x" * 201, "x" * 301, "é" * 64, "é" * 65, "a\u202eb",
+    "a\x1bb", [], [1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4, 5], [0, 0, 0, 0], [50, 60, 40, 1], [200, 1, 1, 1], {},
+    {"x": 1}, "k8s_pod", "nope",
+]  # fmt: skip
+
+
+def _windows() -> list[Telemetry]:
+    out = []
+    for spec in build_scenario("mixed", 6, seed=4):
+        _, windows = offline_windows(spec, 2, site="s")
+        out += windows
+    return out
+
+
+WINDOWS = _windows()
+RICH = max(WINDOWS, key=lambda w: len(encode(w)))  # the window with the most fields: GPUs, NICs, workloads
+
+
+def _paths(value: Any, at: Path = ()) -> Iterator[Path]:
+    yield at
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _paths(item, (*at, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value[:2]):  # the first two of a list: a GPU, a NIC, a series value
+            yield from _paths(item, (*at, i))
+
+
+def _set(raw: Any, path: Path, value: Any) -> None:
+    for part in path[:-1]:
+        raw = raw[part]
+    raw[path[-1]] = value
+
+
+def _verdict(read: Any, payload: bytes) -> tuple[str, Any, list[tuple[str, str]]]:
+    """("accepted", the window's values, fields left out) or ("refused", the reason, [])."""
+    dropped: list[tuple[str, str]] = []
+    try:
+        window = read(payload, dropped)
+    except ProtocolError as exc:
+        return "refused", exc.reason, []
+    return "accepted", _values(window), dropped
+
+
+def _protocol(payload: bytes, dropped: list[tuple[str, str]]) -> Telemetry:
+    message = decode(TopicKind.TELEMETRY, payload, dropped)
+    assert isinstance(message, Telemetry)
+    return message
+
+
+def _values(window: Any) -> Any:
+    """A window's values as JSON would have them, types kept (an int stays apart from a float)."""
+    if isinstance(window, BaseModel):
+        return _typed(window.model_dump(mode="json", by_alias=True))
+    return _typed(msgspec.to_builtins(window))
+
+
+def _typed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def _same(payload: bytes) -> None:
+    assert _verdict(read_window, payload) == _verdict(_protocol, payload), payload[:300]
+
+
+def test_real_windows_read_alike() -> None:
+    assert WINDOWS and all(read_window(encode(w)) for w in WINDOWS)
+    for w in WINDOWS:
+        _same(encode(w))
+
+
+def test_every_field_with_every_hostile_value_reads_alike() -> None:
+    """~160 fields of a rich window, each replaced with each of ~50 values: ~8,000 windows."""
+    base = json.loads(encode(RICH))
+    paths = [p for p in _paths(base) if p]
+    assert len(paths) > 150 and RICH.workloads and len(RICH.gpus) >= 2 and RICH.nics and RICH.disks
+    fast = 0
+    for path in paths:
+        for value in HOSTILE:
+            raw = json.loads(encode(RICH))
+            _set(raw, path, value)
+            payload = json.dumps(raw, separators=(",", ":")).encode()
+            _same(payload)
+            fast += protocol.clean_bytes(payload)
+    assert fast > len(paths) * len(HOSTILE) // 2, "most of the sweep goes through the reader's own path"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_windows_mutated_at_random_read_alike(data: st.DataObject) -> None:
+    window = data.draw(st.sampled_from(WINDOWS))
+    raw = json.loads(encode(window))
+    paths = [p for p in _paths(raw) if p]
+    for _ in range(data.draw(st.integers(1, 4))):
+        path = data.draw(st.sampled_from(paths))
+        how = data.draw(st.sampled_from(["value", "number", "delete", "unknown"]))
+        try:
+            if how == "value":
+                _set(raw, path, data.draw(st.sampled_from(HOSTILE)))
+            elif how == "number":
+                _set(raw, path, data.draw(st.floats(allow_nan=False, allow_infinity=False) | st.integers()))
+            elif how == "delete":
+                parent: Any = raw
+                for part in path[:-1]:
+                    parent = parent[part]
+                del parent[path[-1]]
+            else:
+                _set(raw, (*path[:-1], "surplus"), 1)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier mutation took this path away
+    _same(json.dumps(raw, separators=(",", ":")).encode())
+
+
+def test_checks_across_values_read_alike() -> None:
+    """What the models' validators check across values: each broken once, and each just kept."""
+    base = json.loads(encode(RICH))
+    samples, gpus = base["samples"], len(base["gpus"])
+    cases: list[tuple[Path, Any]] = [
+        (("gpus", 0, "util_series"), [1.0] * samples),
+        (("gpus", 0, "util_series"), [1.0] * (samples + 1)),
+        (("gpus", 1, "index"), base["gpus"][0]["index"]),
+        (("gpus", 0, "index"), 64),
+        (("gpus", 0, "util"), [50.0, 50.0, 50.0, 0.0]),
+        (("gpus", 0, "util"), [50.1, 50.0, 50.0, 0.0]),
+        (("gpus", 0, "mem_util"), [40.0, 50.1, 50.0, 0.0]),
+        (("gpus", 0, "dram_active"), [40.0, 50.1, 50.0, 0.0]),
+        (("host", "mem_used_pct"), [40.0, 50.1, 50.0, 0.0]),
+        (("host", "cpu_util"), [50.1, 40.0, 50.0, 0.0]),
+        (("end",), base["start"] - 1),
+        (("samples",), int((base["end"] - base["start"]) / protocol.MIN_SAMPLE_INTERVAL) + 2),
+        (("samples",), int((base["end"] - base["start"]) / protocol.MIN_SAMPLE_INTERVAL) + 3),
+        (("workloads", 0, "gpus"), [0, 0]),
+        (("workloads", 0, "gpus"), [0, 64]),
+        (("workloads", 0, "gpus"), [-1]),
+        (("workloads", 0, "gpu_mem_mib"), [1.0] * len(base["workloads"][0]["gpus"])),
+        (("workloads", 0, "gpu_mem_mib"), [1.0] * (len(base["workloads"][0]["gpus"]) + 1)),
+        (("workloads", 0, "gpu_mem_mib"), [None] * len(base["workloads"][0]["gpus"])),
+        (("gpus",), base["gpus"] * (64 // gpus + 1)),
+    ]
+    for path, value in cases:
+        raw = json.loads(encode(RICH))
+        _set(raw, path, value)
+        payload = json.dumps(raw, separators=(",", ":")).encode()
+        assert protocol.clean_bytes(payload)
+        _same(payload)
+
+
+def test_bytes_that_are_no_window_are_refused_alike() -> None:
+    encoded = encode(RICH)
+    for payload in [b"", b"null", b"[]", b"{}", b"{", encoded[:-1], encoded + b"x", b"\xef\xbb\xbf" + encoded,
+                    encoded.replace(b'"schema":2', b'"schema":true'), encoded.replace(b'"schema":2', b'"schema":3'),
+                    encoded.replace(b'"samples":', b'"samples":1,"samples":'), b" " + encoded + b" ",
+                    encoded.replace(b'"node":"', b'"node":"\\u0000'), b"x" * (protocol.MAX_PAYLOAD_BYTES + 1)]:  # fmt: skip
+        _same(payload)
+
+
+@pytest.mark.parametrize(
+    ("struct", "model"),
+    [
+        (reader.Window, protocol.Telemetry),
+        (reader.WindowGpu, protocol.GpuWindow),
+        (reader.WindowNic, protocol.NicWindow),
+        (reader.WindowDisk, protocol.DiskWindow),
+        (reader.WindowHost, protocol.HostWindow),
+        (reader.WindowMount, protocol.MountWindow),
+        (reader.WindowWorkload, protocol.WorkloadRef),
+    ],
+)
+def test_the_reader_has_the_models_fields(struct: type[msgspec.Struct], model: type[BaseModel]) -> None:
+    """A field added to the protocol and not to the reader would send every window that carries it the slow way
+    (the reader refuses unknown fields): caught here instead."""
+    assert set(struct.__struct_fields__) == set(model.model_fields)
+    required = {name for name, f in model.model_fields.items() if f.is_required()}
+    info = msgspec.inspect.type_info(struct)
+    assert isinstance(info, msgspec.inspect.StructType)
+    assert {f.name for f in info.fields if f.required} == required
