@@ -187,7 +187,22 @@ def test_window_lines_are_what_influxdb_client_would_write() -> None:
     gaps = windows[1].model_copy(
         update={"gpus": [sparse, new, bare_gpu, *windows[1].gpus[4:]], "nics": nics, "host": host, "seq": 9}
     )
-    cases = [(birth, windows[1]), (None, windows[0]), (birth, odd), (birth, gaps)]
+    # the same node again with another model in a new birth, and with another workload on a GPU: tags cached per
+    # node must follow both
+    renamed = birth.model_copy(
+        update={"gpus": [birth.gpus[0].model_copy(update={"model": "NVIDIA X"}), *birth.gpus[1:]]}
+    )
+    moved = windows[1].model_copy(
+        update={"gpus": [windows[1].gpus[0].model_copy(update={"workload": "k8s/other"}), *windows[1].gpus[1:]]}
+    )
+    cases = [
+        (birth, windows[1]),
+        (None, windows[0]),
+        (birth, odd),
+        (birth, gaps),
+        (renamed, windows[1]),
+        (birth, moved),
+    ]
     for b, w in cases + cases:  # again: the numbers' texts and the lines' tags are now cached
         models = {g.index: g.model for g in b.gpus} if b else {}
         expected = []

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import attrgetter, is_, is_not, itemgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -114,8 +114,12 @@ class _Fields:
             layout = self.layouts[present] = self._layout(present, len(sections))
         values = layout.pick((*chain.from_iterable(filter(None, arrays)), *self._numbers(sections)))
         texts = tuple(map(_NUMBERS.get, values))
-        if None in texts:
-            texts = tuple(map(_number, values))
+        if None in texts:  # numbers not written before: those formatted, the rest still looked up
+            for value in compress(values, map(is_, texts, repeat(None))):
+                _number(value)
+            texts = tuple(map(_NUMBERS.get, values))
+            if None in texts:  # the cache filled up and was cleared on the way
+                texts = tuple(map(_number, values))
         fields = (layout.template % texts).split("\n")
         return [
             Line(f"{head} {text}{tail}", count) if count else _NO_LINE
@@ -184,33 +188,66 @@ _DISK_FIELDS = _Fields(series.DISK.fields, {"write_bps_max": ("write_bps", MAX)}
 _HOST_FIELDS = _Fields(series.HOST.fields, {})
 
 
-def window_points(birth: Birth | None, w: Window) -> list[Line]:
-    """Points for one telemetry window, tagged with site, node and GPU model: what ``point`` writes for them,
-    built without its generic sorting (tags are written in sorted order by hand)."""
+class _Heads(NamedTuple):
+    """The measurement and tags of a window's lines, by section: the same for a node window after window."""
+
+    birth: Birth | None  # what they were written from, held so that its id is not reused while cached
+    gpus: list[str]
+    nics: list[str]
+    disks: list[str]
+    host: tuple[str]
+
+
+_HEADS: dict[tuple[object, ...], _Heads] = {}
+HEADS_CACHED = 65_536  # sets of heads (a node's, for each set of its workloads and devices); cleared once full
+_gpu_tags, _name = attrgetter("index", "workload"), attrgetter("name")
+
+
+def _heads(birth: Birth | None, w: Window) -> _Heads:
+    """Tags sorted by hand (line protocol sorts them), escaped once each, looked up by what they are made of."""
+    gpu_tags = tuple(map(_gpu_tags, w.gpus))
+    key = (id(birth), w.node, w.site, gpu_tags, tuple(map(_name, w.nics)), tuple(map(_name, w.disks)))
+    heads = _HEADS.get(key)
+    if heads is not None and heads.birth is birth:
+        return heads
     models = {g.index: tag_value(g.model) for g in birth.gpus if g.model} if birth else {}
     roles = {n.name: n.role.value for n in birth.nics} if birth else {}
     node, site = tag_value(w.node), tag_value(w.site)
-    tail = f" {round(w.end * 1e6) * 1000}"  # nanoseconds, rounded to the microsecond like every line
-    gpu_heads = []
-    for g in w.gpus:
-        model, workload = models.get(g.index), g.workload
-        head = f"{series.GPU.name},gpu={g.index}"
-        if model:
+    gpus = []
+    for index, workload in gpu_tags:
+        head = f"{series.GPU.name},gpu={index}"
+        if model := models.get(index):
             head += f",model={model}"
         head += f",node={node},site={site}"
         if workload:
             head += f",workload={tag_value(workload)}"
-        gpu_heads.append(head)
-    nic_heads = [
-        f"{series.NIC.name},nic={tag_value(n.name)},node={node},role={roles.get(n.name, _OTHER)},site={site}"
-        for n in w.nics
-    ]
-    disk_heads = [f"{series.DISK.name},disk={tag_value(d.name)},node={node},site={site}" for d in w.disks]
-    host = _HOST_FIELDS.lines((w.host,), (f"{series.HOST.name},node={node},site={site}",), tail)
+        gpus.append(head)
+    heads = _Heads(
+        birth,
+        gpus,
+        [
+            f"{series.NIC.name},nic={tag_value(n.name)},node={node},role={roles.get(n.name, _OTHER)},site={site}"
+            for n in w.nics
+        ],
+        [f"{series.DISK.name},disk={tag_value(d.name)},node={node},site={site}" for d in w.disks],
+        (f"{series.HOST.name},node={node},site={site}",),
+    )
+    if len(_HEADS) >= HEADS_CACHED:
+        _HEADS.clear()
+    _HEADS[key] = heads
+    return heads
+
+
+def window_points(birth: Birth | None, w: Window) -> list[Line]:
+    """Points for one telemetry window, tagged with site, node and GPU model: what ``point`` writes for them,
+    built without its generic sorting."""
+    heads = _heads(birth, w)
+    tail = f" {round(w.end * 1e6) * 1000}"  # nanoseconds, rounded to the microsecond like every line
+    host = _HOST_FIELDS.lines((w.host,), heads.host, tail)
     return [
-        *_GPU_FIELDS.lines(w.gpus, gpu_heads, tail),
-        *_NIC_FIELDS.lines(w.nics, nic_heads, tail),
-        *_DISK_FIELDS.lines(w.disks, disk_heads, tail),
+        *_GPU_FIELDS.lines(w.gpus, heads.gpus, tail),
+        *_NIC_FIELDS.lines(w.nics, heads.nics, tail),
+        *_DISK_FIELDS.lines(w.disks, heads.disks, tail),
         *(line for line in host if line.values),
     ]
 
