@@ -1081,6 +1081,8 @@ def decode(kind: TopicKind, payload: bytes | bytearray, dropped: list[DroppedFie
         raw = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError("bad_json", str(exc)) from None
+    except RecursionError:  # arrays or objects nested past the interpreter's limit: a few KB can do it
+        raise ProtocolError("bad_json", "nested too deeply") from None
     if not isinstance(raw, dict):
         raise ProtocolError("schema", "payload is not a JSON object")
     version = raw.get("schema")

@@ -188,8 +188,12 @@ def test_bytes_that_are_no_window_are_refused_alike() -> None:
     for payload in [b"", b"null", b"[]", b"{}", b"{", encoded[:-1], encoded + b"x", b"\xef\xbb\xbf" + encoded,
                     encoded.replace(b'"schema":2', b'"schema":true'), encoded.replace(b'"schema":2', b'"schema":3'),
                     encoded.replace(b'"samples":', b'"samples":1,"samples":'), b" " + encoded + b" ",
-                    encoded.replace(b'"node":"', b'"node":"\\u0000'), b"x" * (protocol.MAX_PAYLOAD_BYTES + 1)]:  # fmt: skip
+                    encoded.replace(b'"node":"', b'"node":"\\u0000'), b"x" * (protocol.MAX_PAYLOAD_BYTES + 1),
+                    encoded.replace(b'"util_series":[', b'"util_series":' + b"[" * 100_000, 1)]:  # fmt: skip
         _same(payload)
+    # nested past the interpreter's recursion limit by 100 KB of brackets (under the 256 KiB a payload may hold):
+    # refused as bad JSON like any other, not an error escaping the fleet's ingest
+    assert _verdict(read_window, b'{"gpus":' + b"[" * 100_000) == ("refused", "bad_json", [])
 
 
 @pytest.mark.parametrize(
