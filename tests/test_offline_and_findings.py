@@ -52,6 +52,8 @@ def test_labelled_recording_scores_itself_and_bad_lines_are_reported() -> None:
     assert {r.features.id for r in results if r.truth is not None} == set(truth)
     with pytest.raises(RecordingError, match="line 2"):
         load(["{}", "not json"])
+    with pytest.raises(RecordingError, match="line 2: JSON nested too deeply"):
+        load(["{}", '{"window": ' + "[" * 100_000])
 
 
 def test_findings_name_each_planted_misplacement_with_its_waste() -> None:

@@ -144,6 +144,8 @@ def _json_object(text: str, where: str) -> dict[object, object]:
         obj = json.loads(text)
     except ValueError as exc:
         raise RecordingError(f"{where}: not JSON ({exc})") from None
+    except RecursionError:
+        raise RecordingError(f"{where}: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise RecordingError(f"{where}: not a JSON object")
     return obj
