@@ -25,6 +25,7 @@ from optimizer.ingest.window import (
 )
 from optimizer.plan.recommend import PlanSettings, build_plan
 from optimizer.serve import series
+from optimizer.serve import store as store_module
 from optimizer.serve.store import Store, StoreSettings, plan_points, point, window_points
 
 
@@ -251,3 +252,31 @@ def test_window_lines_are_what_influxdb_client_would_write() -> None:
         written = window_points(b, _unchecked(w))
         assert [line.text for line in written] == lines
         assert all(line.values == line.text.rsplit(" ", 2)[1].count("=") for line in written)
+
+
+def test_a_node_that_renames_its_workloads_or_figures_every_window_holds_bounded_state() -> None:
+    """A node may report a new workload name, or another set of absent figures, in every window: its lines stay
+    right, and what the store keeps to write them stays one set of tags for the node and a bounded set of
+    layouts."""
+    node = build_scenario("mixed", 6, seed=2)[5]
+    birth, windows = offline_windows(node, 2, site="hostile-1")
+    window = windows[0]
+    arrays = [f for f, v in window.gpus[0] if isinstance(v, Stats)]
+    assert len(window.gpus) == 8 and all(getattr(g, arrays[0]) is not None for g in window.gpus)
+    heads = len(store_module._HEADS)
+    for i in range(300):
+        # GPU k without its first figure where bit k of i is set, GPU 0 without its second too past 255: 300
+        # different sets of absent figures
+        gpus = [
+            g.model_copy(
+                update=({"workload": f"k8s/x-{i}"} if g.index == 0 else {})
+                | ({arrays[0]: None} if i >> g.index & 1 else {})
+                | ({arrays[1]: None} if g.index == 0 and i >= 256 else {})
+            )
+            for g in window.gpus
+        ]
+        lines = window_points(birth, as_window(window.model_copy(update={"gpus": gpus})))
+        assert f",workload=k8s/x-{i} " in lines[0].text
+    assert len(store_module._HEADS) <= heads + 1
+    layouts = len(store_module._GPU_FIELDS.layouts)
+    assert layouts <= store_module.LAYOUTS_CACHED and layouts < 300, "not every set of absent figures is kept"

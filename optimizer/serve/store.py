@@ -154,7 +154,10 @@ class _Fields:
 
 _NO_LINE = Line("", 0)
 _OTHER = NicRole.OTHER.value  # a NIC the birth does not list
-LAYOUTS_CACHED = 4096  # sets of arrays present, per measurement; cleared once full
+# Sets of arrays present, per measurement: an honest fleet has a few (GPU counts, GPM or not, NVLink or not). Cleared
+# once full, so that a node varying its absent figures window after window holds at most this many (a layout for
+# 64 GPUs is ~20 KB of template).
+LAYOUTS_CACHED = 256
 # The text of numbers already written. Bounded: cleared once full.
 _NUMBERS: dict[float, str] = {}
 NUMBERS_CACHED = 65_536
@@ -189,26 +192,30 @@ _HOST_FIELDS = _Fields(series.HOST.fields, {})
 
 
 class _Heads(NamedTuple):
-    """The measurement and tags of a window's lines, by section: the same for a node window after window."""
+    """The measurement and tags of a node's lines, by section: the same window after window."""
 
-    birth: Birth | None  # what they were written from, held so that its id is not reused while cached
+    birth: Birth | None  # what they were written from
+    made_of: tuple[object, ...]  # and from: the GPUs' indices and workloads, the NICs' and disks' names
     gpus: list[str]
     nics: list[str]
     disks: list[str]
     host: tuple[str]
 
 
-_HEADS: dict[tuple[object, ...], _Heads] = {}
-HEADS_CACHED = 65_536  # sets of heads (a node's, for each set of its workloads and devices); cleared once full
+# Each node's latest heads: one entry a node, however often its workloads change (a node that renames them every
+# window only misses every time). Cleared past this many nodes.
+_HEADS: dict[tuple[str, str], _Heads] = {}
+HEADS_CACHED = 65_536
 _gpu_tags, _name = attrgetter("index", "workload"), attrgetter("name")
 
 
 def _heads(birth: Birth | None, w: Window) -> _Heads:
-    """Tags sorted by hand (line protocol sorts them), escaped once each, looked up by what they are made of."""
+    """Tags sorted by hand (line protocol sorts them), escaped once each, written again when what they are made
+    of changes."""
     gpu_tags = tuple(map(_gpu_tags, w.gpus))
-    key = (id(birth), w.node, w.site, gpu_tags, tuple(map(_name, w.nics)), tuple(map(_name, w.disks)))
-    heads = _HEADS.get(key)
-    if heads is not None and heads.birth is birth:
+    made_of = (gpu_tags, tuple(map(_name, w.nics)), tuple(map(_name, w.disks)))
+    heads = _HEADS.get((w.site, w.node))
+    if heads is not None and heads.birth is birth and heads.made_of == made_of:
         return heads
     models = {g.index: tag_value(g.model) for g in birth.gpus if g.model} if birth else {}
     roles = {n.name: n.role.value for n in birth.nics} if birth else {}
@@ -224,6 +231,7 @@ def _heads(birth: Birth | None, w: Window) -> _Heads:
         gpus.append(head)
     heads = _Heads(
         birth,
+        made_of,
         gpus,
         [
             f"{series.NIC.name},nic={tag_value(n.name)},node={node},role={roles.get(n.name, _OTHER)},site={site}"
@@ -234,7 +242,7 @@ def _heads(birth: Birth | None, w: Window) -> _Heads:
     )
     if len(_HEADS) >= HEADS_CACHED:
         _HEADS.clear()
-    _HEADS[key] = heads
+    _HEADS[(w.site, w.node)] = heads
     return heads
 
 
