@@ -116,6 +116,39 @@ def _check_timestamp(name: str, value: float) -> None:
         raise ValueError(f"{name} {value} is not a plausible Unix time")
 
 
+def values_agree(
+    start: float,
+    end: float,
+    samples: int,
+    gpu_count: int,
+    indices: set[int],
+    series_longest: int,
+    percentages: Sequence[Sequence[float]],
+) -> bool:
+    """The checks a telemetry window needs across its values, beyond each value's own bounds: its times, its
+    samples against its length, its GPUs' indices and series, and every percentage summary ordered (``percentages``:
+    the GPUs' and the host's present ones). ``Telemetry`` words a refusal when this fails; the optimizer's window
+    reader (optimizer/ingest/window.py) sends a window that fails it to ``decode``. By C calls: runs for every window.
+    """
+    return (
+        0 <= start <= end <= LATEST_TIMESTAMP
+        and samples <= (end - start) / MIN_SAMPLE_INTERVAL + 2
+        and (not gpu_count or (len(indices) == gpu_count and max(indices) <= MAX_GPU_INDEX))
+        and series_longest <= samples
+        and all(map(le, map(_mean, percentages), map(_max, percentages)))
+        and all(map(le, map(_p95, percentages), map(_max, percentages)))
+    )
+
+
+def gpus_listed_agree(gpus: Sequence[int], memory: Sequence[float | None] | None) -> bool:
+    """A workload's GPUs: each listed once, each a device index, and at most one memory figure for each."""
+    return (
+        len(set(gpus)) == len(gpus)
+        and all(0 <= g <= MAX_GPU_INDEX for g in gpus)
+        and (memory is None or len(memory) == len(gpus))
+    )
+
+
 class ProtocolError(ValueError):
     """A topic or payload that does not follow the protocol; ``reason`` is a short metric label."""
 
@@ -516,18 +549,14 @@ class WorkloadRef(_Model):
     )
 
     @model_validator(mode="after")
-    def _gpu_indices(self) -> WorkloadRef:
+    def _gpus_listed(self) -> WorkloadRef:
+        if gpus_listed_agree(self.gpus, self.gpu_mem_mib):
+            return self
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError("gpus: an index is listed twice")
         if any(not 0 <= g <= MAX_GPU_INDEX for g in self.gpus):
             raise ValueError(f"gpus: indices run from 0 to {MAX_GPU_INDEX}")
-        return self
-
-    @model_validator(mode="after")
-    def _memory_per_gpu(self) -> WorkloadRef:
-        if self.gpu_mem_mib is not None and len(self.gpu_mem_mib) != len(self.gpus):
-            raise ValueError("gpu_mem_mib: one figure per GPU of gpus")
-        return self
+        raise ValueError("gpu_mem_mib: one figure per GPU of gpus")
 
 
 def _check_gpus(gpus: list[GpuWindow], samples: int) -> None:
@@ -566,38 +595,28 @@ class Telemetry(_Model):
 
     @model_validator(mode="after")
     def _bounded(self) -> Telemetry:
-        # Runs for every window taken in. pydantic-core checks the bounds of each value; what needs more than
-        # one value is checked here in as few bytecodes as it takes, and helpers only word a rejection.
-        start, end = self.start, self.end
-        if not 0 <= start <= end <= LATEST_TIMESTAMP:
-            if end < start:
-                raise ValueError("window end precedes its start")
-            _check_timestamp("start", start)
-            _check_timestamp("end", end)
-        samples = self.samples
+        # pydantic-core checks the bounds of each value; what needs more than one value is checked by
+        # values_agree, and only a window that fails it is looked at again, check by check, for the words.
+        start, end, samples, gpus = self.start, self.end, self.samples, self.gpus
+        sections = list(map(_fields_of, gpus))
+        percentages = list(
+            filter(None, chain(chain.from_iterable(map(_gpu_percent, sections)), _host_checked(self.host.__dict__)))
+        )
+        indices = set(map(_index, sections))
+        longest = max(map(len, map(_util_series, sections)), default=0)
+        if values_agree(start, end, samples, len(gpus), indices, longest, percentages):
+            return self
+        if end < start:
+            raise ValueError("window end precedes its start")
+        _check_timestamp("start", start)
+        _check_timestamp("end", end)
         if samples > (end - start) / MIN_SAMPLE_INTERVAL + 2:
             # what the optimizer keeps of a window grows with its samples: they are bounded by its length
             raise ValueError(f"samples: {samples} in a window of {end - start:g} s")
-        gpus = self.gpus
         if gpus:
-            # every GPU at once, by C calls; a window that fails is looked at again GPU by GPU, for the words
-            sections = list(map(_fields_of, gpus))
-            percent = list(filter(None, chain.from_iterable(map(_gpu_percent, sections))))
-            indices = set(map(_index, sections))
-            if (
-                not all(map(le, map(_mean, percent), map(_max, percent)))
-                or not all(map(le, map(_p95, percent), map(_max, percent)))
-                or max(map(len, map(_util_series, sections))) > samples
-                or len(indices) != len(gpus)
-                or max(indices) > MAX_GPU_INDEX
-            ):
-                _check_gpus(gpus, samples)
-        cpu, mem = _host_checked(self.host.__dict__)
-        if (cpu is not None and (cpu[0] > cpu[2] or cpu[1] > cpu[2])) or (
-            mem is not None and (mem[0] > mem[2] or mem[1] > mem[2])
-        ):
-            _check_percent(self.host, HOST_PERCENT_FIELDS)
-        return self
+            _check_gpus(gpus, samples)
+        _check_percent(self.host, HOST_PERCENT_FIELDS)
+        raise ValueError("values that do not agree")  # values_agree refused what no check above words
 
 
 # ------------------------------------------------------------------------------------- recommendations

@@ -148,37 +148,44 @@ def test_windows_mutated_at_random_read_alike(data: st.DataObject) -> None:
     _same(json.dumps(raw, separators=(",", ":")).encode())
 
 
-def test_checks_across_values_read_alike() -> None:
-    """What the models' validators check across values: each broken once, and each just kept."""
+def test_checks_across_values_hold_and_read_alike() -> None:
+    """What the protocol checks across values (``values_agree``, ``gpus_listed_agree``; both readers use them):
+    each broken once and refused, each just kept and accepted, and the two readers alike on every case."""
     base = json.loads(encode(RICH))
-    samples, gpus = base["samples"], len(base["gpus"])
-    cases: list[tuple[Path, Any]] = [
-        (("gpus", 0, "util_series"), [1.0] * samples),
-        (("gpus", 0, "util_series"), [1.0] * (samples + 1)),
-        (("gpus", 1, "index"), base["gpus"][0]["index"]),
-        (("gpus", 0, "index"), 64),
-        (("gpus", 0, "util"), [50.0, 50.0, 50.0, 0.0]),
-        (("gpus", 0, "util"), [50.1, 50.0, 50.0, 0.0]),
-        (("gpus", 0, "mem_util"), [40.0, 50.1, 50.0, 0.0]),
-        (("gpus", 0, "dram_active"), [40.0, 50.1, 50.0, 0.0]),
-        (("host", "mem_used_pct"), [40.0, 50.1, 50.0, 0.0]),
-        (("host", "cpu_util"), [50.1, 40.0, 50.0, 0.0]),
-        (("end",), base["start"] - 1),
-        (("samples",), int((base["end"] - base["start"]) / protocol.MIN_SAMPLE_INTERVAL) + 2),
-        (("samples",), int((base["end"] - base["start"]) / protocol.MIN_SAMPLE_INTERVAL) + 3),
-        (("workloads", 0, "gpus"), [0, 0]),
-        (("workloads", 0, "gpus"), [0, 64]),
-        (("workloads", 0, "gpus"), [-1]),
-        (("workloads", 0, "gpu_mem_mib"), [1.0] * len(base["workloads"][0]["gpus"])),
-        (("workloads", 0, "gpu_mem_mib"), [1.0] * (len(base["workloads"][0]["gpus"]) + 1)),
-        (("workloads", 0, "gpu_mem_mib"), [None] * len(base["workloads"][0]["gpus"])),
-        (("gpus",), base["gpus"] * (64 // gpus + 1)),
+    samples, gpus, listed = base["samples"], len(base["gpus"]), len(base["workloads"][0]["gpus"])
+    longest = int((base["end"] - base["start"]) / protocol.MIN_SAMPLE_INTERVAL) + 2  # samples a window may hold
+    cases: list[tuple[Path, Any, bool]] = [
+        (("gpus", 0, "util_series"), [1.0] * samples, True),
+        (("gpus", 0, "util_series"), [1.0] * (samples + 1), False),
+        (("gpus", 1, "index"), base["gpus"][0]["index"], False),
+        (("gpus", 0, "index"), 63, True),
+        (("gpus", 0, "index"), 64, False),
+        (("gpus", 0, "util"), [50.0, 50.0, 50.0, 0.0], True),
+        (("gpus", 0, "util"), [50.1, 50.0, 50.0, 0.0], False),
+        (("gpus", 0, "mem_util"), [40.0, 50.1, 50.0, 0.0], False),
+        (("gpus", 0, "dram_active"), [40.0, 50.1, 50.0, 0.0], False),
+        (("host", "mem_used_pct"), [40.0, 50.1, 50.0, 0.0], False),
+        (("host", "cpu_util"), [50.1, 40.0, 50.0, 0.0], False),
+        (("end",), base["start"], False),  # a window of no length holds at most 2 samples
+        (("end",), base["start"] - 1, False),
+        (("start",), 0, True),
+        (("end",), protocol.LATEST_TIMESTAMP + 1, False),
+        (("samples",), longest, True),
+        (("samples",), longest + 1, False),
+        (("workloads", 0, "gpus"), [0, 0], False),
+        (("workloads", 0, "gpus"), [0, 64], False),
+        (("workloads", 0, "gpus"), [-1], False),
+        (("workloads", 0, "gpu_mem_mib"), [1.0] * listed, True),
+        (("workloads", 0, "gpu_mem_mib"), [1.0] * (listed + 1), False),
+        (("workloads", 0, "gpu_mem_mib"), [None] * listed, True),
+        (("gpus",), base["gpus"] * (64 // gpus + 1), False),
     ]
-    for path, value in cases:
+    for path, value, kept in cases:
         raw = json.loads(encode(RICH))
         _set(raw, path, value)
         payload = json.dumps(raw, separators=(",", ":")).encode()
         assert protocol.clean_bytes(payload)
+        assert _verdict(_protocol, payload)[0] == ("accepted" if kept else "refused"), (path, value)
         _same(payload)
 
 

@@ -21,7 +21,7 @@ A stats array is a plain 4-tuple here, ``(mean, p95, max, std)``: readers index 
 from __future__ import annotations
 
 from itertools import chain
-from operator import attrgetter, itemgetter, le
+from operator import attrgetter
 from typing import Annotated, Final, Literal
 
 import msgspec
@@ -29,11 +29,8 @@ from msgspec import Meta, Struct
 
 from agent.protocol import (
     FLOAT32_MAX,
-    LATEST_TIMESTAMP,
     MAX_COUNTER,
-    MAX_GPU_INDEX,
     MAX_PAYLOAD_BYTES,
-    MIN_SAMPLE_INTERVAL,
     DroppedField,
     ProtocolError,
     Telemetry,
@@ -42,6 +39,8 @@ from agent.protocol import (
     clean_bytes,
     decode,
     encode,
+    gpus_listed_agree,
+    values_agree,
 )
 
 MEAN, P95, MAX, STD = 0, 1, 2, 3  # positions in a stats array
@@ -161,44 +160,22 @@ class Window(Struct, forbid_unknown_fields=True, frozen=True, gc=False, rename={
 
 
 _DECODER: Final = msgspec.json.Decoder(Window)
-# What the checks across values read of every GPU, by C calls
+# What the checks across values read of every GPU and of the host, by C calls
 _percentages = attrgetter("util", "mem_util", "sm_active", "tensor_active", "dram_active")
+_host_percentages = attrgetter("cpu_util", "mem_used_pct")
 _index, _series = attrgetter("index"), attrgetter("util_series")
-_mean, _p95, _max = itemgetter(MEAN), itemgetter(P95), itemgetter(MAX)
-
-
-def _ordered(s: tuple[float, ...] | None) -> bool:
-    return s is None or (s[MEAN] <= s[MAX] and s[P95] <= s[MAX])
 
 
 def _plausible(w: Window) -> bool:
-    """The checks ``Telemetry`` and ``WorkloadRef`` make across values (their model validators); a window that
-    fails one goes to ``decode``, which words the refusal. Every GPU at once, by C calls: this runs for every
-    window taken in."""
-    start, end, samples = w.start, w.end, w.samples
-    if not 0 <= start <= end <= LATEST_TIMESTAMP or samples > (end - start) / MIN_SAMPLE_INTERVAL + 2:
-        return False
+    """The protocol's checks across values (``values_agree``, ``gpus_listed_agree``: what ``Telemetry`` and
+    ``WorkloadRef`` check in their model validators); a window that fails one goes to ``decode``, which words the
+    refusal."""
     gpus = w.gpus
-    if gpus:
-        percent = list(filter(None, chain.from_iterable(map(_percentages, gpus))))
-        indices = set(map(_index, gpus))
-        if (
-            not all(map(le, map(_mean, percent), map(_max, percent)))
-            or not all(map(le, map(_p95, percent), map(_max, percent)))
-            or max(map(len, map(_series, gpus))) > samples
-            or len(indices) != len(gpus)
-            or max(indices) > MAX_GPU_INDEX
-        ):
-            return False
-    if not (_ordered(w.host.cpu_util) and _ordered(w.host.mem_used_pct)):
+    percentages = list(filter(None, chain(chain.from_iterable(map(_percentages, gpus)), _host_percentages(w.host))))
+    longest = max(map(len, map(_series, gpus)), default=0)
+    if not values_agree(w.start, w.end, w.samples, len(gpus), set(map(_index, gpus)), longest, percentages):
         return False
-    for r in w.workloads:
-        listed = r.gpus
-        if len(set(listed)) != len(listed) or (listed and (min(listed) < 0 or max(listed) > MAX_GPU_INDEX)):
-            return False
-        if r.gpu_mem_mib is not None and len(r.gpu_mem_mib) != len(listed):
-            return False
-    return True
+    return all(gpus_listed_agree(r.gpus, r.gpu_mem_mib) for r in w.workloads)
 
 
 def read_window(payload: bytes | bytearray, dropped: list[DroppedField] | None = None) -> Window:
