@@ -9,6 +9,7 @@ hostile values; Hypothesis then mutates several at once, and adds and deletes ke
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -133,7 +134,8 @@ def test_windows_mutated_at_random_read_alike(data: st.DataObject) -> None:
         how = data.draw(st.sampled_from(["value", "number", "delete", "unknown"]))
         try:
             if how == "value":
-                _set(raw, path, data.draw(st.sampled_from(HOSTILE)))
+                # a copy: a list drawn twice would otherwise be one object, set inside itself, and HOSTILE changed
+                _set(raw, path, copy.deepcopy(data.draw(st.sampled_from(HOSTILE))))
             elif how == "number":
                 _set(raw, path, data.draw(st.floats(allow_nan=False, allow_infinity=False) | st.integers()))
             elif how == "delete":
