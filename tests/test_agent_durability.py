@@ -140,7 +140,9 @@ async def test_outage_then_kill_9_then_restart_loses_no_completed_window(tmp_pat
     spool = tmp_path / "state" / "spool"
     # the broker is down: windows pile up in the spool
     first = await start_agent(config)
-    await asyncio.sleep(4.5)
+    # three windows spooled, however long the agent took to start on a busy machine
+    await wait_until(lambda: len(list(spool.glob("*.window"))) >= 3, 30, "three spooled windows")
+    await asyncio.sleep(0.5)  # and some way into the next
     first.kill()  # kill -9 in the middle of the outage
     await first.wait()
     spooled = sorted(spool.glob("*.window"))

@@ -69,12 +69,31 @@ async def test_a_replay_arriving_at_once_is_taken_in_whole(mosquitto: MosquittoS
 async def test_a_paced_replay_is_taken_in_whole(mosquitto: MosquittoServer, prefix: str) -> None:
     pacer = Pacer(25.0, 10, Clock())
     fleet = await _replay(mosquitto, prefix, pacer)
-    assert pacer.waits >= BACKLOG - 12  # the burst went at once (a token or two refilled meanwhile), the rest paced
+    # the burst of 10 went at once and most of the rest waited for a token; a step slower than a token's 40 ms
+    # finds one ready, so a busy machine waits less often: half the backlog still shows the replay was paced
+    assert pacer.waits >= BACKLOG // 2
     assert fleet.accepted["telemetry"] == BACKLOG and not fleet.rejected
 
 
+class HandClock(Clock):
+    """Time that moves only when told to, or when a sleeper waits for it: no scheduler's delay refills a token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wall(self) -> float:
+        return 1.8e9 + self.now
+
+    async def sleep_until(self, deadline: float) -> None:
+        self.now = max(self.now, deadline)
+
+
 async def test_pacing_survives_a_restart(tmp_path: Path) -> None:
-    clock = Clock(100.0)  # a token a simulated second comes every 10 ms
+    clock = HandClock()
     state = tmp_path / "pacing.json"
     first = Pacer(1.0, 5, clock, state)
     for _ in range(5):
@@ -88,7 +107,7 @@ async def test_pacing_survives_a_restart(tmp_path: Path) -> None:
     await fresh.take()
     assert fresh.waits == 0
     second.save()
-    await asyncio.sleep(0.06)  # 6 simulated seconds: the time since the state was kept refills it
+    clock.now += 6  # the time since the state was kept refills it
     rested = Pacer(1.0, 5, clock, state)
     for _ in range(3):
         await rested.take()

