@@ -11,16 +11,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FLEETFIT, free_port, simulated_fleet
+from conftest import FLEET_PREFIX, FLEETFIT, free_port, simulated_fleet
 from pydantic import ValidationError
 
 from agent.config import MqttSettings
-from agent.protocol import WorkloadKind, WorkloadRef
+from agent.protocol import TopicKind, WorkloadKind, WorkloadRef, encode, node_topic
+from agent.simulate import offline_windows
 from collectors.attribution import Attributor, OwnerReader, SlurmJobs
+from collectors.sim.scenarios import build_scenario
 from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.fleet import Fleet
 from optimizer.serve.config import OptimizerConfig, OptimizerSettings
 from optimizer.serve.lifecycle import Lifecycle
-from optimizer.serve.report import UNATTRIBUTED, Ledger, owners_of, parse_since
+from optimizer.serve.report import CLAIMED, UNATTRIBUTED, Ledger, owners_of, parse_since
 from optimizer.serve.service import Optimizer
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -78,6 +81,24 @@ def test_simulated_workloads_carry_their_team() -> None:
     by_name = {names[w]: o for w, o in owners.items()}
     assert by_name["llm-pretrain"] == "team-research" and by_name["chat-serving"] == "team-serving"
     assert by_name["forgotten-notebook-alloc"] == "team-data-science"
+
+
+def test_an_owner_that_changes_is_charged_as_the_latest_window_says() -> None:
+    """A workload's owner can change while it runs (a namespace label set, a Slurm account resolved by the
+    scheduler rather than claimed): showback follows the node's latest window, not the first one it saw."""
+    node = build_scenario("demo", 8, 1)[0]
+    birth, windows = offline_windows(node, 3, site="s1")
+    fleet = Fleet(FLEET_PREFIX)
+    assert fleet.ingest(node_topic(FLEET_PREFIX, "s1", node.name, TopicKind.BIRTH), encode(birth))
+    first = windows[0].workloads[0]
+    changes = [{"owner": None}, {"owner": "team-a", "owner_claimed": True}, {"owner": "team-a", "owner_claimed": False}]
+    seen = []
+    for w, change in zip(windows, changes, strict=True):
+        refs = [first.model_copy(update=change), *w.workloads[1:]]
+        sent = w.model_copy(update={"workloads": refs})
+        assert fleet.ingest(node_topic(FLEET_PREFIX, "s1", node.name, TopicKind.TELEMETRY), encode(sent))
+        seen.append(owners_of(fleet)[first.id])
+    assert seen == [UNATTRIBUTED, "team-a" + CLAIMED, "team-a"]
 
 
 async def _planned(state_dir: Path, rounds: int) -> Optimizer:

@@ -8,10 +8,10 @@ import tracemalloc
 
 import pytest
 
-from agent.protocol import Birth, Telemetry, WorkloadRef
+from agent.protocol import Birth, Telemetry
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
-from optimizer.ingest.digest import HEAD, GpuDigest, GpuRows, RefKey, WindowDigest, digest
+from optimizer.ingest.digest import HEAD, GpuDigest, GpuRows, KnownRefs, WindowDigest, digest
 from optimizer.ingest.window import as_window
 
 
@@ -45,10 +45,9 @@ def test_a_windows_gpus_cost_no_allocation_of_their_own(node: tuple[Birth, Telem
     and what each adds is its figures: 4 bytes each, a row of ``HEAD`` + 1 + its seconds."""
     birth, window = node
     one = window.model_copy(update={"gpus": window.gpus[:1]})
-    (
-        digest(as_window(window), birth, {}),
-        digest(as_window(one), birth, {}),
-    )  # what is worked out once per birth, and warmed caches
+    # what is worked out once per birth, and warmed caches
+    digest(as_window(window), birth, {})
+    digest(as_window(one), birth, {})
     blocks_one, bytes_one, _ = _retained(one, birth)
     blocks_all, bytes_all, kept = _retained(window, birth)
     assert blocks_all == blocks_one
@@ -112,7 +111,7 @@ def test_a_nodes_windows_share_its_workloads_and_their_ids(node: tuple[Birth, Te
     """Window after window a node reports the same workloads: the digests hold one tuple of one set of references,
     and what changes per window (``Volatile``) names its workload by the interned reference's id."""
     birth, window = node
-    known: dict[RefKey, WorkloadRef] = {}
+    known: KnownRefs = {}
     first = digest(as_window(_fresh_ids(window)), birth, known)
     again = digest(as_window(_fresh_ids(window)), birth, known, first.workloads)
     assert again.workloads is first.workloads
@@ -122,3 +121,10 @@ def test_a_nodes_windows_share_its_workloads_and_their_ids(node: tuple[Birth, Te
     other = window.workloads[0].model_copy(update={"id": "k8s/someone-else"})
     changed = digest(as_window(window.model_copy(update={"workloads": [other]})), birth, known, first.workloads)
     assert [r.id for r in changed.workloads] == ["k8s/someone-else"]
+    # a workload whose name changes every window is one reference, its latest: what a node keeps stays one an id
+    ids = {r.id for r in window.workloads} | {"k8s/someone-else"}
+    for i in range(50):
+        renamed = window.workloads[0].model_copy(update={"name": f"renamed-{i}"})
+        kept = digest(as_window(window.model_copy(update={"workloads": [renamed]})), birth, known)
+        assert kept.workloads[0].name == f"renamed-{i}"
+    assert set(known) == ids

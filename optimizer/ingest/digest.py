@@ -241,7 +241,6 @@ def counted_disks(birth: Birth | None, names: list[str]) -> set[str]:
     return {n for n in names if n not in members}
 
 
-RefKey = tuple[str, str, str, tuple[int, ...], str | None, str | None, tuple[int, ...], str | None]
 _VOLATILE = {
     "inbound_connections": None,
     "inbound_peers": None,
@@ -249,6 +248,12 @@ _VOLATILE = {
     "net_tx_bps": None,
     "gpu_mem_mib": None,
 }
+# What a workload's reference is made of: every field but those that change window after window, so that a
+# change to any of them (a new owner, another port, a GPU more) makes a new reference.
+_made_of = attrgetter(*(name for name in WorkloadRef.model_fields if name not in _VOLATILE))
+# A node's interned references, by workload id: the latest reference and what it was made of. One entry an id,
+# however often a workload's fields change.
+KnownRefs = dict[str, tuple[tuple[object, ...], WorkloadRef]]
 
 
 def _reference(r: WindowWorkload) -> WorkloadRef:
@@ -257,16 +262,16 @@ def _reference(r: WindowWorkload) -> WorkloadRef:
     return WorkloadRef.model_validate(msgspec.structs.asdict(r) | _VOLATILE)
 
 
-def _intern(refs: list[WindowWorkload], known: dict[RefKey, WorkloadRef] | None) -> tuple[WorkloadRef, ...]:
+def _intern(refs: list[WindowWorkload], known: KnownRefs | None) -> tuple[WorkloadRef, ...]:
     if known is None:
         return tuple(map(_reference, refs))
     out = []
     for r in refs:
-        key = (r.id, r.kind, r.name, tuple(r.gpus), r.hint, r.program, tuple(r.listen_ports), r.sched_step)
-        ref = known.get(key)
-        if ref is None:
-            ref = known[key] = _reference(r)
-        out.append(ref)
+        made_of = _made_of(r)
+        entry = known.get(r.id)
+        if entry is None or entry[0] != made_of:
+            entry = known[r.id] = (made_of, _reference(r))
+        out.append(entry[1])
     return tuple(out)
 
 
@@ -312,7 +317,7 @@ def birth_devices(birth: Birth) -> frozenset[int]:
 def digest(
     window: Window,
     birth: Birth | None,
-    known: dict[RefKey, WorkloadRef] | None = None,
+    known: KnownRefs | None = None,
     previous: tuple[WorkloadRef, ...] = (),
 ) -> WindowDigest:
     """``known`` interns workload references: a node reports the same workloads window after window; ``previous``

@@ -27,12 +27,11 @@ from agent.protocol import (
     Topic,
     TopicKind,
     WorkloadKind,
-    WorkloadRef,
     clean_bytes,
     decode,
     parse_topic,
 )
-from optimizer.ingest.digest import RefKey, WindowDigest, birth_devices, digest
+from optimizer.ingest.digest import KnownRefs, WindowDigest, birth_devices, digest
 from optimizer.ingest.history import History
 from optimizer.ingest.window import Window, WindowWorkload, read_window
 
@@ -112,7 +111,7 @@ class NodeRecord:
     last_seq: dict[int, int] = field(default_factory=dict)  # per recent session: the last window seen
     windows: deque[WindowDigest] = field(default_factory=deque)
     history: History = field(default_factory=History)
-    known_workloads: dict[RefKey, WorkloadRef] = field(default_factory=dict)
+    known_workloads: KnownRefs = field(default_factory=dict)
     received: int = 0  # windows accepted
     workload_seen: dict[str, int] = field(default_factory=dict)  # workload id -> ``received`` when last reported
     # per recent session: windows a gap in its sequence numbers says never arrived -> when the gap was noticed
@@ -483,7 +482,7 @@ class Fleet:
         alive = {wid for wid, at in record.workload_seen.items() if at > record.received - self.horizon}
         record.workload_seen = {wid: at for wid, at in record.workload_seen.items() if wid in alive}
         record.history.retain(alive)
-        record.known_workloads = {k: r for k, r in record.known_workloads.items() if k[0] in alive}
+        record.known_workloads = {wid: e for wid, e in record.known_workloads.items() if wid in alive}
 
 
 def _strings(value: object) -> Iterable[str]:
