@@ -31,8 +31,10 @@ from msgspec import Meta, Struct
 
 from agent.protocol import (
     FLOAT32_MAX,
+    HOST_PERCENT_FIELDS,
     MAX_COUNTER,
     MAX_PAYLOAD_BYTES,
+    PERCENT_FIELDS,
     DroppedField,
     ProtocolError,
     Telemetry,
@@ -163,8 +165,7 @@ class Window(Struct, forbid_unknown_fields=True, frozen=True, gc=False, rename={
 
 _DECODER: Final = msgspec.json.Decoder(Window)
 # What the checks across values read of every GPU and of the host, by C calls
-_percentages = attrgetter("util", "mem_util", "sm_active", "tensor_active", "dram_active")
-_host_percentages = attrgetter("cpu_util", "mem_used_pct")
+_percentages, _host_percentages = attrgetter(*PERCENT_FIELDS), attrgetter(*HOST_PERCENT_FIELDS)
 _index, _series = attrgetter("index"), attrgetter("util_series")
 
 
