@@ -45,6 +45,22 @@ def test_disk_spool_byte_cap(tmp_path: Path) -> None:
     assert len(spool) == 2 and spool.dropped == 3
 
 
+def test_disk_spool_holds_exactly_its_byte_cap_and_drops_at_one_byte_past(tmp_path: Path) -> None:
+    """``max_bytes`` is what the spool may hold: three 100-byte windows fill 300 bytes with none dropped; a third
+    window of 101 bytes is one byte past, and only the oldest window goes. Catches the cap checked with ``>=``
+    (a spool that drops a window as soon as it is exactly full)."""
+    full = DiskSpool(tmp_path / "full", max_windows=100, max_bytes=300)
+    for i in range(3):
+        full.put(b"%d" % i + b"x" * 99)
+    assert len(full) == 3 and full.dropped == 0
+    assert sum(p.stat().st_size for p in (tmp_path / "full").iterdir()) == 300
+    past = DiskSpool(tmp_path / "past", max_windows=100, max_bytes=300)
+    for payload in (b"a" * 100, b"b" * 100, b"c" * 101):
+        past.put(payload)
+    assert len(past) == 2 and past.dropped == 1
+    assert (past.peek() or (0, b""))[1] == b"b" * 100  # the oldest was dropped, not the window just put
+
+
 def test_pop_after_the_head_was_dropped_keeps_the_next_window() -> None:
     queue = MemoryQueue(2)
     queue.put(b"a")
@@ -53,6 +69,43 @@ def test_pop_after_the_head_was_dropped_keeps_the_next_window() -> None:
     queue.put(b"c")  # drops "a" while it is being published
     queue.pop(token)
     assert [queue.peek()] == [(1, b"b")]
+
+
+def test_memory_queue_byte_cap_drops_the_oldest_and_counts_them() -> None:
+    """As the disk spool's byte cap: 100-byte windows under 250 bytes keep the newest two and count three drops.
+    Deliberate bug caught: the queue bounded in windows alone (its 1,000 here), holding all five."""
+    queue = MemoryQueue(1000, max_bytes=250)
+    for i in range(5):
+        queue.put(bytes([48 + i]) * 100)
+    assert len(queue) == 2 and queue.dropped == 3
+    assert (queue.peek() or (0, b""))[1][:1] == b"3"  # the oldest went first
+
+
+def _window(seq: int, size: int) -> bytes:
+    head = f'{{"node":"n","site":"s","session":1,"seq":{seq},"pad":"'.encode()
+    return head + b"x" * (size - len(head) - 2) + b'"}'
+
+
+def test_memory_queue_holds_no_more_than_its_bytes_with_sent_windows_kept() -> None:
+    """An agent on the memory queue (its spool directory unusable) with a broker away: 256 KiB windows, the
+    largest a payload may be, under a 1 MiB bound hold at most 1 MiB, sent windows included, and the sent ones
+    give way before a queued one is dropped. Deliberate bug caught: sent windows kept by count alone (360 of
+    them: 90 MiB), or trimmed after queued windows are dropped."""
+    window = 256 * 1024
+    queue = MemoryQueue(8640, keep_sent=360, max_bytes=1 << 20)
+    for seq in range(3):  # three sent: 768 KiB kept for a resend
+        queue.put(_window(seq, window))
+        token, _ = queue.peek() or (0, b"")
+        queue.pop(token)
+    assert queue.held_bytes == 3 * window
+    for seq in range(3, 7):  # four queued: 1 MiB, so every sent one gives way and none queued is dropped
+        queue.put(_window(seq, window))
+    assert len(queue) == 4 and queue.dropped == 0 and queue.held_bytes == 4 * window
+    assert queue.resend([(1, 0, 2)]) == 0  # the sent ones are gone
+    for seq in range(7, 200):
+        queue.put(_window(seq, window))
+        assert queue.held_bytes <= 1 << 20
+    assert len(queue) == 4 and queue.dropped == 193
 
 
 def _rdma_tree(root: Path) -> None:
