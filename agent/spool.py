@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 SUFFIX = ".window"
 WRITE_ATTEMPTS = 3  # each failed attempt drops the oldest window to make room
 RESEND_MAX = 10_000  # windows put back into the queue per request
+MEMORY_MAX_BYTES = 256 << 20  # the memory queue's bound by default: the disk spool's default (spool_max_mb)
 _IDENTITY = re.compile(rb'"session":(\d+),"seq":(\d+)')
 Key = tuple[int, int]  # (session, seq)
 Ranges = Iterable[tuple[int, int, int]]  # (session, first seq, last seq)
@@ -138,25 +139,37 @@ class _Signals:
 
 
 class MemoryQueue(_Signals):
-    """Bounded in-memory queue."""
+    """Bounded in-memory queue: at most ``capacity`` windows and ``max_bytes`` bytes, the sent windows kept for a
+    resend counted in the bytes; they give way before a queued window is dropped."""
 
-    def __init__(self, capacity: int, keep_sent: int = 0) -> None:
+    def __init__(self, capacity: int, keep_sent: int = 0, max_bytes: int = MEMORY_MAX_BYTES) -> None:
         super().__init__()
         self.capacity = capacity
+        self.max_bytes = max_bytes
         self._items: deque[tuple[int, bytes]] = deque()
+        self._bytes = 0  # queued
         self._next = 0
         self._sent: dict[Key, bytes] = {}  # in the order sent: dicts keep insertion order
+        self._sent_bytes = 0
         self._keep = keep_sent
 
     def __len__(self) -> int:
         return len(self._items)
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held, queued and sent alike."""
+        return self._bytes + self._sent_bytes
+
     def put(self, payload: bytes) -> None:
-        if len(self._items) >= self.capacity:
-            self._items.popleft()
-            self._note_drop("window queue")
         self._items.append((self._next, payload))
         self._next += 1
+        self._bytes += len(payload)
+        self._trim_sent()
+        while len(self._items) > self.capacity or (self._bytes > self.max_bytes and len(self._items) > 1):
+            _, dropped = self._items.popleft()
+            self._bytes -= len(dropped)
+            self._note_drop("window queue")
         self._update(len(self._items))
 
     def peek(self) -> tuple[int, bytes] | None:
@@ -165,18 +178,24 @@ class MemoryQueue(_Signals):
     def pop(self, token: int) -> None:
         if self._items and self._items[0][0] == token:
             _, payload = self._items.popleft()
+            self._bytes -= len(payload)
             key = window_key(payload)
             if key is not None and self._keep:
+                self._sent_bytes += len(payload) - len(self._sent.pop(key, b""))
                 self._sent[key] = payload
-                while len(self._sent) > self._keep:
-                    del self._sent[next(iter(self._sent))]
+                self._trim_sent()
         self._update(len(self._items))
+
+    def _trim_sent(self) -> None:
+        while self._sent and (len(self._sent) > self._keep or self._bytes + self._sent_bytes > self.max_bytes):
+            self._sent_bytes -= len(self._sent.pop(next(iter(self._sent))))  # the oldest sent goes first
 
     def resend(self, ranges: Ranges) -> int:
         count = 0
         for key in _wanted(ranges):
             payload = self._sent.pop(key, None)
             if payload is not None:
+                self._sent_bytes -= len(payload)
                 self.put(payload)
                 count += 1
         return count
