@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -19,10 +19,49 @@ from agent.protocol import DEFAULT_PREFIX, MIN_SAMPLE_INTERVAL, Ident
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
 
 ENV_PREFIX = "FLEETFIT_"
+# Tables and arrays nested in a TOML file, the document counted: the deepest honest file, the catalog, nests 6
+# (the document, gpu, an entry, perf, a figure, its range). tomllib recurses a few frames a level, so a few KB nested
+# 1,000 deep would otherwise end in a RecursionError, and pydantic would recurse again through what it took.
+MAX_DEPTH = 64
 
 
 class ConfigError(Exception):
     """A configuration problem, worded for the person who wrote the file."""
+
+
+class TooDeep(ValueError):
+    """Tables and arrays nested past ``MAX_DEPTH``."""
+
+
+def nesting(value: object) -> int:
+    """How deep dicts and lists nest in ``value`` (a scalar: 0); it stops counting past ``MAX_DEPTH``."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:  # a loop, not recursion: a file's dotted keys nest without bound and without recursing in tomllib
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """``text`` as TOML; ``tomllib.TOMLDecodeError`` for bad TOML, ``TooDeep`` for tables and arrays nested past
+    ``MAX_DEPTH``."""
+    try:
+        raw = tomllib.loads(text)
+    except RecursionError:
+        raise TooDeep(f"nested deeper than {MAX_DEPTH} tables and arrays") from None
+    if nesting(raw) > MAX_DEPTH:
+        raise TooDeep(f"nested deeper than {MAX_DEPTH} tables and arrays")
+    return raw
 
 
 class Section(BaseModel):
@@ -172,13 +211,15 @@ def load_config(model: type[ModelT], path: Path | None, environ: Mapping[str, st
     where = str(path) if path else "defaults"
     if path is not None:
         try:
-            raw = tomllib.loads(path.read_text())
+            raw = parse_toml(path.read_text())
         except OSError as exc:
             raise ConfigError(f"config {path}: cannot read: {exc.strerror}") from None
         except UnicodeDecodeError:
             raise ConfigError(f"config {path}: not a text file (a config is TOML)") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config {path}: not valid TOML: {exc}") from None
+        except TooDeep as exc:
+            raise ConfigError(f"config {path}: {exc}") from None
     sections = set(model.model_fields)
     overrides = {k: v for k, v in env_overrides(os.environ if environ is None else environ).items() if k in sections}
     try:

@@ -95,6 +95,35 @@ def test_a_catalog_claiming_one_name_twice_is_refused(tmp_path: Path) -> None:
         load_catalog(path)
 
 
+def test_a_catalog_nested_too_deep_or_carrying_learned_corrections_is_refused(tmp_path: Path) -> None:
+    """A catalog nested 20,000 deep is refused in one line naming it, and so is one carrying ``[[learned]]``
+    corrections, which come from observed moves only. Deliberate bugs caught: tomllib's RecursionError let
+    through; a file's ``[[learned]]`` taken as measured corrections (a thousand accepted, a factor of 4 or more
+    among them)."""
+    path = tmp_path / "catalog.toml"
+    path.write_text("a = " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(CatalogError, match=f"^catalog {path}: nested deeper than 64 tables and arrays$"):
+        load_catalog(path)
+    text = (Path(__file__).resolve().parent.parent / "optimizer" / "decide" / "data" / "catalog.toml").read_text()
+    learned = '[[learned]]\nshape = "compute"\nfrom_key = "h100"\nto_key = "l4"\nfactor = 4.0\nmoves = 9\nhours = 9\n'
+    path.write_text(text + "\n" + learned)
+    with pytest.raises(CatalogError, match="learned from observed moves, not configured"):
+        load_catalog(path)
+    path.write_text(text)
+    assert not load_catalog(path).learned  # the shipped catalog itself loads
+
+
+def test_a_snapshot_nested_too_deep_is_refused_in_one_line(tmp_path: Path) -> None:
+    """20,000 arrays deep where nodes go: one line naming the file, the CLI's bad-input status (2). Deliberate bug
+    caught: the file read by a recursive parser with no bound of its own (a RecursionError's traceback)."""
+    path = tmp_path / "fleet.json"
+    path.write_text('{"nodes":' + "[" * 20_000 + "]" * 20_000 + "}")
+    result = subprocess.run([FLEETFIT, "plan", str(path)], capture_output=True, timeout=60, check=False)
+    lines = result.stderr.decode().strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1
+    assert lines[0].startswith(f"fleetfit: {path}: ") and "recursion limit" in lines[0]
+
+
 def _birth(model: str, nvlink_links: int, nvswitch: bool | None, nics: list[NicKind]) -> Birth:
     return Birth(
         node="n1", site="s1", session=1, agent_version="x", hostname="h", timestamp=1.0,

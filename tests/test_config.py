@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import AgentConfig, ConfigError, load_config
+from agent.config import MAX_DEPTH, AgentConfig, ConfigError, load_config, parse_toml
 from optimizer.serve.config import OptimizerConfig
 
 
@@ -68,6 +68,36 @@ def test_cli_fails_at_start_with_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("fleetfit: config ")
     assert "plan.min_confidence" in result.stderr
+
+
+def test_a_file_nested_past_the_bound_is_refused_in_one_line(tmp_path: Path) -> None:
+    """20,000 arrays deep (40 KB), 20,000 inline tables deep, 100 dotted keys deep (tomllib does not recurse on
+    those): each refused naming the file, the CLI's bad-input status, no traceback. Deliberate bugs caught:
+    tomllib's RecursionError let through (a 3,000-line traceback, status 1), or the depth not counted after
+    parsing (the dotted keys reach pydantic)."""
+    path = tmp_path / "optimizer.toml"
+    path.write_text("a = " + "[" * 20_000 + "]" * 20_000 + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "optimizer.commands.cli", "optimizer", "--config", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"fleetfit: config {path}: nested deeper than {MAX_DEPTH} tables and arrays"]
+    for text in ("a = " + "{b=" * 20_000 + "}" * 20_000, "[agent." + ".".join(["x"] * 100) + "]\ny = 1"):
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=f"^config {path}: nested deeper than {MAX_DEPTH}"):
+            load_config(AgentConfig, path, environ={})
+
+
+def test_nesting_is_refused_one_level_past_the_bound() -> None:
+    """The document counts as one level: 63 arrays inside it are 64 levels, kept; 64 arrays are refused.
+    Deliberate bug caught: the bound off by one, or the document not counted."""
+    assert parse_toml("a = " + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1))["a"]
+    with pytest.raises(ValueError, match="nested deeper"):
+        parse_toml("a = " + "[" * MAX_DEPTH + "]" * MAX_DEPTH)
 
 
 def test_shipped_example_configs_are_valid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

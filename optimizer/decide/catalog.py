@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
+from agent.config import TooDeep, parse_toml
+
 
 class CatalogError(Exception):
     pass
@@ -141,7 +143,8 @@ class Defaults(BaseModel):
 
 class Correction(BaseModel):
     """A factor learned from applied moves: observed speed of ``to_key`` against ``from_key`` for work of one
-    shape, over what the catalog predicted (optimizer/serve/outcomes.py)."""
+    shape, over what the catalog predicted (optimizer/serve/outcomes.py). Learned per site: a catalog planning one
+    site carries that site's corrections only."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -151,6 +154,8 @@ class Correction(BaseModel):
     factor: float = Field(gt=0)
     moves: int = Field(ge=1)
     hours: float = Field(ge=0)
+    site: str = Field(default="", description="the site whose applied moves taught it")
+    nodes: int = Field(default=0, ge=0, description="distinct target nodes that reported those moves")
 
 
 class Catalog(BaseModel):
@@ -223,8 +228,14 @@ def load_catalog(path: Path | None = None) -> Catalog:
             text = resources.files("optimizer.decide.data").joinpath("catalog.toml").read_text()
         else:
             text = path.read_text()
-        return Catalog.model_validate(tomllib.loads(text))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raw = parse_toml(text)
+        if "learned" in raw:  # a file's own factors would be taken for what moves measured
+            raise CatalogError(
+                f"catalog {path or 'built-in'}: learned: not configurable: learned corrections are learned from "
+                "observed moves, not configured (`fleetfit catalog` shows those learned)"
+            )
+        return Catalog.model_validate(raw)
+    except (OSError, tomllib.TOMLDecodeError, TooDeep) as exc:
         raise CatalogError(f"catalog {path or 'built-in'}: {exc}") from None
     except ValidationError as exc:
         raise CatalogError(f"catalog {path or 'built-in'}: {_where(exc, text)}") from None
