@@ -9,6 +9,8 @@ from test_ordering import _random_fleet, replay
 
 from optimizer.decide.catalog import load_catalog
 from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload
+from optimizer.plan.bound import BoundOptions, per_type_bound
+from optimizer.plan.problem import NodeSlot, Problem
 from optimizer.plan.recommend import PlanSettings, plan_snapshot
 
 
@@ -67,3 +69,54 @@ def test_a_fleet_scale_plan_comes_within_three_percent_of_the_bound_and_fits() -
     assert s.bound_savings_usd > 0 and s.savings_usd >= 0.97 * s.bound_savings_usd, s
     assert s.savings_usd <= s.bound_savings_usd + 0.01
     replay(snapshot, plan)  # and it can be carried out in its order
+
+
+def test_gpus_held_by_a_workload_that_stays_are_no_room_in_the_bound() -> None:
+    """An L4 node of 8 GPUs, 6 held by a pinned workload, and four 1-GPU services on an H100 node, each $1,000 a
+    month there and $200 on an L4 (made-up costs: the LP reads only these). Only 2 fit on the L4 node, so the best
+    any plan can do is 2 x ($1,000 - $200) = $1,600 a month, and the bound is exactly that; with the pinned
+    workload's GPUs counted as free it would be 4 x $800 = $3,200. Deliberate bug caught: the bound's capacity
+    counted without the GPUs held by workloads that cannot move."""
+    problem = Problem(
+        nodes=[NodeSlot("l4-1", "l4", 8), NodeSlot("h100-1", "h100", 8)],
+        fixed_usage={"l4-1": 6},
+        movable=[],
+        max_moves=20,
+    )
+    options = [BoundOptions(f"svc-{i}", "h100", 1000.0, {"h100": (1000.0, 1), "l4": (200.0, 1)}) for i in range(4)]
+    bound = per_type_bound(problem, options)
+    assert bound is not None
+    assert bound.savings == pytest.approx(1600.0, abs=0.01)
+    assert sum(f["l4"] for f in bound.fractions.values()) == pytest.approx(2.0)
+
+
+def test_a_plan_beside_a_pinned_workload_reaches_the_bound() -> None:
+    """The same through the planner: a pinned job holds 6 of an L4 node's 8 GPUs, and four 1-GPU services at 5 %
+    on an H100 node would each be cheaper on an L4. Two can move, and the plan that moves them is the best there
+    is: its bound equals its savings (a bound that ignored the pinned GPUs would promise four moves' worth).
+    Deliberate bug caught: the bound's capacity counted without the GPUs held by workloads that cannot move."""
+    workloads = [
+        SnapshotWorkload.model_validate(
+            {"id": "pinned", "class": "training", "nodes": ["l4-1"], "gpus": 6, "mean_util": 90.0, "pinned": True}
+        )
+    ] + [
+        SnapshotWorkload.model_validate(
+            {"id": f"svc-{i}", "class": "inference", "nodes": ["h100-1"], "gpus": 1, "mean_util": 5.0,
+             "p95_util": 8.0, "mem_mib_per_gpu": 8000.0}
+        )
+        for i in range(4)
+    ]  # fmt: skip
+    snapshot = Snapshot(
+        site="s",
+        nodes=[SnapshotNode(name="l4-1", hardware="l4", gpus=8), SnapshotNode(name="h100-1", hardware="h100", gpus=8)],
+        workloads=workloads,
+    )
+    catalog = load_catalog().with_prices({"h100": 2.0, "l4": 0.5})  # made-up prices, so the sums below hold
+    plan = plan_snapshot(snapshot, catalog, PlanSettings(max_moves=20, time_limit=5))
+    s = plan.solver
+    assert s.status == "OPTIMAL" and s.savings_usd is not None and s.bound_savings_usd is not None
+    moved = {r.workload for r in plan.recommendations}
+    assert len(moved) == 2 and moved <= {f"svc-{i}" for i in range(4)}, plan.recommendations
+    # each move frees an H100 for an L4: ($2.00 - $0.50) x 730 hours = $1,095 a month
+    assert s.savings_usd == pytest.approx(2 * 1095.0, abs=0.01)
+    assert s.bound_savings_usd == pytest.approx(2 * 1095.0, abs=0.01)
