@@ -7,15 +7,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as mqtt
+from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.backoff import Backoff
 from agent.config import MqttSettings
+from agent.metrics import Family, labelled
 from agent.pacing import Pacer
 from agent.protocol import (
     NODE_TOPIC_KINDS,
@@ -33,6 +39,61 @@ from agent.spool import WindowQueue
 log = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT_S = 10.0
+NOT_AUTHORIZED = 0x87  # MQTT 5 reason code 135 (OASIS MQTT 5.0, section 2.4): the broker's ACL refused the topic
+# the message id paho gave the latest publish of the task that reads it (aiomqtt's publish does not return it)
+_MID: ContextVar[int | None] = ContextVar("fleetfit_publish_mid", default=None)
+
+
+def reason_label(text: str) -> str:
+    """A metric label for a reason the broker or TLS gave: ``Not authorized`` -> ``not_authorized``."""
+    return "_".join("".join(c if c.isalnum() else " " for c in text.lower()).split())[:40] or "unknown"
+
+
+class PublishRefused(aiomqtt.MqttError):
+    """The broker answered a QoS 1 publish with a failure (an MQTT 5 PUBACK reason code of 0x80 or above): it
+    took the message and dropped it, most often because its ACL does not let this client publish there."""
+
+    def __init__(self, topic: str, reason: ReasonCode) -> None:
+        self.topic = topic
+        self.code = int(reason.value)
+        self.reason = str(reason)
+        super().__init__(f"the broker refused the publish to {topic}: {self.reason} (reason code {self.code})")
+
+
+class Client(aiomqtt.Client):
+    """aiomqtt's client that keeps the broker's answer to each publish: aiomqtt waits for the PUBACK but drops
+    its reason code, so a publish the broker refused would read as delivered (``publish_confirmed`` raises)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._refusals: dict[int, ReasonCode] = {}
+        publish = self._client.publish
+
+        def publish_noting_mid(*a: Any, **k: Any) -> mqtt.MQTTMessageInfo:
+            info = publish(*a, **k)
+            _MID.set(info.mid)  # in the caller's task: aiomqtt's publish runs in it, without a task of its own
+            return info
+
+        self._client.publish = publish_noting_mid  # type: ignore[method-assign]
+
+    def _on_publish(
+        self, client: mqtt.Client, userdata: Any, mid: int, reason_code: ReasonCode, properties: Properties
+    ) -> None:
+        if reason_code.is_failure:
+            self._refusals[mid] = reason_code
+        super()._on_publish(client, userdata, mid, reason_code, properties)
+
+    async def publish_confirmed(self, topic: str, payload: bytes, retain: bool = False) -> None:
+        """Publish at QoS 1 and wait for the broker's acknowledgement; PublishRefused when it refused the message
+        (MQTT 5 only: a 3.1.1 PUBACK carries no reason, and such a broker drops a refused publish unsaid)."""
+        _MID.set(None)
+        try:
+            await self.publish(topic, payload, qos=1, retain=retain)
+        finally:
+            mid = _MID.get()
+            refused = self._refusals.pop(mid, None) if mid is not None else None
+        if refused is not None:
+            raise PublishRefused(topic, refused)
 
 
 def _read_loss_when_it_comes(client: aiomqtt.Client) -> None:
@@ -55,9 +116,10 @@ def make_client(
     will: aiomqtt.Will | None = None,
     max_queued_incoming: int | None = None,
     max_packet_size: int | None = None,
-) -> aiomqtt.Client:
+) -> Client:
     """An aiomqtt client configured from ``settings``; connect it with ``async with``. The loss of its connection is
-    read whenever it comes (see ``_read_loss_when_it_comes``)."""
+    read whenever it comes (see ``_read_loss_when_it_comes``), and ``publish_confirmed`` says whether the broker took
+    a message."""
     tls_context = None
     if settings.tls:
         tls_context = ssl.create_default_context(cafile=str(settings.ca_file) if settings.ca_file else None)
@@ -74,7 +136,7 @@ def make_client(
     if max_packet_size and v5:  # the broker then never forwards this client a larger packet
         properties = properties or Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.MaximumPacketSize = max_packet_size
-    client = aiomqtt.Client(
+    client = Client(
         settings.host,
         settings.port,
         username=settings.username,
@@ -93,6 +155,38 @@ def make_client(
     )
     _read_loss_when_it_comes(client)
     return client
+
+
+# CONNACK reason codes that retrying cannot mend, only the broker's accounts or this node's settings (OASIS MQTT 5.0,
+# section 3.2.2.2): unsupported protocol, client id not valid, bad user name or password, not authorized, banned,
+# bad authentication method; and MQTT 3.1.1's (section 3.2.2.3) 1, 2, 4 and 5, which paho gives as the same codes
+REFUSING_CONNACK = {0x84, 0x85, 0x86, 0x87, 0x8A, 0x8C}
+_HINTS = {
+    0x85: "the broker binds client ids to accounts: is [mqtt] username this node's account?",
+    0x86: "check [mqtt] username and password (or password_file) against the broker's password file",
+    # Mosquitto answers a wrong password with this one too
+    0x87: "check [mqtt] username and password (or password_file): the broker refuses this account or its password",
+    0x8A: "the broker has banned this client",
+}
+
+
+def refusal(exc: BaseException) -> tuple[str, str, str] | None:
+    """(metric label, reason, what to check) when the broker or TLS refused this client: its credentials, its account,
+    the broker's certificate. None for a failure that retrying alone may mend (a broker away, a network down)."""
+    if isinstance(exc, MqttConnectError) and isinstance(exc.rc, ReasonCode):
+        if exc.rc.value in REFUSING_CONNACK:
+            why = str(exc.rc)
+            return reason_label(why), why, _HINTS.get(exc.rc.value, "check the broker's accounts and [mqtt] settings")
+        return None
+    cause = exc if isinstance(exc, ssl.SSLError) else exc.__context__  # aiomqtt raises MqttError from None
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        why = cause.verify_message or cause.reason or str(cause)
+        check = "is [mqtt] ca_file the CA that signed the broker's certificate, and host a name on it?"
+        return "tls_certificate", f"TLS: {why}", check
+    if isinstance(cause, ssl.SSLError):
+        check = "check [mqtt] tls, ca_file, cert_file and key_file against the broker"
+        return "tls", f"TLS: {cause.reason or cause}", check
+    return None
 
 
 def _raise_if_cancelled() -> None:
@@ -153,8 +247,13 @@ class Link:
         self.connects = 0
         self.resent = 0  # windows queued again because the optimizer asked for them
         self.last_error: str | None = None  # why the latest connection attempt failed or was lost
+        self.publishes_refused: Counter[str] = Counter()  # publishes the broker refused, by reason
+        self.connects_refused: Counter[str] = Counter()  # connections the broker or TLS refused, by reason
         self._backoff = Backoff(cap=settings.reconnect_max_delay)
-        self._client: aiomqtt.Client | None = None
+        # a publish was refused and none taken since: a connect alone does not reset the backoff, or a node the ACL
+        # refuses would reconnect and be refused again twice a second
+        self._refusing = False
+        self._client: Client | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def republish_birth(self) -> None:
@@ -170,7 +269,9 @@ class Link:
 
         async def publish() -> None:
             try:
-                await client.publish(self._topics[TopicKind.BIRTH], payload, qos=1, retain=True)
+                await client.publish_confirmed(self._topics[TopicKind.BIRTH], payload, retain=True)
+            except PublishRefused as exc:
+                self._refused(exc, 0.0)
             except aiomqtt.MqttError as exc:
                 log.info("birth not re-published (%s); the next connect publishes it", exc)
 
@@ -189,13 +290,14 @@ class Link:
             try:
                 async with make_client(self._settings, self.client_id, will) as client:
                     self._client = client
-                    await client.publish(self._topics[TopicKind.BIRTH], encode(self._birth()), qos=1, retain=True)
-                    await client.publish(
-                        self._topics[TopicKind.STATE], self._state(NodeStatus.ONLINE), qos=1, retain=True
+                    await client.publish_confirmed(self._topics[TopicKind.BIRTH], encode(self._birth()), retain=True)
+                    await client.publish_confirmed(
+                        self._topics[TopicKind.STATE], self._state(NodeStatus.ONLINE), retain=True
                     )
                     await client.subscribe(self._resend_topic, qos=1)
                     self.connects += 1
-                    self._backoff.reset()
+                    if not self._refusing:
+                        self._backoff.reset()
                     self.connected.set()
                     log.info("connected to %s:%d as %s", self._settings.host, self._settings.port, self._node)
                     await self._serve(client)
@@ -204,7 +306,23 @@ class Link:
             except Exception as exc:
                 self.last_error = str(exc) or type(exc).__name__
                 delay = self._backoff.next_delay()
-                if not isinstance(exc, aiomqtt.MqttError | OSError):
+                refused = refusal(exc)
+                if isinstance(exc, PublishRefused):
+                    self._refused(exc, delay)
+                elif refused is not None:  # retried (an account minted, a certificate renewed), never in silence
+                    label, reason, check = refused
+                    self.last_error = reason
+                    self.connects_refused[label] += 1
+                    log.error(
+                        "the broker refused node %s's connection to %s:%d: %s — %s; retrying in %.1f s",
+                        self._node,
+                        self._settings.host,
+                        self._settings.port,
+                        reason,
+                        check,
+                        delay,
+                    )
+                elif not isinstance(exc, aiomqtt.MqttError | OSError):
                     log.exception("broker link failed; retrying in %.1f s", delay)
                 elif not isinstance(exc, aiomqtt.MqttError):  # the agent's own side: a CA or key file unreadable
                     log.warning("cannot connect to the broker (%s); retrying in %.1f s", self.last_error, delay)
@@ -216,7 +334,7 @@ class Link:
                 self._client = None
                 await asyncio.sleep(delay)
 
-    async def _serve(self, client: aiomqtt.Client) -> None:
+    async def _serve(self, client: Client) -> None:
         """Drain the queue and listen for requests until either ends: a connection that drops while the queue is
         empty is noticed by the listener at once, not at the next window."""
         tasks = {
@@ -250,7 +368,7 @@ class Link:
             asked = sum(last - first + 1 for _, first, last in request.windows)
             log.info("the optimizer missed %d window(s); %d still kept are sent again", asked, count)
 
-    async def _drain(self, client: aiomqtt.Client) -> None:
+    async def _drain(self, client: Client) -> None:
         while True:
             head = self.queue.peek()
             if head is None:
@@ -259,10 +377,52 @@ class Link:
             token, payload = head
             if self._pacer is not None:
                 await self._pacer.take()
-            await client.publish(self._topics[TopicKind.TELEMETRY], payload, qos=1)
+            await client.publish_confirmed(self._topics[TopicKind.TELEMETRY], payload)
             self.queue.pop(token)
             self.published += 1
+            if self._refusing:
+                self._refusing = False
+                self._backoff.reset()
             _raise_if_cancelled()
+
+    def refusal_metrics(self) -> list[Family]:
+        return [
+            labelled(
+                "fleetfit_agent_publishes_refused_total",
+                "counter",
+                "Publishes the broker refused (an MQTT 5 PUBACK reason code of 0x80 or above), by reason; the window "
+                "stays spooled.",
+                "reason",
+                self.publishes_refused,
+            ),
+            labelled(
+                "fleetfit_agent_broker_refused_total",
+                "counter",
+                "Connections the broker or TLS refused (credentials, account, certificate), by reason.",
+                "reason",
+                self.connects_refused,
+            ),
+        ]
+
+    def _refused(self, exc: PublishRefused, delay: float) -> None:
+        """Count and tell a publish the broker refused; what it carried stays queued (a window stays spooled)."""
+        self._refusing = True
+        self.last_error = str(exc)
+        self.publishes_refused[reason_label(exc.reason)] += 1
+        hint = (
+            " — is [agent] site the site its credentials were minted for?"
+            if exc.code == NOT_AUTHORIZED
+            else " — see the broker's log for why"
+        )
+        log.error(
+            "the broker refused node %s's publish to %s: %s%s; %d window(s) kept in the spool%s",
+            self._node,
+            exc.topic,
+            exc.reason.lower(),
+            hint,
+            len(self.queue),
+            f", retrying in {delay:.1f} s" if delay else "",
+        )
 
     async def say_goodbye(self) -> None:
         """Publish the retained ``offline`` state on a clean shutdown (the will covers unclean ones)."""

@@ -278,6 +278,7 @@ class Agent:
             counter("fleetfit_agent_counter_resets_total", "Counter resets seen.", self.builder.counter_resets),
             gauge("fleetfit_agent_broker_connected", "1 while connected to the broker.", link.connected.is_set()),
             counter("fleetfit_agent_broker_connects_total", "Broker connections made.", link.connects),
+            *link.refusal_metrics(),
             gauge("fleetfit_agent_session", "This run's session number.", self.session),
         ] + [f for c in self.collectors if callable(extra := getattr(c, "metrics", None)) for f in extra()]
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +19,10 @@ import pytest
 from conftest import MosquittoServer, free_port, recent
 
 from agent.config import MqttSettings
-from agent.mqtt import make_client
+from agent.mqtt import Link, make_client, stop_tasks
 from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
+from agent.spool import MemoryQueue
 from collectors.sim.scenarios import build_scenario
 from optimizer.decide.catalog import load_catalog
 from optimizer.serve.config import OptimizerConfig, OptimizerSettings
@@ -204,3 +207,71 @@ def test_the_shipped_configuration_opens_one_listener(secure_broker: SecureBroke
     plain-text listener on 1883 and apply only there."""
     opened = re.findall(r"Opening ipv[46] listen socket on port (\d+)", secure_broker.server.log.read_text())
     assert opened and set(opened) == {str(secure_broker.server.port)}
+
+
+async def _run_link(link: Link, until: Callable[[], bool], limit: float = 10) -> None:
+    """Run ``link`` until ``until()`` holds (or ``limit`` seconds pass), then stop it."""
+    task = asyncio.create_task(link.run())
+    try:
+        for _ in range(int(limit / 0.05)):
+            if until():
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"not reached within {limit} s")
+    finally:
+        await stop_tasks([task])
+
+
+def _link(settings: MqttSettings, site: str, node: str = "node-a") -> Link:
+    birth, windows = _node_messages(node)
+    queue = MemoryQueue(10)
+    queue.put(encode(windows[0].model_copy(update={"site": site})))
+    return Link(settings, site, node, 1, lambda: birth.model_copy(update={"site": site}), queue, time.time)
+
+
+async def test_a_publish_the_acl_refuses_keeps_the_window_and_says_why(
+    secure_broker: SecureBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """node-a's credentials were minted for site lab; an agent configured for site elsewhere has every publish
+    answered with PUBACK reason 135. The window stays spooled, the error names the topic and the likely fix, the
+    refusal is counted, and it is tried again. Deliberate bug it catches: the PUBACK's reason code ignored (aiomqtt's
+    own publish), which popped the window as published and logged nothing."""
+    caplog.set_level(logging.INFO, "agent.mqtt")
+    link = _link(secure_broker.settings("node-a"), "elsewhere")
+    await _run_link(link, lambda: link.publishes_refused["not_authorized"] >= 2)
+    assert len(link.queue) == 1 and link.published == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors[0].startswith(
+        f"the broker refused node node-a's publish to {PREFIX}/elsewhere/node-a/birth: not authorized — is [agent] "
+        "site the site its credentials were minted for?; 1 window(s) kept in the spool, retrying in"
+    )
+    families = {f.name: f for f in link.refusal_metrics()}
+    assert families["fleetfit_agent_publishes_refused_total"].samples[0][0] == {"reason": "not_authorized"}
+    # the same agent with its own site: the window goes out (the refusal above was the site, nothing else)
+    right = _link(secure_broker.settings("node-a"), "lab")
+    await _run_link(right, lambda: right.published == 1)
+    assert len(right.queue) == 0 and not right.publishes_refused
+
+
+async def test_refused_credentials_and_certificates_are_errors_retried_with_backoff(
+    secure_broker: SecureBroker, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A wrong password (Mosquitto's CONNACK says "Not authorized") and a broker certificate from another CA are logged as
+    errors with the reason, counted, and retried. Deliberate bug it catches: both logged at INFO as "broker
+    unreachable" on every retry, forever."""
+    caplog.set_level(logging.INFO, "agent.mqtt")
+    wrong = _link(secure_broker.settings("node-a", password="not-the-password"), "lab")
+    await _run_link(wrong, lambda: sum(wrong.connects_refused.values()) >= 2)
+    assert wrong.connects_refused == {"not_authorized": 2} and len(wrong.queue) == 1
+    minted = await asyncio.create_subprocess_exec(
+        str(EXAMPLES / "mint"), "ca", str(tmp_path), stdout=subprocess.DEVNULL
+    )
+    assert await minted.wait() == 0
+    other_ca = secure_broker.settings("node-a").model_copy(update={"ca_file": tmp_path / "ca.crt"})
+    untrusted = _link(other_ca, "lab")
+    await _run_link(untrusted, lambda: sum(untrusted.connects_refused.values()) >= 1)
+    assert list(untrusted.connects_refused) == ["tls_certificate"]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "the broker refused node node-a's connection" in errors[0] and "password" in errors[0]
+    assert "TLS: self-signed certificate in certificate chain" in errors[-1] and "ca_file" in errors[-1]
+    assert not [r for r in caplog.records if r.levelno < logging.WARNING and "unreachable" in r.getMessage()]
