@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import MAX_DEPTH, AgentConfig, ConfigError, load_config, parse_toml
+from optimizer.decide.catalog import CatalogError, load_catalog
 from optimizer.serve.config import OptimizerConfig
 
 
@@ -121,3 +122,68 @@ def test_shipped_example_configs_are_valid(tmp_path: Path, monkeypatch: pytest.M
         load_config(AgentConfig, root / "agent.toml", environ={})
     with pytest.raises(ConfigError, match="cannot read mqtt-password"):
         load_config(OptimizerConfig, root / "optimizer.toml", environ={})
+
+
+@pytest.mark.parametrize(
+    ("body", "refusal"),
+    [
+        ("[prices]\nh100 = -2\n", r"prices.h100: Input should be greater than 0"),
+        ("[prices]\nh100 = inf\n", r"prices.h100: Input should be a finite number"),
+        ("[prices]\nh100 = nan\n", r"prices.h100: Input should be a finite number"),
+        ("[plan]\nmin_monthly_savings = inf\n", r"plan.min_monthly_savings must be a finite number"),
+    ],
+)
+def test_a_price_or_figure_that_is_not_positive_and_finite_is_refused(tmp_path: Path, body: str, refusal: str) -> None:
+    """Deliberate bugs caught: ``[prices]`` values typed as any float (a negative price made every move to that GPU
+    a saving), and no finiteness check across sections (TOML's inf passes ``ge=0``)."""
+    path = tmp_path / "optimizer.toml"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=refusal):
+        load_config(OptimizerConfig, path, environ={})
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("price_per_gpu_hour = 3.2\n", "price_per_gpu_hour = inf\n", "price_per_gpu_hour"),
+        ("price_per_gpu_hour = 3.2\n", "price_per_gpu_hour = -1.0\n", "price_per_gpu_hour"),
+        ("price_per_gpu_hour = 3.2\n", "price_per_gpu_hour = 0.0\n", "price_per_gpu_hour"),
+        ("memory_gib = 80\n", "memory_gib = inf\n", "memory_gib"),
+    ],
+)
+def test_a_catalog_price_or_figure_that_is_not_positive_and_finite_is_refused(
+    tmp_path: Path, old: str, new: str, key: str
+) -> None:
+    """Deliberate bug caught: the catalog's price bounded by ``ge=0`` alone (inf and 0 were taken) and its datasheet
+    figures by ``gt=0`` alone (inf was taken)."""
+    text = (Path(__file__).resolve().parent.parent / "optimizer" / "decide" / "data" / "catalog.toml").read_text()
+    assert old in text
+    path = tmp_path / "catalog.toml"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(CatalogError, match=key):
+        load_catalog(path)
+    with pytest.raises(CatalogError, match="h100: a price per GPU-hour is positive and finite"):
+        load_catalog().with_prices({"h100": float("inf")})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "optimizer.commands.cli", *args], check=False, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_refused_config_writes_nothing_and_reads_say_where_they_read(tmp_path: Path) -> None:
+    """A config refused at start (a price for a GPU the catalog does not know: refused once the catalog is read)
+    leaves no state directory behind, and the read commands name the directory they read on stderr. Deliberate bug
+    caught: the state directory and its database opened before the prices were checked."""
+    state = tmp_path / "state"
+    path = tmp_path / "optimizer.toml"
+    path.write_text(f'[optimizer]\nstate_dir = "{state}"\n[prices]\nno_such_gpu = 2.0\n')
+    result = _cli("optimizer", "--config", str(path))
+    assert result.returncode == 2 and "no_such_gpu" in result.stderr.splitlines()[-1]
+    assert not state.exists()
+    path.write_text(f'[optimizer]\nstate_dir = "{state}"\n')
+    for command in (["recommendations"], ["report"]):
+        read = _cli(*command, "--config", str(path))
+        assert read.returncode == 2 and "does not exist" in read.stderr, command
+        assert f"fleetfit: reading the optimizer's state in {state}\n" in read.stderr, command

@@ -143,11 +143,14 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     from optimizer.serve.alerts.alerter import Alerter
     from optimizer.serve.config import OptimizerConfig
     from optimizer.serve.lifecycle import Lifecycle
-    from optimizer.serve.service import Optimizer, serve
+    from optimizer.serve.service import Optimizer, ingest_limits, serve
 
     try:
         config = load_config(OptimizerConfig, args.config)
         catalog = load_catalog(config.optimizer.catalog)
+        # what refuses a config (prices, site inventories) before anything is written: a refused config leaves no
+        # state directory for `recommendations` and `report` to read in place of the right one
+        ingest_limits(config, catalog.with_prices(config.prices))
         lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir, repair=True)
         # the alert log lives beside the states, wherever they had to go
         alerter = Alerter.in_state_dir(config.alerts, lifecycle.path.parent) if config.alerts.receivers else None
@@ -348,6 +351,7 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     for state_dir in state_dirs:
+        _say_state_dir(state_dir)
         if not (state_dir / DB_NAME).exists():
             return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
     rows = []
@@ -426,6 +430,11 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _say_state_dir(state_dir: Path) -> None:
+    """One line on stderr naming the state directory a read command reads (stdout stays the data)."""
+    print(f"fleetfit: reading the optimizer's state in {state_dir}", file=sys.stderr)
+
+
 def _state_dir(args: argparse.Namespace, configured: Path) -> Path:
     """The state directory to read: ``--state-dir``, else the config's. Given neither, where the optimizer's default
     holds no state but a demo's directory does, the demo's, with a line on stderr that says so."""
@@ -455,6 +464,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         since = parse_since(args.since)
         config = load_config(OptimizerConfig, args.config) if args.config or args.post or not args.state_dir else None
         state_dir = _state_dir(args, config.optimizer.state_dir if config else Path("."))
+        _say_state_dir(state_dir)
         if args.post:
             return _post_report(state_dir, since, args.by, args.post, config)
         print(run_report(state_dir, since, args.by, args.format))

@@ -4,6 +4,7 @@ TOML file (``optimizer/decide/data/catalog.toml``); a file with a figure or a so
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from importlib import resources
@@ -37,7 +38,8 @@ Source = Annotated[str, StringConstraints(strip_whitespace=True, min_length=8, m
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every figure finite: TOML's inf and nan pass a bound such as gt=0
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Figure(_Part):
@@ -79,7 +81,7 @@ class Performance(_Part):
 
 
 class GpuType(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     key: str = Field(pattern=r"^[a-z0-9_-]+$")
     name: str
@@ -87,7 +89,7 @@ class GpuType(BaseModel):
     pci_ids: list[str] = Field(default_factory=list, description='"0x<device><vendor>", e.g. "0x233010de"')
     nvlink: bool
     fabric: Literal["infiniband", "roce", "ethernet"]
-    price_per_gpu_hour: float = Field(ge=0)
+    price_per_gpu_hour: float = Field(gt=0, description="positive: a free GPU would make every move to it a saving")
     price_source: Source
     datasheet: Datasheet
     perf: Performance
@@ -127,7 +129,7 @@ class GpuType(BaseModel):
 
 
 class Defaults(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     pcie_training_scaling: Figure = Field(
         description="share of its NVLink throughput a multi-GPU job keeps when its GPUs talk over PCIe"
@@ -217,6 +219,9 @@ class Catalog(BaseModel):
         unknown = set(prices) - {g.key for g in self.gpu}
         if unknown:
             raise CatalogError(f"price override for unknown GPU {', '.join(sorted(unknown))}")
+        bad = sorted(k for k, v in prices.items() if not (math.isfinite(v) and v > 0))
+        if bad:  # model_copy below does not validate
+            raise CatalogError(f"price override for {', '.join(bad)}: a price per GPU-hour is positive and finite")
         gpus = [g.model_copy(update={"price_per_gpu_hour": prices.get(g.key, g.price_per_gpu_hour)}) for g in self.gpu]
         return self.model_copy(update={"gpu": gpus})
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -11,6 +13,27 @@ from agent.protocol import Ident
 from optimizer.plan.recommend import PlanSettings
 from optimizer.serve.alerts.settings import AlertSettings
 from optimizer.serve.store import StoreSettings
+
+# a price a plan multiplies by every GPU-hour: zero, negative or infinite would turn every saving into nonsense
+Price = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _not_finite(value: object, where: str) -> str | None:
+    """The key of the first number in ``value`` (a model, a dict, a list) that is infinite or NaN, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    if isinstance(value, BaseModel):
+        items: list[tuple[str, object]] = [(k, getattr(value, k)) for k in type(value).model_fields]
+    elif isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return None
+    for key, item in items:
+        if (found := _not_finite(item, f"{where}.{key}" if where else key)) is not None:
+            return found
+    return None
 
 
 class ApiSettings(BaseModel):
@@ -138,5 +161,15 @@ class OptimizerConfig(Section):
     influxdb: StoreSettings = Field(default_factory=StoreSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
-    prices: dict[str, float] = Field(default_factory=dict, description="price per GPU-hour by catalog key")
+    prices: dict[str, Price] = Field(
+        default_factory=dict, description="price per GPU-hour by catalog key: positive and finite"
+    )
     sites: dict[Ident, SiteSettings] = Field(default_factory=dict, description="per-site settings, by site id")
+
+    @model_validator(mode="after")
+    def _finite(self) -> OptimizerConfig:
+        """Every figure finite, in every section (a TOML ``inf`` or ``nan`` passes a bound like ``gt=0``)."""
+        key = _not_finite(self, "")
+        if key is not None:
+            raise ValueError(f"{key} must be a finite number")
+        return self
