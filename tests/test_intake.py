@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
+from typing import Any
 
 import aiomqtt
-import paho.mqtt.client as mqtt
 import pytest
 
 from agent.config import MqttSettings
 from agent.mqtt import make_client
-from optimizer.serve.intake import Intake
+from optimizer.serve.intake import GATHER, MAX_PAUSE, Intake
 from tests.conftest import MosquittoServer, private_broker, wait_until
 
 
@@ -121,6 +122,50 @@ async def test_a_trickle_is_read_several_messages_a_round(mosquitto: MosquittoSe
     assert intake.pauses and mean_pause > 0.05, (intake.paused_seconds, intake.pauses)
 
 
+async def test_a_slow_trickle_waits_no_longer_than_the_cap(
+    mosquitto: MosquittoServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small fleet's windows arrive 20 a second: a pause sized to gather GATHER (24) of them would be 1.2 s,
+    and every window would wait that long before it is read. Every pause is MAX_PAUSE at most, and each message
+    is handled within about MAX_PAUSE of being published (a quarter of a second more allowed for a busy machine).
+    Deliberate bug caught: the MAX_PAUSE cap removed."""
+    assert GATHER / 20 > MAX_PAUSE  # the rate below is slow enough for the cap to matter
+    sent: dict[bytes, float] = {}
+    handled: dict[bytes, float] = {}
+    client = make_client(mosquitto.settings(prefix), f"slow-{prefix[-6:]}")
+
+    def handle(topic: str, payload: bytes | bytearray) -> None:
+        handled.setdefault(bytes(payload), time.monotonic())
+
+    intake = Intake(client, handle)
+    pauses: list[float] = []
+    loop = asyncio.get_running_loop()
+    call_later = loop.call_later
+
+    def noting_pauses(delay: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        if callback == intake._resume:
+            pauses.append(delay)
+        return call_later(delay, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_later", noting_pauses)
+    publisher = aiomqtt.Client("127.0.0.1", mosquitto.port, identifier=f"slow-pub-{prefix[-6:]}")
+    async with client:
+        await client.subscribe(f"{prefix}/#", qos=1)
+        intake.start()
+        async with publisher:
+            for i in range(40):
+                payload = f"m{i}".encode()
+                sent[payload] = time.monotonic()
+                await publisher.publish(f"{prefix}/s/n{i}/telemetry", payload, qos=1)
+                await asyncio.sleep(0.05)
+        await wait_until(lambda: len(handled) == 40, 20, "40 messages")
+    assert pauses and max(pauses) <= MAX_PAUSE, pauses
+    waits = sorted(handled[p] - sent[p] for p in sent)
+    print(f"{len(pauses)} pauses; waits from publish to handled: median {waits[20]:.3f} s, longest {waits[-1]:.3f} s")
+    assert waits[-1] <= MAX_PAUSE + 0.25, waits[-5:]
+    assert len(pauses) >= 5, pauses  # quiet rounds, each followed by a pause
+
+
 async def test_a_lost_connection_is_reported(tmp_path: Path, prefix: str) -> None:
     server = private_broker(tmp_path)
     server.start()
@@ -138,12 +183,6 @@ async def test_a_lost_connection_is_reported(tmp_path: Path, prefix: str) -> Non
                     await asyncio.wait_for(waiter, 10)
     finally:
         server.stop()
-
-
-def test_paho_still_has_what_the_intake_uses() -> None:
-    """The packet reader and its error handling the intake calls are paho's own (not public API)."""
-    assert callable(getattr(mqtt.Client, "_packet_read", None))
-    assert callable(getattr(mqtt.Client, "_loop_rc_handle", None))
 
 
 def test_the_optimizer_counts_a_message_it_fails_on_whatever_its_kind() -> None:
