@@ -20,9 +20,10 @@ from agent.metrics import Family, MetricsServer, counter, gauge, labelled
 from agent.mqtt import Link, stop_tasks
 from agent.notify import Notifier
 from agent.pacing import Pacer
-from agent.protocol import Birth, Telemetry, encode
+from agent.protocol import Birth, Telemetry, WorkloadRef, encode
 from agent.spool import DiskSpool, MemoryQueue, WindowQueue
 from agent.window import WindowBuilder
+from agent.worker import Worker, WorkerBusy
 from collectors.base import Collector, Inventory, Sample
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,14 @@ EXIT_RESTART = 75
 # Windows closed before the memory start-up freed is handed back: by the second, the first models are built and
 # the first TCP tables read.
 SETTLED_WINDOWS = 2
+# Share of a sampling interval a collector's sample may take on its thread; a later answer is dropped and counted,
+# so one slow device never holds the others' samples back.
+SAMPLE_DEADLINE = 0.8
+# Real seconds a collector's inventory, workloads (once per window: /proc scans, process lists) or close may take.
+CALL_DEADLINE_S = 5.0
+# Without a watchdog, a collector call running this long is still reported as stuck (log line, metric).
+STUCK_S = 30.0
+OVERRUN_LOG_S = 60.0  # at most one line per collector per minute about skipped samples
 
 
 def open_spool(settings: AgentSettings) -> WindowQueue:
@@ -102,7 +111,14 @@ class Agent:
             else None
         )
         self._inventory: Inventory | None = None
+        self._parts: list[Inventory] = [Inventory() for _ in self.collectors]  # each collector's, last answered
         self._failing: set[str] = set()
+        # A thread of its own for each collector whose calls can block (vendor C libraries, filesystems); the
+        # others (simulated nodes) are called on the loop, as cheap as before.
+        self._workers = [Worker(c.name) if getattr(c, "blocking", False) else None for c in self.collectors]
+        self.overruns: dict[str, int] = {}  # samples skipped because a collector did not answer in time, by name
+        self._overrun_told: dict[str, tuple[float, int]] = {}  # by name: when last logged, the count then
+        self.stuck: str | None = None  # the collector whose call has not returned for the watchdog's period
         self._window_start = self.clock.wall()
         self._generation = sum(getattr(c, "generation", 0) for c in self.collectors)
         self._link_task: asyncio.Task[None] | None = None
@@ -141,28 +157,123 @@ class Agent:
         )
 
     def tick(self) -> None:
-        """Sample every collector once; a failing collector is logged once and skipped, never fatal."""
+        """Sample every collector once, here and now (``fleetfit agent --once``); the daemon samples on worker
+        threads (:meth:`sample_all`). A failing collector is logged once and skipped, never fatal."""
         samples: list[Sample] = []
         for c in self.collectors:
             try:
-                samples.extend(c.sample())
+                samples.extend(self._answered(c, c.sample()))
             except Exception as exc:
-                self.collector_errors += 1
-                if c.name not in self._failing:
-                    self._failing.add(c.name)
-                    log.warning("collector %s failed: %r; skipping it until it recovers", c.name, exc)
-                continue
-            if c.name in self._failing:
-                self._failing.discard(c.name)
-                log.info("collector %s recovered", c.name)
+                self._failed(c, exc)
+        if self._absorb(samples):
+            self._inventory = None
+            self.link.republish_birth()
+
+    async def sample_all(self) -> None:
+        """Sample every collector once, each that can block on its own thread, all within ``SAMPLE_DEADLINE`` of
+        an interval: a collector that has not answered by then, or whose previous call has not returned, is
+        skipped this round and counted; the others' samples are taken."""
+        deadline = self.settings.sample_interval * SAMPLE_DEADLINE / self.clock.scale
+        answers = await asyncio.gather(*(self._sample(i, deadline) for i in range(len(self.collectors))))
+        if self._absorb([s for samples in answers for s in samples]):
+            await self.refresh_inventory()
+            self.link.republish_birth()
+
+    async def _sample(self, i: int, deadline: float) -> list[Sample]:
+        c, worker = self.collectors[i], self._workers[i]
+        try:
+            samples = c.sample() if worker is None else await worker.call(c.sample, deadline)
+        except (TimeoutError, WorkerBusy) as exc:
+            self._overran(
+                c.name, f"did not answer within {deadline:.2f} s" if isinstance(exc, TimeoutError) else str(exc)
+            )
+            return []
+        except Exception as exc:
+            self._failed(c, exc)
+            return []
+        return self._answered(c, samples)
+
+    def _answered(self, c: Collector, samples: list[Sample]) -> list[Sample]:
+        if c.name in self._failing:
+            self._failing.discard(c.name)
+            log.info("collector %s recovered", c.name)
+        return samples
+
+    def _failed(self, c: Collector, exc: Exception) -> None:
+        self.collector_errors += 1
+        if c.name not in self._failing:
+            self._failing.add(c.name)
+            log.warning("collector %s failed: %r; skipping it until it recovers", c.name, exc)
+
+    def _overran(self, name: str, why: str) -> None:
+        """Count a skipped sample; say so at most once a minute per collector, with the count since."""
+        count = self.overruns[name] = self.overruns.get(name, 0) + 1
+        now = time.monotonic()
+        last, told = self._overrun_told.get(name, (-math.inf, 0))
+        if now - last >= OVERRUN_LOG_S:
+            self._overrun_told[name] = (now, count)
+            log.warning("collector %s: sample skipped, it %s (%d skipped since the last line)", name, why, count - told)
+
+    def _absorb(self, samples: list[Sample]) -> bool:
+        """Add a round's samples to the window; True when a collector re-read its hardware (driver loaded, MIG
+        changed) and the birth must be published again."""
         self.builder.add(samples, self.clock.monotonic())
         self.samples_taken += 1
         self._restart_if_required()
         generation = sum(getattr(c, "generation", 0) for c in self.collectors)
-        if generation != self._generation:  # a collector re-read its hardware (driver loaded, MIG changed)
-            self._generation = generation
-            self._inventory = None
-            self.link.republish_birth()
+        if generation == self._generation:
+            return False
+        self._generation = generation
+        return True
+
+    async def _call(self, i: int, fn: str) -> object:
+        """``collector.fn()`` on its thread within ``CALL_DEADLINE_S``; raises what the call raises, TimeoutError
+        or WorkerBusy."""
+        c, worker = self.collectors[i], self._workers[i]
+        method = getattr(c, fn)
+        return method() if worker is None else await worker.call(method, CALL_DEADLINE_S)
+
+    async def refresh_inventory(self) -> None:
+        """Read every collector's inventory off the loop; one that does not answer keeps its last one."""
+        for i, c in enumerate(self.collectors):
+            try:
+                part = await self._call(i, "inventory")
+            except (TimeoutError, WorkerBusy) as exc:
+                log.warning(
+                    "collector %s did not report its inventory (%s); its last one is kept",
+                    c.name,
+                    str(exc) or "timed out",
+                )
+                continue
+            except Exception:
+                log.exception("collector %s failed to report its inventory", c.name)
+                continue
+            if isinstance(part, Inventory):
+                self._parts[i] = part
+        merged = Inventory()
+        for part in self._parts:
+            merged = merged.merge(part)
+        self._inventory = merged
+
+    async def _workloads(self) -> list[WorkloadRef]:
+        workloads: list[WorkloadRef] = []
+        for i, c in enumerate(self.collectors):
+            try:
+                refs = await self._call(i, "workloads")
+            except (TimeoutError, WorkerBusy) as exc:
+                self._overran(c.name, f"did not attribute workloads in time ({str(exc) or 'timed out'})")
+                continue
+            except Exception as exc:
+                log.warning("collector %s failed to attribute workloads: %r", c.name, exc)
+                continue
+            if isinstance(refs, list):
+                workloads.extend(refs)
+        return workloads
+
+    async def close_window_async(self) -> Telemetry | None:
+        """Close the open window, attributing workloads on the collectors' threads; None when it holds no sample."""
+        end = self.clock.wall()
+        return self.close_window([] if self.builder.samples == 0 else await self._workloads(), end)
 
     def _restart_if_required(self) -> None:
         """A collector that only a new process can repair (the GPU driver replaced under the loaded library) ends
@@ -178,18 +289,19 @@ class Agent:
                 self.should_exit.set()
                 return
 
-    def close_window(self) -> Telemetry | None:
-        """Close the open window; None when it holds no sample."""
-        end = self.clock.wall()
+    def close_window(self, workloads: list[WorkloadRef] | None = None, end: float | None = None) -> Telemetry | None:
+        """Close the open window (``workloads``: attributed already, else here); None when it holds no sample."""
+        end = self.clock.wall() if end is None else end
         start, self._window_start = self._window_start, end
         if self.builder.samples == 0:
             return None
-        workloads = []
-        for c in self.collectors:
-            try:
-                workloads.extend(c.workloads())
-            except Exception as exc:
-                log.warning("collector %s failed to attribute workloads: %r", c.name, exc)
+        if workloads is None:
+            workloads = []
+            for c in self.collectors:
+                try:
+                    workloads.extend(c.workloads())
+                except Exception as exc:
+                    log.warning("collector %s failed to attribute workloads: %r", c.name, exc)
         window = self.builder.close(self.seq, start, end, workloads, self.inventory().gpu_unavailable)
         self.seq += 1
         self.windows_closed += 1
@@ -210,15 +322,15 @@ class Agent:
         window_end = t0 + window
         self._window_start = self.clock.wall()
         while not self.should_exit.is_set():
-            self.tick()
+            await self.sample_all()
             if k == 0:
                 self.notifier.ready()
-            if self._link_alive():
+            if self._link_alive() and self._sampling_alive():
                 self.notifier.watchdog(time.monotonic())
             now = self.clock.monotonic()
             if now >= window_end - interval / 2:
                 try:
-                    self._enqueue(self.close_window())
+                    self._enqueue(await self.close_window_async())
                 except Exception:  # a window lost is bad; a sampler that stops for good is worse
                     log.exception("could not close or queue a window; sampling goes on")
                 if self.windows_closed == SETTLED_WINDOWS:
@@ -232,7 +344,36 @@ class Agent:
                 self.ticks_missed += skipped
                 k += skipped
                 due = t0 + k * interval
-            await self.clock.sleep_until(due)
+            if self.clock.monotonic() < due:
+                await self.clock.sleep_until(due)
+            else:  # late already: still let the broker link, the endpoint and the signal handlers run
+                await asyncio.sleep(0)
+
+    def _stuck_limit(self) -> float:
+        """How long one collector call may run before the agent counts as stuck: the watchdog's period
+        (``WatchdogSec``), so a device that hangs for good stops the pings and systemd restarts the agent."""
+        interval = self.notifier.watchdog_interval
+        return 2 * interval if interval else STUCK_S
+
+    def _sampling_alive(self) -> bool:
+        """False while a collector's call has run for longer than :meth:`_stuck_limit` (told once, and once
+        more when it returns)."""
+        now, limit = time.monotonic(), self._stuck_limit()
+        for c, worker in zip(self.collectors, self._workers, strict=True):
+            if worker is not None and (stuck := worker.stuck_for(now)) > limit:
+                if self.stuck != c.name:
+                    self.stuck = c.name
+                    log.error(
+                        "collector %s has not returned from its call for %.0f s (a device that stopped answering): "
+                        "the watchdog is no longer pinged, so systemd restarts the agent",
+                        c.name,
+                        stuck,
+                    )
+                return False
+        if self.stuck is not None:
+            log.info("collector %s answers again", self.stuck)
+            self.stuck = None
+        return True
 
     def _link_alive(self) -> bool:
         """Whether the link task runs. One that ended (it retries every failure, so only a bug ends it) is told
@@ -275,6 +416,24 @@ class Agent:
                 link.resent,
             ),
             counter("fleetfit_agent_collector_errors_total", "Collector failures.", self.collector_errors),
+            labelled(
+                "fleetfit_agent_collector_overruns_total",
+                "counter",
+                "Samples (and window attributions) skipped because a collector did not answer in time, by collector.",
+                "collector",
+                self.overruns,
+            ),
+            labelled(
+                "fleetfit_agent_collector_busy_seconds",
+                "gauge",
+                "How long each collector's running call has taken so far (0 when idle); a device that hangs grows it.",
+                "collector",
+                {
+                    c.name: w.stuck_for(time.monotonic())
+                    for c, w in zip(self.collectors, self._workers, strict=True)
+                    if w
+                },
+            ),
             counter("fleetfit_agent_counter_resets_total", "Counter resets seen.", self.builder.counter_resets),
             gauge("fleetfit_agent_broker_connected", "1 while connected to the broker.", link.connected.is_set()),
             counter("fleetfit_agent_broker_connects_total", "Broker connections made.", link.connects),
@@ -286,6 +445,7 @@ class Agent:
 
     async def run(self) -> None:
         """Run until ``should_exit`` is set, then flush the open window and leave cleanly."""
+        await self.refresh_inventory()  # off the loop: the birth is ready before the link asks for it
         link_task = self._link_task = asyncio.create_task(self.link.run(), name=f"link-{self.settings.node}")
         sampler = asyncio.create_task(self.sample_loop(), name=f"sampler-{self.settings.node}")
         if self.metrics is not None:
@@ -305,13 +465,12 @@ class Agent:
                 pass
             except Exception:  # it died (and the watchdog stopped being pinged): the windows still go out
                 log.exception("the sampling loop had stopped")
-            self._enqueue(self.close_window())
+            self._enqueue(await self.close_window_async())
             await self._drain(self.settings.shutdown_timeout)
             await self.link.say_goodbye()
             await stop_tasks([link_task])  # (a link that died has been told of)
             self.pacer.save()
-            for c in self.collectors:
-                c.close()
+            await self._close_collectors()
             if self.metrics is not None:
                 await self.metrics.stop()
             self.notifier.close()
@@ -326,6 +485,17 @@ class Agent:
                 self.builder.counter_resets,
                 self.collector_errors,
             )
+
+    async def _close_collectors(self) -> None:
+        """Release each collector's handles on its own thread; one whose call never returned is left as it is
+        (its thread is a daemon: the process still exits)."""
+        for i, c in enumerate(self.collectors):
+            try:
+                await self._call(i, "close")
+            except (TimeoutError, WorkerBusy) as exc:
+                log.warning("collector %s not closed: %s", c.name, str(exc) or "timed out")
+            except Exception:
+                log.exception("collector %s failed to close", c.name)
 
     async def _drain(self, limit: float) -> None:
         """Give the link up to ``limit`` seconds to publish what is queued, if it is connected."""

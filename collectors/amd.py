@@ -92,6 +92,7 @@ class _Device:
 
 class AmdGpuCollector:
     name = "gpu"
+    blocking = True
 
     def __init__(
         self,

@@ -63,7 +63,12 @@ class Inventory:
 
 
 class Collector(Protocol):
-    """A telemetry source. ``sample`` runs once a second and must not block for long."""
+    """A telemetry source. ``sample`` runs once a second.
+
+    A collector whose calls can block (a vendor's C library, a filesystem) says so with a class attribute
+    ``blocking = True``: the agent then calls it on a thread of its own, with a deadline, never on its event loop.
+    Without it (simulated nodes) it is called on the loop and must not block.
+    """
 
     name: str
 

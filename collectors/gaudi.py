@@ -60,6 +60,7 @@ def _reason(exc: BaseException) -> str:
 
 class GaudiCollector:
     name = "gpu"
+    blocking = True
 
     def __init__(
         self,

@@ -195,6 +195,7 @@ class NullGpuCollector:
 
 class NvmlGpuCollector:
     name = "gpu"
+    blocking = True  # NVML calls block in the driver (a GPU falling off the bus): called on a thread of its own
 
     def __init__(
         self,

@@ -72,6 +72,7 @@ class CpuBusy:
 
 class HostCollector:
     name = "host"
+    blocking = True
 
     def __init__(self, procfs_root: Path = Path("/proc")) -> None:
         self._meminfo = f"{procfs_root}/meminfo"

@@ -116,6 +116,7 @@ class NetDev:
 
 class NicCollector:
     name = "nic"
+    blocking = True  # sysfs reads: called on a thread of its own
 
     def __init__(
         self,

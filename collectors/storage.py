@@ -24,6 +24,7 @@ SECTOR_BYTES = 512  # /sys/block/*/size counts 512-byte sectors whatever the dev
 
 class StorageCollector:
     name = "storage"
+    blocking = True  # statvfs on a hung network mount never returns: called on a thread of its own
 
     def __init__(
         self, sysfs_root: Path = Path("/sys"), mounts: Sequence[str] = (), procfs_root: Path = Path("/proc")

@@ -8,7 +8,7 @@ It fails the way the real nvidia-ml-py binding fails, because it raises the bind
 ``NVMLError``. Field values are the binding's ``c_nvmlFieldValue_t`` (a real C union: reading the wrong member of
 a 32-bit value returns garbage in the high bits) and utilisation samples are ``c_nvmlSample_t``.
 
-Three behaviours of the real stack that a changed value cannot model:
+Four behaviours of the real stack that a changed value cannot model:
 
 * The binding loads ``libnvidia-ml.so.1`` once per process, at the first ``nvmlInit``, and keeps it for the
   process's life (``nvmlShutdown`` leaves it loaded). ``m.driver`` is the kernel module's version and
@@ -18,10 +18,16 @@ Three behaviours of the real stack that a changed value cannot model:
 * XID events are queued in each event set the GPU is registered with when they happen (``m.xid_queue``);
   ``nvmlEventSetFree`` drops what its set still holds, and a freed set cannot be waited on.
 * MPS clients are listed by the MPS process calls only; the compute process calls list the MPS server.
+* A call on a GPU that is slow to answer (a GPU falling off the bus, a driver in recovery) does not fail: it
+  blocks, inside the C library, with the GIL released, as ctypes calls do. ``FakeGpu.delay_s`` makes every call on
+  that GPU block that long (``time.sleep``); ``FakeGpu.hang`` makes it block until the event is set (a GPU that
+  never answers again; a test sets it on its way out so the blocked thread ends).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,6 +79,8 @@ class FakeGpu:
     gpu_instance_id: int = 0
     util_samples: list[tuple[int, int]] = field(default_factory=list)  # (timestamp µs, %) in NVML's buffer
     is_mig_slice: bool = False
+    delay_s: float = 0.0  # every call on this GPU blocks this long, then answers
+    hang: threading.Event | None = None  # every call on this GPU blocks until this is set
 
 
 class _MetricsGet:
@@ -154,6 +162,10 @@ def make_fake_nvml(
 
     def guard(name: str, gpu: FakeGpu) -> None:
         m.calls.append(name)  # type: ignore[attr-defined]
+        if gpu.delay_s:
+            time.sleep(gpu.delay_s)  # blocked in the driver: the GIL is released, as in the real binding's ctypes call
+        if gpu.hang is not None:
+            gpu.hang.wait()
         if mismatched():
             _raise(LIB_RM_VERSION_MISMATCH)
         if not m.initialised:  # type: ignore[attr-defined]
