@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from agent.config import MAX_DEPTH, AgentConfig, ConfigError, load_config, parse_toml
+from optimizer.commands import cli
 from optimizer.decide.catalog import CatalogError, load_catalog
 from optimizer.serve.config import OptimizerConfig
+from optimizer.serve.lifecycle import Lifecycle
 
 
 def test_defaults_load_without_a_file() -> None:
@@ -166,24 +168,22 @@ def test_a_catalog_price_or_figure_that_is_not_positive_and_finite_is_refused(
         load_catalog().with_prices({"h100": float("inf")})
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "optimizer.commands.cli", *args], check=False, capture_output=True, text=True, timeout=60
-    )
-
-
-def test_a_refused_config_writes_nothing_and_reads_say_where_they_read(tmp_path: Path) -> None:
+def test_a_refused_config_writes_nothing_and_reads_say_where_they_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A config refused at start (a price for a GPU the catalog does not know: refused once the catalog is read)
     leaves no state directory behind, and the read commands name the directory they read on stderr. Deliberate bug
     caught: the state directory and its database opened before the prices were checked."""
     state = tmp_path / "state"
     path = tmp_path / "optimizer.toml"
     path.write_text(f'[optimizer]\nstate_dir = "{state}"\n[prices]\nno_such_gpu = 2.0\n')
-    result = _cli("optimizer", "--config", str(path))
-    assert result.returncode == 2 and "no_such_gpu" in result.stderr.splitlines()[-1]
+    assert cli.main(["optimizer", "--config", str(path)]) == 2
+    assert "no_such_gpu" in capsys.readouterr().err.splitlines()[-1]
     assert not state.exists()
     path.write_text(f'[optimizer]\nstate_dir = "{state}"\n')
-    for command in (["recommendations"], ["report"]):
-        read = _cli(*command, "--config", str(path))
-        assert read.returncode == 2 and "does not exist" in read.stderr, command
-        assert f"fleetfit: reading the optimizer's state in {state}\n" in read.stderr, command
+    assert cli.main(["report", "--config", str(path)]) == 2
+    assert f"{state}/fleetfit.db does not exist" in capsys.readouterr().err  # the refusal names it
+    Lifecycle.in_state_dir(state).close()  # an optimizer's state, with nothing in it yet
+    for command in ("recommendations", "report"):
+        assert cli.main([command, "--config", str(path)]) == 0
+        assert capsys.readouterr().err == f"fleetfit: reading the optimizer's state in {state}\n", command

@@ -351,9 +351,10 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _fail(str(exc))
     for state_dir in state_dirs:
-        _say_state_dir(state_dir)
         if not (state_dir / DB_NAME).exists():
             return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
+    for state_dir in state_dirs:
+        _say_state_dir(state_dir)
     rows = []
     for n, state_dir in enumerate(state_dirs):
         try:
@@ -431,8 +432,12 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
 
 
 def _say_state_dir(state_dir: Path) -> None:
-    """One line on stderr naming the state directory a read command reads (stdout stays the data)."""
-    print(f"fleetfit: reading the optimizer's state in {state_dir}", file=sys.stderr)
+    """One line on stderr naming the state directory a read command reads (stdout stays the data); where it holds
+    no state, the refusal names it instead."""
+    from optimizer.serve.lifecycle import DB_NAME
+
+    if (state_dir / DB_NAME).exists():
+        print(f"fleetfit: reading the optimizer's state in {state_dir}", file=sys.stderr)
 
 
 def _state_dir(args: argparse.Namespace, configured: Path) -> Path:
