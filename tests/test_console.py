@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import html
 import json
 import os
 import re
@@ -15,6 +14,7 @@ import shutil
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -355,8 +355,11 @@ async def test_healthz_answers_while_another_process_holds_the_write_lock(tmp_pa
         other.close()
 
 
-EVIL_NAME = "<script>alert(1)</script>"
-EVIL_OWNER = "<img src=x onerror=alert(2)>"
+# Markup, and quotes of every kind that end an attribute's value and start new attributes (autofocus with onfocus
+# runs script without a click), as a hostile agent may name and own a workload.
+EVIL_NAME = "<script>alert(1)</script>x\" autofocus onfocus=\"alert(3)' onfocus='alert(4)` onfocus=`alert(5)"
+EVIL_OWNER = "<img src=x onerror=alert(2)>\" autofocus onfocus=\"alert(6)' tabindex='0"
+PAGES = ["/", "/recommendations", "/recommendations?state=all", "/findings", "/owners", "/workload?site=lab&name="]
 
 
 def _hostile(window: Telemetry) -> Telemetry:
@@ -373,22 +376,64 @@ def hostile_fleet() -> Fleet:
     return build_demo_fleet(_hostile)
 
 
-@pytest.mark.parametrize("path", ["/", "/recommendations", "/findings", "/owners", "/recommendations?state=all"])
-async def test_pages_escape_agent_supplied_names(tmp_path: Path, hostile_fleet: Fleet, path: str) -> None:
-    """A workload name and an owner from an agent's telemetry reach every page through the plan, the lifecycle
-    (the recommendations page reads it) and the owners the showback groups by: escaped everywhere."""
-    async with console(tmp_path, fleet=hostile_fleet) as (optimizer, base), aiohttp.ClientSession() as http:
+class Parsed(HTMLParser):
+    """A page as a browser's tokenizer reads it: every (element, attribute) pair, attribute values, and text."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.attributes: set[tuple[str, str]] = set()
+        self.values: list[str] = []
+        self.text: list[str] = []
+        self.feed(page)
+        self.close()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.attributes.add((tag, ""))
+        for name, value in attrs:
+            self.attributes.add((tag, name))
+            self.values.append(value or "")
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+async def _pages(state_dir: Path, fleet: Fleet, name: str) -> dict[str, str]:
+    out = {}
+    async with console(state_dir, fleet=fleet) as (optimizer, base), aiohttp.ClientSession() as http:
         assert optimizer.lifecycle is not None
         recorded = [t.recommendation.workload_name for t in optimizer.lifecycle.list()]
-        assert EVIL_NAME in recorded  # the name went through the plan into the lifecycle
-        async with http.get(f"{base}{path}") as r:
-            page = await r.text()
-            assert r.headers["Content-Security-Policy"].startswith("default-src 'self'")
-    assert "<script>alert" not in page and "<img src=x" not in page
-    if path == "/owners":
-        assert html.escape(EVIL_OWNER) in page  # shown, as text
-    else:
-        assert html.escape(EVIL_NAME) in page
+        assert name in recorded  # the name went through the plan into the lifecycle
+        for path in PAGES:
+            url = f"{base}{path}{quote(name, safe='') if path.endswith('=') else ''}"
+            async with http.get(url) as r:
+                assert r.status == 200, path
+                assert r.headers["Content-Security-Policy"].startswith("default-src 'self'")
+                out[path] = await r.text()
+    return out
+
+
+async def test_pages_escape_agent_supplied_names(tmp_path: Path, hostile_fleet: Fleet) -> None:
+    """A workload name and an owner from an agent's telemetry reach every page through the plan, the lifecycle
+    (the recommendations page reads it) and the owners the showback groups by, in text and in attributes (a
+    button's aria-label, a filter's option). Parsed as a browser would: no element gains an element or attribute
+    the same page of an honest fleet lacks, no attribute value holds a piece of a name cut off at a quote, and the
+    name is shown whole as text. Deliberate bug caught: names escaped without their quotes (``quote=False``),
+    which lets ``x" autofocus onfocus="...`` add attributes that run script."""
+    honest = await _pages(tmp_path / "honest", demo_fleet(), "forgotten-notebook-alloc")
+    hostile = await _pages(tmp_path / "hostile", hostile_fleet, EVIL_NAME)
+    for path in PAGES:
+        page, reference = Parsed(hostile[path]), Parsed(honest[path])
+        gained = page.attributes - reference.attributes
+        assert not gained, (path, sorted(gained))
+        for value in page.values:
+            if "alert(" in value:  # a name in an attribute: whole, or the quote ended the value early
+                assert EVIL_NAME in value or EVIL_OWNER in value, (path, value)
+        shown = EVIL_OWNER if path == "/owners" else EVIL_NAME
+        assert shown in "".join(page.text), path
+    assert any(EVIL_NAME in v for v in Parsed(hostile["/recommendations"]).values)  # a button names it
 
 
 def test_the_optimizer_does_not_depend_on_its_http_layer() -> None:
