@@ -40,6 +40,9 @@ NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also 
 QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
 QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
 PERIOD_SECONDS = 720  # the most recent seconds of per-second load a step period is looked for in
+# Seconds between a window's samples past which its series is no per-second load (points read from Prometheus):
+# an agent's are 1 s apart, 2 s when it is late; a training step lasts 0.2-10 s.
+SPARSE_SPACING = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +277,13 @@ def _held_memory(
     return total
 
 
+def _dense(window: WindowDigest, seconds: int) -> bool:
+    """Whether a window's series is per-second load a step period can be read from: an agent samples every second;
+    points read from Prometheus lie a scrape interval apart (15-60 s), longer than any training step, where the
+    autocorrelation of the samples is that of aliases, not of the step (optimizer/ingest/dcgm.py)."""
+    return seconds > 0 and (window.end - window.start) / seconds <= SPARSE_SPACING
+
+
 def _fold_window(
     acc: _Acc, window: WindowDigest, gpu_ids: set[int], east: float, north: float, ckpt: bool, node: str
 ) -> None:
@@ -307,9 +317,10 @@ def _fold_window(
                 acc.spreads.append((max(column) - min(column)) / max(level, 5.0))
         acc.load.extend(levels)
         acc.busy.extend([v for v in levels if v >= 5])
-        centre = math.fsum(levels) / len(levels) if levels else 0.0
-        acc.centred.extend([v - centre for v in levels])
-        _keep_recent(acc.centred)
+        if _dense(window, seconds):
+            centre = math.fsum(levels) / len(levels) if levels else 0.0
+            acc.centred.extend([v - centre for v in levels])
+            _keep_recent(acc.centred)
     if util >= 5:
         # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
         pairs = [(g.tensor_active, g.dram_active) for g in gpus]
@@ -403,8 +414,9 @@ def _fold_run(
             _extend(acc.spreads, (series.max(axis=1) - series.min(axis=1)) / np.maximum(levels, 5.0))
         _extend(acc.load, levels)
         _extend(acc.busy, levels[levels >= 5])
-        _extend(acc.centred, levels - levels.mean(axis=1, keepdims=True))
-        _keep_recent(acc.centred)
+        if _dense(rows[0][0], seconds):
+            _extend(acc.centred, levels - levels.mean(axis=1, keepdims=True))
+            _keep_recent(acc.centred)
     power, tensor, dram = digests[:, :, 6], digests[:, :, 7], digests[:, :, 8]
     with np.errstate(invalid="ignore", divide="ignore"):
         both = ~np.isnan(tensor) & ~np.isnan(dram)

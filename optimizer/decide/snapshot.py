@@ -20,6 +20,7 @@ from optimizer.decide.classify import classify
 from optimizer.decide.costs import Demand
 from optimizer.decide.features import workload_features
 from optimizer.decide.shape import measured_shape
+from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.shares import MIG_SLICES, SHARE_FLOOR, layout, parts_of
 
@@ -58,6 +59,11 @@ class SnapshotWorkload(_Strict):
     shape: Literal["compute", "memory"] | Annotated[float, Field(ge=0, le=1)] | None = Field(
         default=None,
         description="memory-bound share of its GPU time: compute (0), memory (1), or between; None: unknown",
+    )
+    owner: str | None = Field(
+        default=None,
+        max_length=128,
+        description="who showback charges it to: a Kubernetes namespace or team label, a Slurm account; informative",
     )
 
     @model_validator(mode="after")
@@ -180,7 +186,7 @@ def measured(birth: Birth) -> tuple[bool | None, Literal["infiniband", "roce", "
     """NVLink and fabric as a node's birth shows them; None where it says nothing."""
     physical = [g for g in birth.gpus if g.parent is None]
     nvlink: bool | None = None
-    if physical:
+    if physical and birth.agent_version != PROMETHEUS:  # dcgm-exporter's default series say nothing of links
         linked = all(g.nvlink_links > 0 for g in physical)
         # Links without an NVSwitch behind them are bridges between pairs: no NVLink across more than two GPUs.
         bridged = len(physical) > 2 and all(g.nvswitch is False for g in physical)
@@ -244,6 +250,13 @@ def from_fleet(
                 )
             )
     known = {n.name for n in nodes}
+    owners = {
+        ref.id: ref.owner
+        for (rec_site, _), record in sorted(fleet.nodes.items())
+        if rec_site == site and record.windows
+        for ref in record.windows[-1].workloads
+        if ref.owner
+    }
     workloads = []
     for f in workload_features(fleet, site):
         if not set(f.nodes) <= known:
@@ -272,6 +285,7 @@ def from_fleet(
                 gpu_share=gpu_share,
                 mig_profile=profile,
                 shape=measured_shape(f),
+                owner=owners.get(f.id),
             )
         )
     snapshot = Snapshot(site=site, nodes=nodes, workloads=workloads)

@@ -1,0 +1,378 @@
+"""Prometheus as a source of the fleet: dcgm-exporter's series (with kube-state-metrics and cAdvisor where they are
+scraped too) read through the HTTP API and fed to a ``Fleet`` as births and windows, the way agents' messages are.
+
+A read is cut in pieces no server refuses: nodes in groups, time in stretches, so that one query asks for at most
+``points_per_query`` points and no series for more than 10,000 (Prometheus refuses 11,000 a series). A query the
+server still finds too large is split again (nodes first, then time), down to one node over one window. Queries run
+a few at a time (``concurrency``); each group's series are turned into windows and ingested as soon as they arrive,
+so memory holds a few groups' series, not the fleet's.
+
+kube-state-metrics gives each pod its controller (``kube_pod_owner``, ``kube_replicaset_owner``: the Deployment a
+capacity team would move) and, with ``owner_label``, its team (``kube_pod_labels``). cAdvisor gives each pod's own
+network traffic (``container_network_*_bytes_total``: the pod's network namespace, the same figure the agent reads
+from ``/proc/PID/net/dev``). Both are optional: without them a pod is named by itself and owned by its namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from agent.protocol import TopicKind, node_topic
+from optimizer.ingest.dcgm import (
+    FB_USED,
+    METRICS,
+    NODE_LABELS,
+    NodeSeries,
+    PodMeta,
+    Tally,
+    add_pod_network,
+    add_series,
+    birth,
+    valid_node,
+    windows,
+)
+from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.promapi import PromClient, PrometheusError, TooLarge
+
+log = logging.getLogger(__name__)
+
+MAX_POINTS_PER_SERIES = 10_000  # Prometheus refuses a range query past 11,000 points a series
+GPUS_PER_NODE_GUESS = 8
+CADVISOR_RX = "container_network_receive_bytes_total"
+CADVISOR_TX = "container_network_transmit_bytes_total"
+SERIES_PER_GPU = len(METRICS)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSettings:
+    """How to read one fleet out of a Prometheus-compatible server."""
+
+    site: str = "default"
+    node_label: str | None = None  # None: Hostname, else hostname (dcgm-exporter's spellings)
+    owner_label: str | None = None  # a pod label (as kube-state-metrics writes it, label_team) naming the owner
+    step: float = 30.0  # seconds between the points read: dcgm-exporter's default collect interval is 30 s
+    window: float = 300.0  # seconds of points in one telemetry window
+    points_per_query: int = 2_000_000
+    concurrency: int = 3
+    selector: str = ""  # extra label matchers for every dcgm series, e.g. 'cluster="eu-1"'
+
+
+@dataclass(slots=True)
+class ReadReport:
+    """What a read found and left out, for the log, the progress line and the import's summary."""
+
+    nodes: int = 0
+    nodes_read: int = 0
+    windows: int = 0
+    refused: int = 0  # windows or births the fleet refused (its reasons are counted there)
+    series: int = 0
+    queries: int = 0
+    splits: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    profiling: bool = False  # any DCGM_FI_PROF_* series seen
+    kube_state: bool = False
+    cadvisor: bool = False
+    node_label: str | None = None
+    bad_nodes: list[str] = field(default_factory=list)
+
+
+def auto_step(seconds: float, step: float | None) -> float:
+    """The step for a read of ``seconds``: the one given, else 30 s (dcgm-exporter's default collect interval) up to
+    2,880 points a series (a day), longer for longer reads so that no series holds more."""
+    if step is not None:
+        return step
+    return float(max(30, math.ceil(seconds / 2880 / 30) * 30))
+
+
+def _raw(text: str) -> str:
+    """``text`` as a PromQL raw string literal (backticks: nothing inside is an escape)."""
+    if "`" in text:
+        raise ValueError(f"{text!r} cannot be quoted")
+    return f"`{text}`"
+
+
+def _ksm_label(name: str) -> str:
+    """A pod label as kube-state-metrics names it in ``kube_pod_labels``: ``label_`` and the name with every
+    character Prometheus does not allow in a label name made ``_`` (``app.kubernetes.io/part-of`` ->
+    ``label_app_kubernetes_io_part_of``)."""
+    if name.startswith("label_"):
+        return name
+    return "label_" + "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name)
+
+
+def _regex_of(names: Sequence[str]) -> str:
+    special = set(r"\.+*?()|[]{}^$")
+    return "|".join("".join("\\" + c if c in special else c for c in n) for n in names)
+
+
+class PrometheusSource:
+    """Reads dcgm-exporter series of ``[start, end)`` into ``fleet``."""
+
+    def __init__(
+        self,
+        client: PromClient,
+        fleet: Fleet,
+        settings: ReadSettings,
+        power_limit: Callable[[str], float | None] | None = None,
+        progress: Callable[[ReadReport], None] | None = None,
+        skip_node: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.client = client
+        self.fleet = fleet
+        self.settings = settings
+        self.power_limit = power_limit
+        self.progress = progress
+        self.skip_node = skip_node or (lambda node: False)
+        self.sent_births: dict[str, int] = {}  # node -> devices in the birth last sent
+
+    async def node_label(self, start: float, end: float) -> tuple[str, list[str]]:
+        """The label naming nodes, and the nodes it names between ``start`` and ``end``."""
+        s = self.settings
+        match = self._match(FB_USED)
+        for label in (s.node_label,) if s.node_label else NODE_LABELS:
+            names = await self.client.label_values(label, match, start, end)
+            if names:
+                return label, names
+        if s.node_label:
+            raise PrometheusError(
+                f"no {FB_USED} series carries the label {s.node_label!r} between those times: check --node-label"
+            )
+        raise PrometheusError(
+            f"no dcgm-exporter series ({FB_USED}) with a Hostname or hostname label between those times: is "
+            "dcgm-exporter scraped by this server, and for that period? (or name the node label with --node-label)"
+        )
+
+    def _match(self, metric: str, extra: str = "") -> str:
+        matchers = ", ".join(m for m in (self.settings.selector, extra) if m)
+        return f"{metric}{{{matchers}}}" if matchers else metric
+
+    async def read(self, start: float, end: float) -> ReadReport:
+        """Read every node's series from ``start`` to ``end`` (whole windows) into the fleet."""
+        s = self.settings
+        report = ReadReport()
+        label, found = await self.node_label(start, end)
+        report.node_label = label
+        nodes = []
+        for name in sorted(set(found)):
+            if not valid_node(name):
+                report.bad_nodes.append(name)
+                report.skipped["node_name"] += 1
+            elif not self.skip_node(name):
+                nodes.append(name)
+        report.nodes = len(nodes)
+        if report.bad_nodes:
+            log.warning(
+                "%d node name(s) in %r are no valid node id and are left out (e.g. %r)",
+                len(report.bad_nodes), label, report.bad_nodes[0],
+            )  # fmt: skip
+        pods = await self._pods(start, end, report)
+        per_node_points = GPUS_PER_NODE_GUESS * SERIES_PER_GPU
+        span = min(end - start, s.step * MAX_POINTS_PER_SERIES)
+        span = max(s.window, math.floor(span / s.window) * s.window)
+        group = max(1, min(len(nodes), int(s.points_per_query / (per_node_points * span / s.step))))
+        groups = [nodes[i : i + group] for i in range(0, len(nodes), group)]
+        limit = asyncio.Semaphore(s.concurrency)
+
+        async def one(names: list[str]) -> None:
+            async with limit:
+                await self._group(names, label, start, end, span, pods, report)
+
+        await asyncio.gather(*(one(g) for g in groups))
+        return report
+
+    async def _pods(self, start: float, end: float, report: ReadReport) -> dict[tuple[str, str], PodMeta]:
+        """Each pod's controller and owner from kube-state-metrics, where the server has it."""
+        seconds = max(1, math.ceil(end - start))
+        at = end
+
+        async def instant(query: str) -> list[dict[str, str]]:
+            try:
+                series = await self.client.query_range(query, at, at, 60)
+            except PrometheusError as exc:
+                log.info("kube-state-metrics not read (%s)", exc)
+                return []
+            report.queries += 1
+            return [x.labels for x in series]
+
+        owners = await instant(f"last_over_time(kube_pod_owner[{seconds}s])")
+        if not owners:
+            return {}
+        report.kube_state = True
+        replicasets = {
+            (x.get("namespace", ""), x.get("replicaset", "")): (x.get("owner_kind"), x.get("owner_name"))
+            for x in await instant(f"last_over_time(kube_replicaset_owner[{seconds}s])")
+        }
+        labels: dict[tuple[str, str], str] = {}
+        if self.settings.owner_label:
+            key = _ksm_label(self.settings.owner_label)
+            for x in await instant(f"last_over_time(kube_pod_labels[{seconds}s])"):
+                if x.get(key):
+                    labels[(x.get("namespace", ""), x.get("pod", ""))] = x[key]
+        uids = {
+            (x.get("namespace", ""), x.get("pod", "")): x.get("uid")
+            for x in await instant(f"last_over_time(kube_pod_info[{seconds}s])")
+        }
+        out: dict[tuple[str, str], PodMeta] = {}
+        for x in owners:
+            pod = (x.get("namespace", ""), x.get("pod", ""))
+            kind, name = x.get("owner_kind"), x.get("owner_name")
+            if kind == "ReplicaSet" and (pod[0], name or "") in replicasets:
+                kind, name = replicasets[(pod[0], name or "")]
+            if kind in (None, "", "<none>"):
+                kind, name = None, None
+            out[pod] = PodMeta(name=name, kind=kind, owner=labels.get(pod), uid=uids.get(pod) or None)
+        for pod, owner in labels.items():
+            out.setdefault(pod, PodMeta(owner=owner, uid=uids.get(pod) or None))
+        return out
+
+    async def _group(
+        self,
+        names: list[str],
+        label: str,
+        start: float,
+        end: float,
+        span: float,
+        pods: dict[tuple[str, str], PodMeta],
+        report: ReadReport,
+    ) -> None:
+        """One group of nodes, stretch by stretch; halved and read again when the server finds it too large."""
+        s = self.settings
+        t = start
+        while t < end - 1e-6:
+            stop = min(end, t + span)
+            try:
+                nodes = await self._fetch(names, label, t, stop, pods, report)
+            except TooLarge:
+                report.splits += 1
+                if len(names) > 1:
+                    half = len(names) // 2
+                    await self._group(names[:half], label, t, stop, span, pods, report)
+                    await self._group(names[half:], label, t, stop, span, pods, report)
+                elif span > s.window:
+                    smaller = max(s.window, math.floor(span / 2 / s.window) * s.window)
+                    await self._group(names, label, t, stop, smaller, pods, report)
+                else:
+                    raise PrometheusError(
+                        f"the server refuses even one node ({names[0]}) over one window ({s.window:g} s) as too large: "
+                        "raise its limits or give a longer --step"
+                    ) from None
+                t = stop
+                continue
+            self._ingest(nodes, t, stop, report)
+            t = stop
+            if self.progress is not None:
+                self.progress(report)
+
+    async def _fetch(
+        self,
+        names: list[str],
+        label: str,
+        start: float,
+        end: float,
+        pods: dict[tuple[str, str], PodMeta],
+        report: ReadReport,
+    ) -> dict[str, NodeSeries]:
+        s = self.settings
+        metrics = "|".join(METRICS)
+        matchers = [f"__name__=~{_raw(metrics)}", f"{label}=~{_raw(_regex_of(names))}"]
+        if s.selector:
+            matchers.append(s.selector)
+        # The last point of a stretch sits just before its end, so that a window never takes one of the next's.
+        last = end - min(s.step, 1.0) / 2
+        series = await self.client.query_range("{" + ", ".join(matchers) + "}", start, last, s.step)
+        report.queries += 1
+        report.series += len(series)
+        tally = Tally()
+        nodes: dict[str, NodeSeries] = {}
+        for x in series:
+            node = x.labels.get(label, "")
+            if node not in names:
+                tally.skip("node_label")
+                continue
+            if x.labels.get("__name__", "").startswith("DCGM_FI_PROF_"):
+                report.profiling = True
+            into = nodes.get(node)
+            if into is None:
+                into = nodes[node] = NodeSeries(node)
+            add_series(into, x.labels, x.times, x.values, pods, tally)
+        held = sorted({p for n in nodes.values() for d in n.devices.values() for h in d.holders if (p := h.pod)})
+        if held:
+            await self._network(held, start, last, nodes, label, report)
+        report.skipped.update(tally.skipped)
+        return nodes
+
+    async def _network(
+        self,
+        held: list[tuple[str, str]],
+        start: float,
+        end: float,
+        nodes: dict[str, NodeSeries],
+        label: str,
+        report: ReadReport,
+    ) -> None:
+        """The pods' own network traffic from cAdvisor (one series a pod and direction), where it is scraped."""
+        s = self.settings
+        where = {
+            pod: node for node, n in nodes.items() for d in n.devices.values() for h in d.holders if (pod := h.pod)
+        }
+        rate = f"{max(120, int(4 * s.step))}s"
+        pods_re = _raw(_regex_of(sorted({p for _, p in held})))
+        for direction, metric in (("rx", CADVISOR_RX), ("tx", CADVISOR_TX)):
+            # cAdvisor writes a pod's traffic once per interface (under its sandbox, and on some runtimes again under
+            # each container): the most per interface, summed over interfaces, counts it once.
+            query = (
+                f"sum by (namespace, pod) (max by (namespace, pod, interface) "
+                f'(rate({metric}{{pod=~{pods_re}, interface!="lo"}}[{rate}])))'
+            )
+            try:
+                series = await self.client.query_range(query, start, end, s.step)
+            except TooLarge:
+                raise
+            except PrometheusError as exc:
+                log.info("cAdvisor network not read (%s)", exc)
+                return
+            report.queries += 1
+            for x in series:
+                key = (x.labels.get("namespace", ""), x.labels.get("pod", ""))
+                node = where.get(key)
+                if node is not None:
+                    report.cadvisor = True
+                    add_pod_network(nodes[node], key[0], key[1], direction, x.times, x.values)
+
+    def _ingest(self, nodes: dict[str, NodeSeries], start: float, end: float, report: ReadReport) -> None:
+        s = self.settings
+        for name, node in sorted(nodes.items()):
+            if not node.devices:
+                continue
+            devices = len(node.devices)
+            if self.sent_births.get(name) != devices:
+                payload = birth(node, s.site, start, self.power_limit)
+                topic = node_topic(self.fleet.prefix, s.site, name, TopicKind.BIRTH)
+                if self.fleet.ingest(topic, msgspec.json.encode(payload)) is None:
+                    report.refused += 1
+                    continue
+                self.sent_births[name] = devices
+                report.nodes_read += 1
+            topic = node_topic(self.fleet.prefix, s.site, name, TopicKind.TELEMETRY)
+            for w in windows(node, s.site, start, end, s.window):
+                if self.fleet.ingest(topic, msgspec.json.encode(w)) is None:
+                    report.refused += 1
+                else:
+                    report.windows += 1
+
+
+def window_bounds(since: float, until: float | None, window: float, now: float | None = None) -> tuple[float, float]:
+    """Whole windows from ``since`` seconds before ``until`` (default now) up to ``until``."""
+    if until is None:
+        until = time.time() if now is None else now
+    end = math.floor(until / window) * window
+    start = math.floor((end - since) / window) * window
+    return start, end
