@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from agent.config import AgentSettings
 from collectors.attribution import Attributor
@@ -13,12 +15,17 @@ from collectors.base import Collector
 from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.partitioned import PARTITIONS, PartitionedNode
+from collectors.pci import AMD_VENDOR_ID, NVIDIA_VENDOR_ID, VENDORS, accelerators
 from collectors.sim.node import SimulatedNode
 from collectors.sim.processes import ProcessBackedGpus
 from collectors.sim.profiles import PROFILES
 from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.storage import StorageCollector
+from collectors.vendors import GpuVendors
 from collectors.workload_facts import WithFacts
+
+log = logging.getLogger(__name__)
+LIBRARIES = {"NVIDIA": "NVML", "AMD": "amdsmi", "Habana": "HLML"}
 
 _SPEC = re.compile(r"^(?P<model>[a-z0-9]+)x(?P<count>\d+)(?P<options>(?::[a-z_]+){0,2})$")
 
@@ -67,20 +74,80 @@ def simulated_gpus(spec: str, node: str) -> SimulatedNode | PartitionedNode:
     return PartitionedNode(sim, modes[0])
 
 
-def gpu_collector(settings: AgentSettings) -> Collector:
-    """NVIDIA through NVML; where there is no NVIDIA driver, AMD through amdsmi, then Gaudi through HLML."""
-    # Imported here: a simulated node never loads the vendor collectors, an NVIDIA node never the other vendors'.
-    from collectors.gpu import NullGpuCollector, open_gpu_collector
+def _open_vendor(vendor: int, attributor: Attributor) -> Collector | str:
+    """One vendor's collector, or why there is none (its library is absent, it found no device)."""
+    # Imported here: a simulated node never loads the vendor collectors, a node loads only its vendors'.
+    if vendor == NVIDIA_VENDOR_ID:
+        from collectors.gpu import NullGpuCollector, open_gpu_collector
 
-    attributor = Attributor(node=settings.node)
-    nvidia = open_gpu_collector(attributor=attributor)
-    if not isinstance(nvidia, NullGpuCollector):
-        return WithFacts(nvidia, attributor)  # the processes it attributes, described once per window
-    from collectors.amd import open_amd_collector
+        nvidia = open_gpu_collector(attributor=attributor)
+        return nvidia.reason if isinstance(nvidia, NullGpuCollector) else nvidia
+    if vendor == AMD_VENDOR_ID:
+        from collectors.amd import open_amd_collector
+
+        return open_amd_collector(attributor=attributor) or "amdsmi found no AMD GPU (see the log)"
     from collectors.gaudi import open_gaudi_collector
 
-    found = open_amd_collector(attributor=attributor) or open_gaudi_collector(attributor=attributor)
-    return WithFacts(found, attributor) if found is not None else nvidia
+    return open_gaudi_collector(attributor=attributor) or "HLML found no Gaudi (see the log)"
+
+
+def _answers(c: Collector) -> bool:
+    """Whether a collector read devices, as opposed to waiting for a driver that is not loaded."""
+    inv = c.inventory()
+    return bool(inv.gpus or inv.gpu_failures) and inv.gpu_unavailable is None
+
+
+def gpu_collector(settings: AgentSettings, sysfs_root: Path = Path("/sys")) -> Collector:
+    """Every accelerator vendor on the PCI bus read through its library: NVIDIA through NVML, AMD through amdsmi,
+    Intel Gaudi through HLML. A vendor whose devices are there but whose driver is not loaded yet is waited for.
+    Where the bus cannot be read, each library is tried and every one that finds devices is kept."""
+    from collectors.gpu import NullGpuCollector
+
+    attributor = Attributor(node=settings.node)
+    on_bus = accelerators(sysfs_root)
+    if on_bus is None:
+        log.info("PCI bus not readable under %s: trying every GPU library", sysfs_root)
+        vendors = list(VENDORS)
+    else:
+        log.info(
+            "accelerators on the PCI bus: %s",
+            ", ".join(f"{VENDORS[v]} x{len(a)}" for v, a in sorted(on_bus.items())) or "none",
+        )
+        vendors = [v for v in VENDORS if v in on_bus]
+        if not vendors:
+            reason = "no NVIDIA, AMD or Habana accelerator on the PCI bus: NVML, amdsmi and HLML left unloaded"
+            log.info("GPU collector disabled: %s", reason)
+            return NullGpuCollector(reason)
+    opened: list[tuple[str, Collector]] = []
+    reasons: list[str] = []
+    for vendor in vendors:
+        found = _open_vendor(vendor, attributor)
+        if isinstance(found, str):
+            reasons.append(f"{VENDORS[vendor]}: {found}")
+            if on_bus is not None:
+                log.warning("%s devices are on the PCI bus but cannot be read: %s", VENDORS[vendor], found)
+            continue
+        opened.append((VENDORS[vendor], found))
+    if on_bus is None:  # guessing: a library waiting for a driver on a node without that vendor's devices is noise
+        kept = [(v, c) for v, c in opened if _answers(c)] or opened[:1]
+        for _, c in opened:
+            if all(c is not k for _, k in kept):
+                c.close()
+        opened = kept
+    for name, c in opened:
+        inv = c.inventory()
+        log.info(
+            "%s devices read through %s: %d%s",
+            name,
+            LIBRARIES[name],
+            len(inv.gpus),
+            f" (waiting: {inv.gpu_unavailable})" if inv.gpu_unavailable else "",
+        )
+    if not opened:
+        log.info("GPU collector disabled: %s", "; ".join(reasons))
+        return NullGpuCollector("; ".join(reasons)[:300])
+    gpu = opened[0][1] if len(opened) == 1 else GpuVendors(opened)
+    return WithFacts(gpu, attributor)  # the processes it attributes, described once per window
 
 
 def node_collectors(

@@ -319,13 +319,15 @@ def test_no_libhlml_disables_gaudi_quietly(tmp_path: Path, capsys: pytest.Captur
 # ---------------------------------------------------------------- node wiring and simulator
 
 
-def test_a_node_without_any_vendor_library_gets_the_null_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_without_any_vendor_library_gets_the_null_collector(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # Whatever the runner has (a GPU runner has NVML): each vendor's library is made absent the way it is absent
-    # on a node without it.
+    # on a node without it, and the PCI bus cannot be read (no sysfs), so every library is tried.
     monkeypatch.setitem(sys.modules, "pynvml", make_fake_nvml([], init_error=12))  # LIBRARY_NOT_FOUND
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # import fails
     monkeypatch.setitem(sys.modules, "pyhlml.main", None)
-    collector = gpu_collector(AgentSettings(node="n1"))
+    collector = gpu_collector(AgentSettings(node="n1"), sysfs_root=tmp_path)
     assert isinstance(collector, NullGpuCollector) and "NVML" in collector.reason
 
 
