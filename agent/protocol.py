@@ -75,6 +75,25 @@ MAX_COUNTER = 2**53
 # most its length divided by this, plus the samples at both of its ends.
 MIN_SAMPLE_INTERVAL = 0.1
 Count = Annotated[int, Field(strict=True, ge=0, le=MAX_COUNTER)]
+# Upper bounds on the rest of the integers, each past anything an honest agent sends, so that a node cannot put
+# 10**300 in front of the optimizer, its store or a chat channel:
+# a window's samples: a day at the shortest interval, plus both ends (publish_interval is at most an hour)
+MAX_SAMPLES = 864_002
+# a GPU's memory: 2**24 MiB (16 TiB), over 50x the largest GPU's (288 GB: B300, MI355X datasheets)
+MAX_GPU_MEMORY_MIB = 2**24
+# NVLink (or Infinity Fabric) links of one GPU: NVML_NVLINK_MAX_LINKS is 18 (nvml.h)
+MAX_LINKS = 64
+# PCIe link generation and width: the Link Capabilities register holds them in 4 and 6 bits (PCIe base spec 7.5.3.6)
+MAX_PCIE_GEN, MAX_PCIE_WIDTH = 15, 63
+# a NIC's speed in Mb/s: ethtool's speed field is 32 bits (linux/ethtool.h); 1.6 TbE is 1,600,000
+MAX_SPEED_MBPS = 2**32 - 1
+# a disk's bytes: 1 EiB, 8,000x the largest SSD (122.88 TB)
+MAX_DISK_BYTES = 2**60
+# connections to a workload's ports, and their peers: every TCP socket holds kernel memory (an estimate: 2 KiB
+# or more), so 2**32 of them would need 8 TiB
+MAX_CONNECTIONS = 2**32
+# a workload's GPUs across nodes and a plan's actions and waves: 100,000 GPUs, the largest single clusters built
+MAX_FLEET_GPUS = 100_000
 PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active")
 HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
 # What a stats array summarises is never negative, and the optimizer keeps some of it as float32.
@@ -263,15 +282,17 @@ class NicRole(StrEnum):
 
 
 class GpuInfo(_Model):
-    index: int = Field(strict=True, ge=0)
+    index: int = Field(strict=True, ge=0, le=MAX_GPU_INDEX)
     uuid: str = Field(max_length=96)
     model: str = Field(min_length=1, max_length=96)
-    memory_mib: int = Field(strict=True, ge=0)
-    nvlink_links: int = Field(strict=True, default=0, ge=0)
-    pcie_gen: int | None = Field(strict=True, default=None, ge=1)
-    pcie_width: int | None = Field(strict=True, default=None, ge=1)
+    memory_mib: int = Field(strict=True, ge=0, le=MAX_GPU_MEMORY_MIB)
+    nvlink_links: int = Field(strict=True, default=0, ge=0, le=MAX_LINKS)
+    pcie_gen: int | None = Field(strict=True, default=None, ge=1, le=MAX_PCIE_GEN)
+    pcie_width: int | None = Field(strict=True, default=None, ge=1, le=MAX_PCIE_WIDTH)
     mig_mode: bool = False
-    parent: int | None = Field(strict=True, default=None, ge=0, description="for a MIG instance: the index of its GPU")
+    parent: int | None = Field(
+        strict=True, default=None, ge=0, le=MAX_GPU_INDEX, description="for a MIG instance: the index of its GPU"
+    )
     mig_profile: str | None = Field(default=None, max_length=32, description='for a MIG instance, e.g. "3g.40gb"')
     power_limit_w: Quantity | None = None
     # Real-hardware fields (schema 2):
@@ -285,7 +306,7 @@ class GpuInfo(_Model):
 class GpuFailure(_Model):
     """A GPU the driver lists but the agent cannot read, and why (it costs that GPU only)."""
 
-    index: int = Field(strict=True, ge=0)
+    index: int = Field(strict=True, ge=0, le=MAX_GPU_INDEX)
     error: str = Field(max_length=120)
 
 
@@ -293,12 +314,12 @@ class NicInfo(_Model):
     name: str = Field(min_length=1, max_length=64)
     kind: NicKind
     role: NicRole
-    speed_mbps: int | None = Field(strict=True, default=None, ge=0)
+    speed_mbps: int | None = Field(strict=True, default=None, ge=0, le=MAX_SPEED_MBPS)
 
 
 class DiskInfo(_Model):
     name: str = Field(min_length=1, max_length=64)
-    size_bytes: int | None = Field(strict=True, default=None, ge=0)
+    size_bytes: int | None = Field(strict=True, default=None, ge=0, le=MAX_DISK_BYTES)
     member_of: str | None = Field(
         default=None,
         max_length=64,
@@ -437,7 +458,7 @@ def series(values: Sequence[float]) -> list[float]:
 class GpuWindow(_Model):
     """One GPU over one window. Utilisation in %, memory in MiB, power in W, byte rates in bytes/s."""
 
-    index: int = Field(strict=True, ge=0)
+    index: int = Field(strict=True, ge=0, le=MAX_GPU_INDEX)
     util: Percentages | None = None
     mem_util: Percentages | None = None
     mem_used_mib: Stats | None = None
@@ -509,7 +530,7 @@ class WorkloadRef(_Model):
     id: str = Field(min_length=1, max_length=200)
     kind: WorkloadKind
     name: str = Field(max_length=200)
-    gpus: list[Annotated[int, Field(strict=True)]] = Field(max_length=64)
+    gpus: list[Annotated[int, Field(strict=True, ge=0, le=MAX_GPU_INDEX)]] = Field(max_length=64)
     hint: str | None = Field(default=None, max_length=64, description="executable name, never a command line")
     # Schema 2: facts about the workload's processes, read once per window (collectors/workload_facts.py).
     program: str | None = Field(
@@ -521,10 +542,10 @@ class WorkloadRef(_Model):
         default_factory=list, max_length=16, description="TCP ports below the ephemeral range it listens on"
     )
     inbound_connections: int | None = Field(
-        strict=True, default=None, ge=0, description="established connections to them"
+        strict=True, default=None, ge=0, le=MAX_CONNECTIONS, description="established connections to them"
     )
     inbound_peers: int | None = Field(
-        strict=True, default=None, ge=0, description="distinct remote addresses among those"
+        strict=True, default=None, ge=0, le=MAX_CONNECTIONS, description="distinct remote addresses among those"
     )
     net_rx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s in")
     net_tx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s out")
@@ -582,7 +603,7 @@ class Telemetry(_Model):
     seq: Count = Field(description="increments per window within a session")
     start: Quantity
     end: Quantity
-    samples: int = Field(strict=True, ge=0, description="1 Hz samples that went into the window")
+    samples: int = Field(strict=True, ge=0, le=MAX_SAMPLES, description="1 Hz samples that went into the window")
     gpus: list[GpuWindow] = Field(default_factory=list, max_length=64)
     gpu_unavailable: str | None = Field(default=None, max_length=300)
     nics: list[NicWindow] = Field(default_factory=list, max_length=64)
@@ -640,7 +661,7 @@ class WorkloadView(_Model):
     confidence: float = Field(ge=0, le=1)
     nodes: list[str]
     hardware: str
-    gpus: int = Field(ge=0)
+    gpus: int = Field(ge=0, le=MAX_FLEET_GPUS)
     mean_util: float = Field(ge=0)
     evidence: list[str] = Field(default_factory=list)
 
@@ -689,7 +710,7 @@ class Recommendation(_Model):
     workload_name: str = Field(max_length=200)
     workload_class: WorkloadClass
     confidence: float = Field(ge=0, le=1)
-    gpus: int = Field(ge=1)
+    gpus: int = Field(ge=1, le=MAX_FLEET_GPUS)
     from_node: str
     from_hardware: str
     to_node: str
@@ -703,10 +724,12 @@ class Recommendation(_Model):
     kind: Literal["move", "reclaim", "right_size", "consolidate"] | None = Field(
         default=None, description="None: a move (schema 1)"
     )
-    wave: int | None = Field(default=None, ge=1, description="actions of one wave may run in parallel")
+    wave: int | None = Field(
+        default=None, ge=1, le=MAX_FLEET_GPUS, description="actions of one wave may run in parallel"
+    )
     after: list[str] = Field(default_factory=list, description="ids of the actions this one waits for")
     via_node: str | None = Field(default=None, description="staged through this node's free room first")
-    via_wave: int | None = Field(default=None, ge=1, description="the wave of the staging hop")
+    via_wave: int | None = Field(default=None, ge=1, le=MAX_FLEET_GPUS, description="the wave of the staging hop")
     swap: list[str] = Field(default_factory=list, description="ids carried out together with this one")
     gpus_after: float | None = Field(default=None, ge=0, description="GPUs held afterwards (right_size, reclaim)")
     blocked_by: list[str] = Field(default_factory=list, description="dismissed actions this one waits for")
@@ -729,8 +752,8 @@ class Purchase(_Model):
     """Nodes of one hardware type worth buying: what they cost and the savings they unlock (schema 2)."""
 
     hardware: str = Field(max_length=200)
-    gpus_per_node: int = Field(ge=1)
-    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPU_INDEX + 1)  # as many as a birth may list
+    nodes: int = Field(ge=1, le=MAX_FLEET_GPUS)
     monthly_cost_usd: float = Field(ge=0, description="the nodes at the catalog's amortised price")
     monthly_savings_usd: float = Field(description="what the plan with them saves beyond the plan without them")
     payback_months: float | None = Field(default=None, ge=0, description="cost x amortisation months / savings")

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter
 from agent.protocol import (
     SCHEMA_VERSION,
     Birth,
+    DiskInfo,
     DiskWindow,
     GpuInfo,
     GpuWindow,
@@ -153,6 +154,70 @@ def test_birth_state_and_plan_round_trip() -> None:
     )
     for kind, message in ((TopicKind.BIRTH, birth), (TopicKind.STATE, state), (TopicKind.RECOMMENDATIONS, plan)):
         assert decode(kind, encode(message)) == message
+
+
+def _integers(schema: object, at: str = "") -> list[tuple[str, object]]:
+    """(where, its bound) for every integer in a JSON schema that is not one of a fixed set of values."""
+    found: list[tuple[str, object]] = []
+    if isinstance(schema, dict):
+        if schema.get("type") == "integer" and "enum" not in schema and "const" not in schema:
+            found.append((at, schema.get("maximum")))
+        for key, value in schema.items():
+            found += _integers(value, f"{at}.{key}")
+    elif isinstance(schema, list):
+        for value in schema:
+            found += _integers(value, at)
+    return found
+
+
+def test_every_integer_of_the_wire_protocol_has_an_upper_bound() -> None:
+    """Every message's schema, every integer in it (counts, indices, sizes, speeds) with a maximum. Deliberate
+    bug caught: a field without ``le=`` (``inbound_connections`` took 10**300, shown in evidence)."""
+    models = [Birth, State, Telemetry, Plan]
+    integers = [(f"{m.__name__}{at}", bound) for m in models for at, bound in _integers(m.model_json_schema())]
+    assert len(integers) > 30
+    assert [at for at, bound in integers if bound is None] == []
+
+
+def _birth_with(path: tuple[str | int, ...], value: object) -> bytes:
+    birth = Birth(
+        node="n1", site="s1", session=3, agent_version="0.1.0", hostname="n1", timestamp=1.0,
+        gpus=[GpuInfo(index=0, uuid="GPU-1", model="NVIDIA H100", memory_mib=81559, nvlink_links=18, pcie_gen=5,
+                      pcie_width=16),
+              GpuInfo(index=1, uuid="MIG-1", model="NVIDIA H100 MIG 3g.40gb", memory_mib=40192, parent=0)],
+        nics=[NicInfo(name="ib0", kind=NicKind.INFINIBAND, role=NicRole.EAST_WEST, speed_mbps=400_000)],
+        disks=[DiskInfo(name="nvme0n1", size_bytes=3_840_000_000_000)],
+    )  # fmt: skip
+    raw = json.loads(encode(birth))
+    target = raw
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "bound"),
+    [
+        (("gpus", 0, "memory_mib"), 2**24),  # 16 TiB
+        (("gpus", 0, "nvlink_links"), 64),
+        (("gpus", 0, "pcie_gen"), 15),
+        (("gpus", 0, "pcie_width"), 63),
+        (("nics", 0, "speed_mbps"), 2**32 - 1),
+        (("disks", 0, "size_bytes"), 2**60),
+        (("gpus", 1, "index"), 63),
+        (("gpus", 1, "parent"), 63),  # past 63 no parent can be listed; the bound is the field's own
+    ],
+)
+def test_a_birth_with_an_integer_past_its_bound_is_refused(path: tuple[str | int, ...], bound: int) -> None:
+    """At its bound a figure is kept (the parent and index checks across GPUs aside); one past, or 10**300, the
+    birth is refused as ``schema``. Deliberate bug caught: the bound moved or left off."""
+    if path[-1] not in ("index", "parent"):
+        assert isinstance(decode(TopicKind.BIRTH, _birth_with(path, bound)), Birth)
+    for value in (bound + 1, 10**300):
+        with pytest.raises(ProtocolError) as info:
+            decode(TopicKind.BIRTH, _birth_with(path, value))
+        assert info.value.reason == "schema" and str(path[-1]) in info.value.detail
 
 
 def test_a_schema_1_agent_is_still_understood() -> None:

@@ -32,8 +32,11 @@ from msgspec import Meta, Struct
 from agent.protocol import (
     FLOAT32_MAX,
     HOST_PERCENT_FIELDS,
+    MAX_CONNECTIONS,
     MAX_COUNTER,
+    MAX_GPU_INDEX,
     MAX_PAYLOAD_BYTES,
+    MAX_SAMPLES,
     PERCENT_FIELDS,
     DroppedField,
     ProtocolError,
@@ -55,7 +58,8 @@ _Measured = Annotated[float, Meta(ge=0, le=FLOAT32_MAX)]
 _Percent = Annotated[float, Meta(ge=0, le=100)]
 _Spread = Annotated[float, Meta(ge=0)]
 _Count = Annotated[int, Meta(ge=0, le=MAX_COUNTER)]
-_Natural = Annotated[int, Meta(ge=0)]
+_GpuIndex = Annotated[int, Meta(ge=0, le=MAX_GPU_INDEX)]
+_Connections = Annotated[int, Meta(ge=0, le=MAX_CONNECTIONS)]
 _Quantity = Annotated[float, Meta(ge=0)]
 Stats = tuple[_Measured, _Measured, _Measured, _Spread]
 Percentages = tuple[_Percent, _Percent, _Percent, _Spread]
@@ -74,7 +78,7 @@ _Text300 = Annotated[str, Meta(max_length=300)]
 
 
 class WindowGpu(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
-    index: _Natural
+    index: _GpuIndex
     util: Percentages | None = None
     mem_util: Percentages | None = None
     mem_used_mib: Stats | None = None
@@ -128,12 +132,12 @@ class WindowWorkload(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     id: Annotated[str, Meta(min_length=1, max_length=200)]
     kind: WorkloadKind
     name: _Text200
-    gpus: Annotated[list[int], Meta(max_length=64)]
+    gpus: Annotated[list[_GpuIndex], Meta(max_length=64)]
     hint: _Text64 | None = None
     program: _Text64 | None = None
     listen_ports: Annotated[list[Annotated[int, Meta(ge=1, le=65535)]], Meta(max_length=16)] = []
-    inbound_connections: _Natural | None = None
-    inbound_peers: _Natural | None = None
+    inbound_connections: _Connections | None = None
+    inbound_peers: _Connections | None = None
     net_rx_bps: _Quantity | None = None
     net_tx_bps: _Quantity | None = None
     sched_step: _Text32 | None = None
@@ -152,7 +156,7 @@ class Window(Struct, forbid_unknown_fields=True, frozen=True, gc=False, rename={
     seq: _Count
     start: float
     end: float
-    samples: _Natural
+    samples: Annotated[int, Meta(ge=0, le=MAX_SAMPLES)]
     schema_: Literal[1, 2] = 2
     gpus: Annotated[list[WindowGpu], Meta(max_length=64)] = []
     gpu_unavailable: _Text300 | None = None
