@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from agent.protocol import DiskInfo, GpuInfo, NicInfo, NicKind, NicRole, WorkloadKind, WorkloadRef
 from collectors.base import Entity, Inventory, Sample
@@ -20,6 +21,22 @@ from collectors.sim.spec import GpuState, Pattern, WorkloadSpec
 
 GB = 1e9
 DIURNAL_FLOOR = 0.1  # trough / peak of online inference over a day: about 10x
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """A node's last sample: when (its clock), each GPU's state and what the agent was given."""
+
+    time: float
+    gpus: tuple[GpuState, ...]
+    samples: tuple[Sample, ...]
+
+
+def activity(util: float, g: GpuState) -> tuple[float, float, float]:
+    """SM, tensor-pipe and DRAM activity (%) of a GPU at ``util`` %: what GPM reports on Hopper and DCGM's
+    profiling fields on any data-centre GPU. SM activity at 0.92 of utilisation is an estimate: NVML counts the
+    GPU busy while any kernel runs, however few of its SMs that kernel occupies."""
+    return min(100.0, util * 0.92), util * g.tensor_share, min(100.0, util * g.dram_share)
 
 
 class SimulatedNode:
@@ -62,6 +79,10 @@ class SimulatedNode:
         self.schema = schema
         self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
         self._netns: dict[str, tuple[float, float, float]] = {}  # per workload: tx bytes, rx bytes, seconds
+        # Per workload since the start, as its network namespace's interface counts (cAdvisor reads those); the
+        # window's figures above are taken away at each window, these never are.
+        self.netns_bytes: dict[str, tuple[float, float]] = {}
+        self.latest: Latest | None = None  # the last sample, for readers beside the agent (collectors/sim/exporter.py)
         self.background = background
         # Its own generator, so that adding a node's background leaves its workloads' draws as they were.
         self._background_rng = random.Random(f"{seed}:{node}:background")
@@ -187,6 +208,8 @@ class SimulatedNode:
             write_bps += wr
             tx, rx, seconds = self._netns.get(w.id, (0.0, 0.0, 0.0))
             self._netns[w.id] = (tx + n * dt, rx + nrx * dt, seconds + dt)
+            tx, rx = self.netns_bytes.get(w.id, (0.0, 0.0))
+            self.netns_bytes[w.id] = (tx + n * dt, rx + nrx * dt)
         if self.background is not None:  # the node's own: not in any workload's network namespace
             tx, rx, read, write = self.background.traffic(self._background_rng, t)
             north_bps += tx
@@ -213,11 +236,11 @@ class SimulatedNode:
                 counters["nvlink_tx_bps"] = self._advance(("gpu", f"{i}.nvl_tx"), g.nvlink_bps, dt)
                 counters["nvlink_rx_bps"] = self._advance(("gpu", f"{i}.nvl_rx"), g.nvlink_bps, dt)
             if self._gpm:
-                gauges["sm_active"] = round(min(100.0, util * 0.92), 1)
-                gauges["tensor_active"] = round(util * g.tensor_share, 1)
-                gauges["dram_active"] = round(min(100.0, util * g.dram_share), 1)
+                sm, tensor, dram = activity(util, g)
+                gauges.update(sm_active=round(sm, 1), tensor_active=round(tensor, 1), dram_active=round(dram, 1))
             out.append(Sample(Entity.GPU, str(i), gauges=gauges, counters=counters))
         if self.gpu_only:
+            self.latest = Latest(now, tuple(gpus), tuple(out))
             return out
 
         fabric = [n for n in p.nics if n.kind in (NicKind.INFINIBAND, NicKind.ROCE)]
@@ -267,6 +290,7 @@ class SimulatedNode:
                 },
             )
         )
+        self.latest = Latest(now, tuple(gpus), tuple(out))
         return out
 
     # ------------------------------------------------------------------ the patterns

@@ -19,6 +19,8 @@ from optimizer.commands import cliargs
 
 if TYPE_CHECKING:
     from agent.service import Agent
+    from collectors.sim.exporter import ExporterOptions
+    from collectors.sim.scenarios import ScenarioNode
     from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings
     from optimizer.serve.config import OptimizerConfig
 
@@ -561,51 +563,84 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from agent.clock import Clock
     from agent.simulate import SimulatedFleet, open_record
-    from collectors.sim.scenarios import build_scenario
+    from collectors.sim.exporter import ExporterOptions
+    from collectors.sim.scenarios import build_scenario, simulated_node
+    from collectors.sim.scrape import ExporterServer, drive
 
+    if not (args.broker or args.dcgm_exporter is not None or args.dcgm_history):
+        return _fail("simulate: give --broker URL, --dcgm-exporter PORT or --dcgm-history FILE (or several)")
     try:
-        mqtt = cliargs.broker_settings(args.broker, args.mqtt_protocol, args.broker_password_file, os.environ)
+        mqtt = None
+        if args.broker:
+            mqtt = cliargs.broker_settings(args.broker, args.mqtt_protocol, args.broker_password_file, os.environ)
         nodes = build_scenario(args.scenario, args.nodes, args.seed)
     except ValueError as exc:
         return _fail(str(exc))
+    exporter = ExporterOptions(
+        fields=args.dcgm_fields,
+        hostname_label=args.dcgm_hostname_label,
+        hostname_from=args.dcgm_hostname,
+        kubernetes=not args.dcgm_no_kubernetes,
+    )
     if len(nodes) > args.nodes:
         print(
             f"simulating {len(nodes)} nodes: the {args.nodes} asked for and {len(nodes) - args.nodes} spare node(s) "
             "with free GPUs for the planned moves to land on (docs/simulator.md)",
             file=sys.stderr,
         )
+    if args.dcgm_history:
+        rc = _dcgm_history(args, nodes, exporter)
+        if rc or (mqtt is None and args.dcgm_exporter is None):
+            return rc
     try:
         record = open_record(args.record)
     except OSError as exc:
         return _fail(f"--record {args.record}: {exc.strerror}")
     _raise_open_files_limit()
 
-    async def main() -> SimulatedFleet:
+    async def main() -> SimulatedFleet | str | None:
         import signal
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        fleet = SimulatedFleet(
-            nodes,
-            mqtt,
-            site=args.site,
-            clock=Clock(args.time_scale),
-            publish_interval=args.publish_interval,
-            seed=args.seed,
-            record=record,
-        )
+        clock = Clock(args.time_scale)
+        fleet = None
+        if mqtt is not None:
+            fleet = SimulatedFleet(
+                nodes,
+                mqtt,
+                site=args.site,
+                clock=clock,
+                publish_interval=args.publish_interval,
+                seed=args.seed,
+                record=record,
+            )
+        # Without a broker the nodes run without agents, sampled once a simulated second for the exporter alone.
+        sims = fleet.sims if fleet is not None else [simulated_node(n, clock.wall, args.seed) for n in nodes]
+        server = None
+        if args.dcgm_exporter is not None:
+            server = ExporterServer(sims, exporter, port=args.dcgm_exporter)
+            try:
+                await server.start()
+            except OSError as exc:
+                return f"--dcgm-exporter {args.dcgm_exporter}: {exc.strerror}"
+            print(f"dcgm-exporter: {server.url}", file=sys.stderr, flush=True)
         if args.duration:
             loop.call_later(args.duration, stop.set)
+        scheduler = None
         if args.apply_acknowledged:
             from agent.scheduler import apply_acknowledged
 
-            scheduler = asyncio.create_task(apply_acknowledged(fleet.sims, args.api, stop))
-            await fleet.run(stop)
-            await scheduler
-        else:
-            await fleet.run(stop)
+            scheduler = asyncio.create_task(apply_acknowledged(sims, args.api, stop))
+        try:
+            await (fleet.run(stop) if fleet is not None else drive(sims, clock, stop))
+            if scheduler is not None:
+                await scheduler
+        finally:
+            if server is not None:
+                await server.stop()
         return fleet
 
     try:
@@ -613,6 +648,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         if record is not None:
             record.close()
+    if isinstance(fleet, str):
+        return _fail(fleet)
+    if fleet is None or mqtt is None:
+        return 0
     errors = [a.link.last_error for a in fleet.agents if a.link.last_error]
     if errors and not any(a.link.connects for a in fleet.agents):
         unsent = sum(len(a.queue) for a in fleet.agents)
@@ -620,6 +659,29 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"--broker: never reached the broker at {mqtt.host}:{mqtt.port} ({errors[-1]}); "
             f"{unsent} window(s) not published"
         )
+    return 0
+
+
+def _dcgm_history(args: argparse.Namespace, nodes: list[ScenarioNode], exporter: ExporterOptions) -> int:
+    """Write ``--dcgm-history``: the fleet's last ``--history`` seconds as the exporters would have published them."""
+    from collectors.sim.backfill import labels_path, write_history
+
+    end = float(int(time.time() // args.step * args.step))  # whole steps: every node's samples share timestamps
+    try:
+        stats = write_history(
+            nodes, args.dcgm_history, end=end, span=args.history, step=args.step, options=exporter,
+            fmt=args.dcgm_history_format, seed=args.seed,
+        )  # fmt: skip
+    except ValueError as exc:
+        return _fail(f"--dcgm-history: {exc}")
+    except OSError as exc:
+        return _fail(f"--dcgm-history {args.dcgm_history}: {exc.strerror}")
+    print(
+        f"dcgm-history: {args.dcgm_history} ({args.dcgm_history_format}, {stats.lines:,} samples of {stats.steps} "
+        f"steps, {stats.bytes / 2**20:,.1f} MiB in {stats.seconds:.1f} s); ground truth of {stats.workloads} "
+        f"workload(s) in {labels_path(args.dcgm_history)}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -943,9 +1005,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--broker",
-        required=True,
         help=f"mqtt[s]://[user@]host[:port]; the password from ${cliargs.BROKER_PASSWORD_ENV} or "
-        "--broker-password-file (a password in the URL is visible to every user)",
+        "--broker-password-file (a password in the URL is visible to every user); without it the nodes run for "
+        "--dcgm-exporter alone",
     )
     p.add_argument("--broker-password-file", type=Path, metavar="FILE", help="file holding the broker password")
     p.add_argument("--mqtt-protocol", choices=["5", "3.1.1"], default="5", help="MQTT version (default 5)")
@@ -985,8 +1047,55 @@ def build_parser() -> argparse.ArgumentParser:
         default="http://127.0.0.1:8470",
         help="the optimizer's HTTP API, for --apply-acknowledged (default http://127.0.0.1:8470)",
     )
+    _add_exporter_arguments(p)
     p.set_defaults(func=_cmd_simulate)
     return parser
+
+
+def _add_exporter_arguments(p: argparse.ArgumentParser) -> None:
+    """simulate's dcgm-exporter options (docs/simulator.md)."""
+    from collectors.sim.backfill import HISTORY_FORMATS
+    from collectors.sim.exporter import FIELD_SETS
+
+    g = p.add_argument_group("dcgm-exporter, kube-state-metrics, cAdvisor and node_exporter series")
+    g.add_argument(
+        "--dcgm-exporter", type=cliargs.port, metavar="PORT",
+        help="serve every node's series on http://127.0.0.1:PORT/metrics and one node's on /nodes/NODE/metrics "
+        "(0: a free port, printed)",
+    )  # fmt: skip
+    g.add_argument(
+        "--dcgm-fields", choices=FIELD_SETS, default="default",
+        help="basic: no profiling fields; default: default-counters.csv's; all: also SM, NVLink and power limit",
+    )  # fmt: skip
+    g.add_argument(
+        "--dcgm-hostname-label", choices=("Hostname", "hostname"), default="Hostname",
+        help="the host name label's spelling (dcgm-exporter after 4.8.2 writes hostname)",
+    )  # fmt: skip
+    g.add_argument(
+        "--dcgm-hostname", choices=("node", "pod"), default="node",
+        help="pod: the exporter pod's name, as on Kubernetes, and the node in kubernetes_node",
+    )  # fmt: skip
+    g.add_argument(
+        "--dcgm-no-kubernetes", action="store_true",
+        help="no pod labels on GPUs and no kube-state-metrics or cAdvisor series (bare metal)",
+    )  # fmt: skip
+    g.add_argument(
+        "--dcgm-history", type=cliargs.output_file, metavar="FILE",
+        help="write the fleet's past --history seconds, timestamped, and FILE.labels.json (the ground truth)",
+    )  # fmt: skip
+    g.add_argument(
+        "--dcgm-history-format", choices=HISTORY_FORMATS, default="openmetrics",
+        help="openmetrics (promtool tsdb create-blocks-from openmetrics) or victoriametrics (/api/v1/import/"
+        "prometheus: text with millisecond timestamps)",
+    )  # fmt: skip
+    g.add_argument(
+        "--history", type=cliargs.positive_float, default=86_400.0, metavar="SECONDS",
+        help="seconds of past for --dcgm-history (default 86400)",
+    )  # fmt: skip
+    g.add_argument(
+        "--step", type=cliargs.number(float, at_least=1.0), default=60.0, metavar="SECONDS",
+        help="seconds between --dcgm-history samples, one scrape interval (default 60)",
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
