@@ -122,7 +122,7 @@ async def test_a_trickle_is_read_several_messages_a_round(mosquitto: MosquittoSe
     assert intake.pauses and mean_pause > 0.05, (intake.paused_seconds, intake.pauses)
 
 
-async def test_a_slow_trickle_waits_no_longer_than_the_cap(
+async def test_a_slow_fleet_waits_no_longer_than_the_pause_cap(
     mosquitto: MosquittoServer, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A small fleet's windows arrive 20 a second: a pause sized to gather GATHER (24) of them would be 1.2 s,
