@@ -124,23 +124,31 @@ class PrometheusSource:
         power_limit: Callable[[str], float | None] | None = None,
         progress: Callable[[ReadReport], None] | None = None,
         skip_node: Callable[[str], bool] | None = None,
+        ingest: Callable[[str, bytes], bool] | None = None,
     ) -> None:
+        """``ingest`` takes each message (topic, payload) and says whether it was accepted: the fleet's own by
+        default; the live optimizer's also writes accepted windows to its store."""
         self.client = client
         self.fleet = fleet
+        self.ingest = ingest or (lambda topic, payload: fleet.ingest(topic, payload) is not None)
+        self.seen: dict[str, float] = {}  # node -> the end of the last read that found it
         self.settings = settings
         self.power_limit = power_limit
         self.progress = progress
         self.skip_node = skip_node or (lambda node: False)
         self.sent_births: dict[str, int] = {}  # node -> devices in the birth last sent
 
-    async def node_label(self, start: float, end: float) -> tuple[str, list[str]]:
-        """The label naming nodes, and the nodes it names between ``start`` and ``end``."""
+    async def node_label(self, start: float, end: float, required: bool = True) -> tuple[str, list[str]]:
+        """The label naming nodes, and the nodes it names between ``start`` and ``end``; with none found, an error
+        saying what to check, or (not ``required``: a live read, where every node may have gone) no nodes."""
         s = self.settings
         match = self._match(FB_USED)
         for label in (s.node_label,) if s.node_label else NODE_LABELS:
             names = await self.client.label_values(label, match, start, end)
             if names:
                 return label, names
+        if not required:
+            return s.node_label or NODE_LABELS[0], []
         if s.node_label:
             raise PrometheusError(
                 f"no {FB_USED} series carries the label {s.node_label!r} between those times: check --node-label"
@@ -154,11 +162,12 @@ class PrometheusSource:
         matchers = ", ".join(m for m in (self.settings.selector, extra) if m)
         return f"{metric}{{{matchers}}}" if matchers else metric
 
-    async def read(self, start: float, end: float) -> ReadReport:
-        """Read every node's series from ``start`` to ``end`` (whole windows) into the fleet."""
+    async def read(self, start: float, end: float, required: bool = True) -> ReadReport:
+        """Read every node's series from ``start`` to ``end`` (whole windows) into the fleet; ``required``: finding
+        no node is an error."""
         s = self.settings
         report = ReadReport()
-        label, found = await self.node_label(start, end)
+        label, found = await self.node_label(start, end, required)
         report.node_label = label
         nodes = []
         for name in sorted(set(found)):
@@ -185,7 +194,8 @@ class PrometheusSource:
             async with limit:
                 await self._group(names, label, start, end, span, pods, report)
 
-        await asyncio.gather(*(one(g) for g in groups))
+        if groups:
+            await asyncio.gather(*(one(g) for g in groups))
         return report
 
     async def _pods(self, start: float, end: float, report: ReadReport) -> dict[tuple[str, str], PodMeta]:
@@ -356,17 +366,29 @@ class PrometheusSource:
             if self.sent_births.get(name) != devices:
                 payload = birth(node, s.site, start, self.power_limit)
                 topic = node_topic(self.fleet.prefix, s.site, name, TopicKind.BIRTH)
-                if self.fleet.ingest(topic, msgspec.json.encode(payload)) is None:
+                if not self.ingest(topic, msgspec.json.encode(payload)):
                     report.refused += 1
                     continue
                 self.sent_births[name] = devices
                 report.nodes_read += 1
+            # the node's latest point, not the read's end: a server repeats a series' last value for a while
+            # (Prometheus' lookback) after its exporter is gone
+            latest = max((p.times[-1] for d in node.devices.values() for p in d.metrics.values() if p.times), default=0)
+            self.seen[name] = max(self.seen.get(name, 0.0), latest)
             topic = node_topic(self.fleet.prefix, s.site, name, TopicKind.TELEMETRY)
             for w in windows(node, s.site, start, end, s.window):
-                if self.fleet.ingest(topic, msgspec.json.encode(w)) is None:
-                    report.refused += 1
-                else:
+                if self.ingest(topic, msgspec.json.encode(w)):
                     report.windows += 1
+                else:
+                    report.refused += 1
+
+    def gone(self, now: float, after: float) -> list[str]:
+        """Nodes no read has found for ``after`` seconds: forgotten here (their next appearance is a new birth)."""
+        lost = [name for name, seen in self.seen.items() if now - seen > after]
+        for name in lost:
+            del self.seen[name]
+            self.sent_births.pop(name, None)
+        return lost
 
 
 def window_bounds(since: float, until: float | None, window: float, now: float | None = None) -> tuple[float, float]:

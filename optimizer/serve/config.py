@@ -91,6 +91,14 @@ class OptimizerSettings(Section):
         max_length=10_000,
         description="sites this optimizer follows and plans only while no optimizer online lists them in sites",
     )
+    peers: dict[Ident, list[Ident]] = Field(
+        default_factory=dict,
+        max_length=10_000,
+        description="the other optimizers on the broker, each with the sites its broker account may serve (as "
+        "`mint optimizer DIR NAME SITE...` granted them): a presence then counts only for the sites listed for its "
+        "optimizer, and not at all from an optimizer not listed. Empty: every presence is believed as it claims "
+        "(docs/operations.md, A forged claim)",
+    )
     max_queued_messages: int = Field(
         default=200_000,
         ge=1000,
@@ -154,6 +162,43 @@ class SiteSettings(Section):
     )
 
 
+class PrometheusSource(Section):
+    """Agentless nodes read from a Prometheus-compatible server's dcgm-exporter series (``[sources.prometheus]``,
+    docs/prometheus.md)."""
+
+    url: str = Field(pattern=r"^https?://[^\s/]+", description="the server's base URL, http(s)://HOST[:PORT][/path]")
+    site: Ident = Field(default="default", description="the site its nodes are planned in")
+    interval: float = Field(
+        default=300.0, ge=60, le=3600, description="seconds between reads; each read takes the windows completed since"
+    )
+    step: float = Field(default=30.0, gt=0, le=600, description="seconds between points read (the scrape interval)")
+    backfill: float = Field(
+        default=3600.0, ge=0, le=86_400, description="seconds of history read at start, so plans need not wait"
+    )
+    node_label: str | None = Field(default=None, max_length=128, description="default: Hostname, else hostname")
+    owner_label: str | None = Field(default=None, max_length=128, description="a pod label naming the owning team")
+    selector: str = Field(default="", max_length=1000, description='extra label matchers, e.g. cluster="eu-1"')
+    bearer_token_file: Path | None = Field(default=None, description="a file holding the bearer token (a credential)")
+    basic_auth_user: str | None = None
+    basic_auth_password_file: Path | None = None
+    ca_file: Path | None = None
+    timeout: float = Field(default=60.0, gt=0, le=600, description="seconds a query may take")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrometheusSource:
+        if self.bearer_token_file is not None and self.basic_auth_user is not None:
+            raise ValueError("give bearer_token_file or basic_auth_user, not both")
+        if self.interval < 2 * self.step:
+            raise ValueError(f"interval {self.interval:g} s holds fewer than two points at step {self.step:g} s")
+        return self
+
+
+class SourcesSettings(Section):
+    """Where nodes without an agent are read from (``[sources]``)."""
+
+    prometheus: PrometheusSource | None = None
+
+
 class OptimizerConfig(Section):
     optimizer: OptimizerSettings = Field(default_factory=OptimizerSettings)
     mqtt: MqttSettings = Field(default_factory=MqttSettings)
@@ -165,6 +210,7 @@ class OptimizerConfig(Section):
         default_factory=dict, description="price per GPU-hour by catalog key: positive and finite"
     )
     sites: dict[Ident, SiteSettings] = Field(default_factory=dict, description="per-site settings, by site id")
+    sources: SourcesSettings = Field(default_factory=SourcesSettings)
 
     @model_validator(mode="after")
     def _finite(self) -> OptimizerConfig:

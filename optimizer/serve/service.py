@@ -56,6 +56,7 @@ from optimizer.serve.intake import Intake
 from optimizer.serve.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.serve.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
 from optimizer.serve.ownership import Ownership
+from optimizer.serve.promfeed import PrometheusFeed, from_prometheus
 from optimizer.serve.report import Ledger, owners_of
 from optimizer.serve.store import Store, plan_points, window_points
 
@@ -142,6 +143,9 @@ class Optimizer:
         self._handover_due = asyncio.Event()
         if alerter is not None:
             alerter.on_post = lambda _site: self._handover_due.set()
+        # agentless nodes, read from dcgm-exporter's series in Prometheus (docs/prometheus.md)
+        source = config.sources.prometheus
+        self.feed = PrometheusFeed(source, self.fleet, self._take_read, self.catalog) if source else None
 
     async def _ingest(self) -> None:
         """Subscribe and take messages in; reconnect with backoff after any failure, whatever it was (a broker
@@ -246,10 +250,18 @@ class Optimizer:
                 record = self.fleet.record(accepted.site, accepted.node)
                 self.store.add(window_points(record.birth if record else None, accepted))
 
+    def _take_read(self, topic: str, payload: bytes) -> bool:
+        """A message a source read (Prometheus) rather than a node sent: taken as a node's; whether accepted."""
+        before = sum(self.fleet.accepted.values())
+        self._take(topic, payload)
+        return sum(self.fleet.accepted.values()) > before
+
     async def request_resends(self) -> int:
         """Ask each node for the windows missing from its sequence; the number of nodes asked."""
         client = self._client
         awaited = self.fleet.awaited(self.resend_delay, RESEND_GIVE_UP)
+        # a node read from Prometheus has no agent to answer: what its server lacks, it lacks
+        awaited = {key: ranges for key, ranges in awaited.items() if not from_prometheus(self.fleet, *key)}
         # a node's gaps are asked for by its site's owner only: a standby asking too would double the replay
         awaited = {key: ranges for key, ranges in awaited.items() if self.ownership.owns(key[0])}
         if client is None or not awaited:
@@ -629,6 +641,8 @@ class Optimizer:
             tasks.append(asyncio.create_task(self.alerter.run(), name="optimizer-alerts"))
         if self.ownership.scoped and self.tracker is not None:
             tasks.append(asyncio.create_task(self._handing_over(), name="optimizer-handover"))
+        if self.feed is not None:
+            tasks.append(asyncio.create_task(self.feed.run(), name="optimizer-prometheus"))
         tasks.append(asyncio.create_task(self._watch(list(tasks)), name="optimizer-watchdog"))
         try:
             for server in self.servers:

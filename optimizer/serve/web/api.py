@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
 from optimizer.plan.render import action_fields, numbered
 from optimizer.serve.config import ApiSettings
 from optimizer.serve.lifecycle import OPEN, Lifecycle, LifecycleError, RecState, Tracked
@@ -118,6 +119,7 @@ class JsonApi:
                     "session": record.session,
                     "gpus": len(birth.gpus) if birth else 0,
                     "gpu_model": birth.gpus[0].model if birth and birth.gpus else None,
+                    "source": "prometheus" if birth and birth.agent_version == PROMETHEUS else "agent",
                     "windows_held": len(record.windows),
                     "last_window_end": record.windows[-1].end if record.windows else None,
                 }
