@@ -35,7 +35,7 @@ from collectors.sim.speed import speed as world_speed
 from optimizer.decide.catalog import Catalog, load_catalog
 from optimizer.serve.config import ApiSettings, OptimizerConfig
 from optimizer.serve.lifecycle import Lifecycle, RecState
-from optimizer.serve.outcomes import Observation, Outcome, learn
+from optimizer.serve.outcomes import Observation, Outcome, learn, learning, missed
 from optimizer.serve.service import Optimizer
 from optimizer.serve.web.app import WebServer
 
@@ -74,24 +74,42 @@ def _rec(shape: float | None, speed: float, catalog_speed: float, **over: object
     return Recommendation.model_validate(body)
 
 
-def _seen(rec: Recommendation, observed_mean: float, hours: float) -> Outcome:
+def _seen(rec: Recommendation, observed_mean: float, hours: float, node: str = "", site: str = SITE) -> Outcome:
     p = rec.projection
     assert p is not None
-    return Outcome(rec, SITE, 0.0, Observation(hours, observed_mean, observed_mean * 2, p.mean_util, p.p95_util))
+    seen = Observation(hours, observed_mean, observed_mean * 2, p.mean_util, p.p95_util, node)
+    return Outcome(rec, site, 0.0, seen)
 
 
-def test_one_day_of_a_move_at_half_the_catalogs_speed_moves_the_factor_half_way_in_log_space() -> None:
+def _moves(
+    rec: Recommendation, observed_mean: float, hours: float, nodes: tuple[str, ...], site: str = SITE
+) -> list[Outcome]:
+    """One move of ``rec``'s kind to each of ``nodes`` (a node named twice took two), each seen alike."""
+    tag = f"{site}-{observed_mean:g}"
+    return [
+        _seen(rec.model_copy(update={"id": f"{tag}-{i}", "to_node": n}), observed_mean, hours, n, site)
+        for i, n in enumerate(nodes)
+    ]
+
+
+TWO_NODES = ("l40s-001", "l40s-002", "l40s-001")  # the least evidence a correction is learned from
+
+
+def test_three_days_of_moves_to_two_nodes_at_half_the_catalogs_speed_move_the_factor_most_of_the_way() -> None:
+    """Deliberate bugs: a correction learned from one or two moves, or from one node's moves alone (MIN_MOVES set
+    to 2, MIN_NODES to 1)."""
     catalog = load_catalog()
     # planned at 0.5x (20 % -> 40 %), observed at 80 %: the target ran at half the catalog's speed.
     rec = _rec(0.0, 0.5, 0.5)
-    (one,) = learn(catalog, [_seen(rec, 80.0, 24.0)])
-    # one day of evidence against the catalog's one day of prior: exp((ln 0.5 * 1) / (1 + 1)) = 0.7071
-    assert (one.shape, one.from_key, one.to_key, one.moves) == ("compute", "h100", "l40s", 1)
-    assert one.factor == pytest.approx(math.sqrt(0.5), abs=1e-3)
-    (three,) = learn(catalog, [_seen(rec.model_copy(update={"id": f"r{i}"}), 80.0, 24.0) for i in range(3)])
-    assert three.factor == pytest.approx(math.exp(3 * math.log(0.5) / 4), abs=1e-3)  # 0.595: most of the way
-    (short,) = learn(catalog, [_seen(rec, 80.0, 2.4)])  # a tenth of a day weighs a tenth
-    assert short.factor == pytest.approx(math.exp(0.1 * math.log(0.5) / 1.1), abs=1e-3)
+    assert learn(catalog, [_seen(rec, 80.0, 24.0)]) == ()  # one move: the catalog stands
+    assert learn(catalog, _moves(rec, 80.0, 24.0, ("l40s-001",) * 5)) == ()  # five moves, one node's word
+    assert learn(catalog, _moves(rec, 80.0, 24.0, ("l40s-001", "l40s-002"))) == ()  # two moves: one odd is half
+    (three,) = learn(catalog, _moves(rec, 80.0, 24.0, TWO_NODES))
+    assert (three.shape, three.from_key, three.to_key, three.moves) == ("compute", "h100", "l40s", 3)
+    # three days of evidence against the catalog's one day of prior: exp(3 * ln 0.5 / (3 + 1)) = 0.595
+    assert three.factor == pytest.approx(math.exp(3 * math.log(0.5) / 4), abs=1e-3)
+    (short,) = learn(catalog, _moves(rec, 80.0, 2.4, TWO_NODES))  # a tenth of a day each weighs a tenth
+    assert short.factor == pytest.approx(math.exp(0.3 * math.log(0.5) / 1.3), abs=1e-3)
 
 
 def test_what_cannot_teach_speed_teaches_nothing() -> None:
@@ -99,22 +117,62 @@ def test_what_cannot_teach_speed_teaches_nothing() -> None:
     rec = _rec(0.0, 0.5, 0.5)
     training = rec.model_copy(update={"workload_class": WorkloadClass.TRAINING})  # busy on any hardware
     unknown_shape = _rec(None, 0.5, 0.5)
-    idle_load = _seen(rec, 1.0, 24.0)  # 1 % against 40 %: noise, not a speed
-    assert learn(catalog, [_seen(training, 80.0, 24), _seen(unknown_shape, 80.0, 24), idle_load]) == ()
+    idle_load = _moves(rec, 1.0, 24.0, TWO_NODES)  # 1 % against 40 %: noise, not a speed
+    taught = [*_moves(training, 80.0, 24, TWO_NODES), *_moves(unknown_shape, 80.0, 24, TWO_NODES), *idle_load]
+    assert learn(catalog, taught) == ()
 
 
 def test_a_sample_is_bounded_so_one_wild_observation_cannot_swing_the_plan() -> None:
-    (one,) = learn(load_catalog(), [_seen(_rec(0.0, 0.5, 0.5), 4000.0, 24.0)])  # 100x the projection
-    assert one.factor == pytest.approx(math.exp(math.log(1 / 4) / 2), abs=1e-3)  # as if 4x, no more
+    (one,) = learn(load_catalog(), _moves(_rec(0.0, 0.5, 0.5), 4000.0, 24.0, TWO_NODES))  # 100x the projection
+    assert one.factor == pytest.approx(math.exp(3 * math.log(1 / 4) / 4), abs=1e-3)  # as if 4x, no more
 
 
 def test_learned_factor_applies_both_ways_and_only_to_its_shape() -> None:
     catalog = load_catalog()
-    learned = learn(catalog, [_seen(_rec(0.0, 0.5, 0.5), 80.0, 24.0)])
+    learned = learn(catalog, _moves(_rec(0.0, 0.5, 0.5), 80.0, 24.0, TWO_NODES))
     taught = catalog.with_corrections(learned)
-    assert taught.correction("compute", "h100", "l40s") == pytest.approx(math.sqrt(0.5), abs=1e-3)
-    assert taught.correction("compute", "l40s", "h100") == pytest.approx(1 / math.sqrt(0.5), abs=1e-2)
+    factor = math.exp(3 * math.log(0.5) / 4)
+    assert taught.correction("compute", "h100", "l40s") == pytest.approx(factor, abs=1e-3)
+    assert taught.correction("compute", "l40s", "h100") == pytest.approx(1 / factor, abs=1e-2)
     assert taught.correction("memory", "h100", "l40s") == 1.0
+
+
+@pytest.mark.parametrize("lie", [8.0, 400.0], ids=["under-reports", "over-reports"])
+def test_one_lying_node_cannot_carry_its_sites_correction_past_what_the_honest_nodes_say(lie: float) -> None:
+    """Two honest L40S nodes see their moves run at 0.8x the catalog's speed (50 % where 40 % was projected); a
+    third reports its own five moves at 0.2x the load (8 %: the hardware looks 4x fast) or at 10x (slow). The
+    factor stays between the catalog's 1.0 and the honest 0.8, and each of the liar's moves is an outlier finding
+    naming it. Deliberate bugs: the nodes' medians averaged (a mean: 1.5x with the under-reporting liar), or one
+    median over every move (the liar's five moves outvote the honest four)."""
+    catalog = load_catalog()
+    rec = _rec(0.0, 0.5, 0.5)
+    honest = _moves(rec, 50.0, 24.0, ("l40s-001", "l40s-002", "l40s-001", "l40s-002"))
+    liar = _moves(rec, lie, 24.0, ("l40s-003",) * 5)
+    taught = learning(catalog, [*honest, *liar])
+    (factor,) = taught.of_site(SITE)
+    assert 0.8 - 1e-9 <= factor.factor <= 1.0
+    assert factor.moves == 9 and taught.nodes_of(SITE, factor) == 3
+    findings = missed([*honest, *liar], taught.outliers)
+    assert sorted(f.workload for f in findings) == sorted(o.observed_id for o in liar)
+    assert all(f.kind is FindingKind.PROJECTION_MISSED and f.nodes == ["l40s-003"] for f in findings)
+    assert all("outlier" in f.detail and "l40s-003" in f.detail for f in findings)
+    # one honest node and the liar: they disagree on the direction (or the liar says more), so the honest word holds
+    two = learning(catalog, [*honest[::2], *liar])
+    (pair,) = two.of_site(SITE)
+    assert 0.8 - 1e-9 <= pair.factor <= 1.0
+
+
+def test_a_sites_moves_teach_only_that_sites_plans() -> None:
+    """Three nodes of site A agree their L40S runs 4x the catalog's speed (their load under-reported at 0.2x):
+    site A learns x2.83, site B, with no moves of its own, nothing. Deliberate bug: corrections keyed without the
+    site (one set learned from every site's moves)."""
+    rec = _rec(0.0, 0.5, 0.5)
+    a = _moves(rec, 8.0, 24.0, ("l40s-001", "l40s-002", "l40s-003"), site="a")
+    b = _moves(rec, 40.0, 24.0, ("l40s-101",), site="b")  # one honest move: too little to learn from
+    taught = learning(load_catalog(), [*a, *b])
+    (factor,) = taught.of_site("a")
+    assert factor.factor == pytest.approx(math.exp(3 * math.log(4) / 4), abs=1e-3)  # 2.83
+    assert taught.of_site("b") == ()
 
 
 # ------------------------------------------------------------------------------------------ the closed loop
@@ -212,6 +270,7 @@ def test_a_catalog_figure_twice_too_high_is_corrected_by_observed_moves(tmp_path
         seed=3,
     )
     l40s = SimulatedNode("l40s-001", PROFILES["l40s"], [], clock, seed=4)
+    other = SimulatedNode("l40s-002", PROFILES["l40s"], [], clock, seed=5)  # a second node's word
     config = OptimizerConfig.model_validate(
         {
             "optimizer": {"state_dir": str(tmp_path)},
@@ -220,20 +279,23 @@ def test_a_catalog_figure_twice_too_high_is_corrected_by_observed_moves(tmp_path
     )
     lifecycle = Lifecycle.in_state_dir(tmp_path)
     optimizer = Optimizer(config, catalog, lifecycle=lifecycle, clock=clock)
-    loop = _Loop(optimizer, [h100, l40s], clock)
+    loop = _Loop(optimizer, [h100, l40s, other], clock)
 
     loop.run(1.0)
     first, _ = loop.plan(lifecycle)
     moves = {r.workload_name: r for r in first if r.kind == "move"}
     assert set(moves) == {"vision-0", "vision-1", "vision-2"}  # three moves allowed: the 2-GPU ones save most
-    for r in moves.values():
+    for i, r in enumerate(sorted(moves.values(), key=lambda r: r.workload_name)):
         assert r.to_hardware == "L40S 48GB" and r.projection is not None
         share = r.projection.shape
         assert share is not None and share <= 0.1  # measured compute-bound (GPM: tensor pipes busy)
         wrong = 1 / ((1 - share) / (2 * truth) + share / WORLD["l40s"][1])  # the wrong catalog's own arithmetic
         assert r.projection.catalog_speed == pytest.approx(wrong, rel=0.02)
         lifecycle.set_state(r.id, RecState.ACKNOWLEDGED)
-        assert carry_out(loop.sims, r) is None  # the scheduler moves it; it now runs at the L40S's real speed
+        # the scheduler moves it, to another L40S node than planned the last time; it now runs at the L40S's speed
+        elsewhere = {"l40s-001": "l40s-002", "l40s-002": "l40s-001"}[r.to_node]
+        placed = r.model_copy(update={"to_node": elsewhere}) if i == 2 else r
+        assert carry_out(loop.sims, placed) is None
 
     loop.run(0.5)
     second, _ = loop.plan(lifecycle)
@@ -248,7 +310,8 @@ def test_a_catalog_figure_twice_too_high_is_corrected_by_observed_moves(tmp_path
     for o in lifecycle.outcomes():
         assert o.observation is not None and o.observation.hours >= 23
         assert o.observation.off_by == pytest.approx(1.0, abs=0.3)
-    (factor,) = optimizer.learned
+    assert {o.reporter for o in lifecycle.outcomes()} == {"l40s-001", "l40s-002"}  # two nodes' word, kept
+    (factor,) = optimizer.learned[SITE]
     assert (factor.shape, factor.from_key, factor.to_key, factor.moves) == ("compute", "h100", "l40s", 3)
     spec = _service("x", (0,), 0.1)
     real = world_speed("l40s", memory_share(spec)) / world_speed("h100", memory_share(spec))
@@ -261,6 +324,33 @@ def test_a_catalog_figure_twice_too_high_is_corrected_by_observed_moves(tmp_path
     # L40S, beyond the 60 % a move may project, so it is no longer sent there.
     assert not [r for r in third if r.workload_name == "vision-3" and r.to_hardware == "L40S 48GB"]
     asyncio.run(_shown(optimizer, lifecycle))
+
+
+def test_a_lying_node_in_another_site_changes_nothing_in_this_sites_plan(tmp_path: Path) -> None:
+    """Site "a"'s three L40S nodes under-report their moved services' load at 0.2x, so "a" learns its L40S runs
+    2.83x the catalog's speed; this site, planned by the same optimizer with "a"'s outcomes in its state, gets the
+    very plan it gets without them (same moves, same projected loads). Deliberate bug: a site planned with every
+    site's learned corrections (the factor of "a" applied here)."""
+    clock = ManualClock(time.time())
+    h100 = SimulatedNode("h100-001", PROFILES["h100"], [_service("vision-3", (0,), 0.34)], clock, seed=3)
+    l40s = SimulatedNode("l40s-001", PROFILES["l40s"], [], clock, seed=4)
+    config = OptimizerConfig.model_validate({"optimizer": {"state_dir": str(tmp_path)}, "plan": {"right_size": False}})
+    optimizer = Optimizer(config, load_catalog(), clock=clock)
+    loop = _Loop(optimizer, [h100, l40s], clock)
+    loop.run(1.0)
+    lies = _moves(_rec(0.0, 0.5, 0.5), 8.0, 24.0, ("l40s-001", "l40s-002", "l40s-003"), site="a")
+    (taught,) = learning(load_catalog(), lies).of_site("a")
+    assert taught.factor == pytest.approx(2.83, abs=0.01)  # what "a" believes of its own L40S
+
+    def planned(done: list[Outcome]) -> list[tuple[str, str, object]]:
+        _, plan, _, _ = optimizer._plan_site(optimizer.fleet, SITE, done=done)
+        return [(r.workload_name, r.to_hardware, r.projection) for r in plan.recommendations]
+
+    alone = planned([])
+    # at 34 % on an H100 the service would run near 80 % on an L40S: over the 60 % a move may project, so it stays
+    assert not [r for r in alone if r[1] == "L40S 48GB"]
+    assert planned(lies) == alone
+    assert optimizer.learned.get(SITE, ()) == ()
 
 
 async def _shown(optimizer: Optimizer, lifecycle: Lifecycle) -> None:
@@ -348,3 +438,79 @@ def test_a_workloads_load_since_a_move_is_read_from_its_own_gpus_figures() -> No
         own = [g.util for g in w.gpus if g.index in ref.gpus and g.util is not None]
         assert period.mean == pytest.approx(sum(u.mean for u in own) / len(own), rel=1e-6)
         assert period.p95 == pytest.approx(max(u.p95 for u in own), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ unreadable rows
+
+
+def _corrupt_rows(state_dir: Path, tag: str) -> None:
+    """A good outcome of a move seen for a day, and three rows this version cannot read: a body cut short, a body
+    from another version (a field this one does not know), and an observed load written as text."""
+    import json
+    import sqlite3
+
+    from optimizer.serve import outcomes
+    from optimizer.serve.lifecycle import DB_NAME
+
+    Lifecycle.in_state_dir(state_dir).close()  # the schema, as the daemon makes it
+    rec = _rec(0.0, 0.5, 0.5, id=f"{tag}-good")
+    body = rec.model_dump_json()
+    newer = json.dumps({**json.loads(body), "id": f"{tag}-newer", "placement_group": "pg-7"})
+    db = sqlite3.connect(state_dir / DB_NAME)
+    with db:
+        outcomes.begin(db, SITE, rec, time.time())
+        outcomes.save(db, [_seen(rec, 80.0, 24.0, "l40s-001")], time.time())
+        columns = "id, site, workload, applied_at, body, hours, observed_mean, observed_p95, projected_mean, "
+        columns += "projected_p95, updated"
+        rows = [
+            (f"{tag}-cut", SITE, "w1", time.time(), body[:40], 0, None, None, None, None, 0),
+            (f"{tag}-newer", SITE, "w1", time.time(), newer, 0, None, None, None, None, 0),
+            (f"{tag}-text", SITE, "w1", time.time(), body.replace("good", "text"), 24, "lots", 90, 40, 80, 0),
+        ]
+        db.executemany(f"INSERT INTO outcomes ({columns}) VALUES ({', '.join('?' * 11)})", rows)
+    db.close()
+
+
+def test_unreadable_outcome_rows_are_skipped_and_counted_and_the_plan_runs(tmp_path: Path) -> None:
+    """Three unreadable outcome rows (as a version rollback leaves them): the site still plans every round, the
+    good outcome is still read, each bad row is counted once by reason on /metrics. Deliberate bug: a row parsed
+    without the checks (its JSONDecodeError stops the site's planning, every round)."""
+    from collections import Counter
+
+    from agent.metrics import render
+    from optimizer.serve import outcomes
+    from optimizer.serve.selfmetrics import optimizer_metrics
+
+    _corrupt_rows(tmp_path, "plan")
+    clock = ManualClock(time.time())
+    h100 = SimulatedNode("h100-001", PROFILES["h100"], [_service("vision-0", (0, 1), 0.16)], clock, seed=3)
+    l40s = SimulatedNode("l40s-001", PROFILES["l40s"], [], clock, seed=4)
+    lifecycle = Lifecycle.in_state_dir(tmp_path)
+    optimizer = Optimizer(OptimizerConfig(), load_catalog(), lifecycle=lifecycle, clock=clock)
+    _Loop(optimizer, [h100, l40s], clock).run(0.5)
+    before = Counter(outcomes.skipped)
+    for _ in range(2):
+        plans = asyncio.run(optimizer.plan_once())
+        assert [p.site for p in plans] == [SITE] and not optimizer.plan_failures
+    assert outcomes.skipped - before == {"bad_json": 1, "schema": 1, "bad_type": 1}  # once each, not per round
+    assert [o.recommendation.id for o in lifecycle.outcomes()] == ["plan-good"]
+    text = render(optimizer_metrics(optimizer))
+    for reason in ("bad_json", "schema", "bad_type"):
+        assert f'fleetfit_outcome_rows_skipped_total{{reason="{reason}"}}' in text
+
+
+def test_fleetfit_catalog_on_unreadable_outcome_rows_prints_its_table_and_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``fleetfit catalog --state-dir`` on such a state file: the table, and one line on stderr saying how many
+    rows were skipped and why; no traceback. Deliberate bug: the rows read unchecked (a 56-line traceback)."""
+    from optimizer.commands.cli import main
+
+    _corrupt_rows(tmp_path, "cli")
+    assert main(["catalog", "--state-dir", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("KEY") and "learned from observed moves: nothing yet" in out
+    assert err.strip().splitlines() == [
+        f"{tmp_path / 'fleetfit.db'}: 3 outcome row(s) unreadable by this version, skipped "
+        "(bad_json: 1, bad_type: 1, schema: 1)"
+    ]

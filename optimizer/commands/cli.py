@@ -310,11 +310,10 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
     import sqlite3
 
     from agent.config import ConfigError, load_config
-    from optimizer.commands.catalog_view import render_catalog_json, render_catalog_table
+    from optimizer.commands.catalog_view import Taught, from_state, render_catalog_json, render_catalog_table
     from optimizer.decide.catalog import CatalogError, load_catalog
     from optimizer.serve.config import OptimizerConfig
-    from optimizer.serve.lifecycle import DB_NAME, Lifecycle
-    from optimizer.serve.outcomes import learn
+    from optimizer.serve.lifecycle import DB_NAME
 
     try:
         catalog = load_catalog(args.catalog)
@@ -323,14 +322,15 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except UnicodeDecodeError:
         return _fail(f"catalog {args.catalog}: not a text file (a catalog is TOML)")
+    taught = Taught()
     if (state_dir / DB_NAME).exists():
         try:
-            lifecycle = Lifecycle.in_state_dir(state_dir)
-            catalog = catalog.with_corrections(learn(catalog, lifecycle.outcomes()))
-            lifecycle.close()
+            taught = from_state(catalog, state_dir / DB_NAME)
         except sqlite3.Error as exc:
             return _fail(f"{state_dir / DB_NAME}: {exc}")
-    print(render_catalog_json(catalog) if args.format == "json" else render_catalog_table(catalog))
+    print(render_catalog_json(catalog, taught) if args.format == "json" else render_catalog_table(catalog, taught))
+    if taught.skipped:
+        print(taught.skipped_line(state_dir / DB_NAME), file=sys.stderr)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent.metrics import Family, counter, gauge, labelled
-from optimizer.serve import statedb
+from optimizer.serve import outcomes, statedb
 
 if TYPE_CHECKING:
     from optimizer.serve.service import Optimizer
@@ -148,6 +148,16 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             "US$ a month the last plan per site would save.",
             "site",
             {s: p.monthly_savings_usd for s, p in plans},
+        ),
+    ]
+    families += [
+        labelled(
+            "fleetfit_outcome_rows_skipped_total",
+            "counter",
+            "Rows of the outcomes table this version cannot read, skipped, each counted once (bad_json, schema, "
+            "bad_type).",
+            "reason",
+            outcomes.skipped,
         ),
     ]
     if optimizer.store is not None:
