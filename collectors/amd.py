@@ -44,7 +44,7 @@ from agent.metrics import Family, counter, gauge
 from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
 from collectors.attribution import Attributor
 from collectors.base import Entity, Inventory, Sample
-from collectors.gpu import RESCAN_S, WrappingCounter
+from collectors.gpu import REINIT_MAX_S, RESCAN_S, WrappingCounter
 from collectors.pids import PidResolver
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,12 @@ class AmdGpuCollector:
         self._next_scan = clock() + RESCAN_S
         self._devices: list[_Device] = []
         self._failures: dict[int, str] = {}
+        self._failed: dict[int, _Device] = {}  # the devices behind _failures, each retried alone at every check
         self._silent: set[int] = set()  # devices none of whose calls answered at the last sample
+        # amdsmi is initialised again for a fault that persists at 30 s, 60 s, 120 s... up to REINIT_MAX_S apart
+        self._reinit_delay = RESCAN_S
+        self._reinit_at = 0.0
+        self.inits = 1  # amdsmi initialisations, the first included
         self._links: dict[tuple[str, str, int], WrappingCounter] = {}
         self._driver: str | None = None
         self._unavailable = waiting_for
@@ -152,16 +157,18 @@ class AmdGpuCollector:
                 mode = self._mode(members)
                 for m in members:
                     m.mode = mode
+        self._failed = {}
         for d in found:
             if self._try("amdsmi_get_gpu_asic_info", d.handle) is None:
                 self._failures[d.index] = "amdsmi_get_gpu_asic_info failed"
+                self._failed[d.index] = d
                 if d.index not in before:
                     log.warning("AMD GPU %d cannot be read; the others are reported, it is tried again", d.index)
                 continue
             self._devices.append(d)
         primaries = {d.primary for d in found}
         links = {i: self._xgmi_links(found[i].handle) for i in primaries}
-        for d in self._devices:
+        for d in found:
             d.links = links.get(d.primary, 0)
         self._silent.clear()
         self._driver = self._driver_version()
@@ -233,10 +240,24 @@ class AmdGpuCollector:
 
     # ------------------------------------------------------------------ re-reading
 
-    def _rescan(self) -> None:
-        """Start amdsmi where the driver was not loaded; list the devices again where they changed or failed."""
+    def _retry_failed(self) -> None:
+        """Read each device that could not be read again on its own handle: no re-initialisation for one device."""
+        for i, d in sorted(self._failed.items()):
+            if self._try("amdsmi_get_gpu_asic_info", d.handle) is None:
+                continue
+            del self._failed[i], self._failures[i]
+            self._devices = sorted([*self._devices, d], key=lambda x: x.index)
+            log.info("AMD GPU %d answers again", i)
+            self.generation += 1
+            self._signature = self._current()  # its partition mode joins the others'
+
+    def _rescan(self, now: float) -> None:
+        """Start amdsmi where the driver was not loaded; list the devices again where they changed or failed. A
+        fault that a re-initialisation did not cure (a broken device) is tried again at growing intervals, up to
+        ``REINIT_MAX_S``: each one re-reads every device, and at 30 s for ever it never stops."""
         if self._unavailable is not None:
             try:
+                self.inits += 1
                 self._smi.amdsmi_init()
                 handles = self._smi.amdsmi_get_processor_handles()
             except self._errors as exc:
@@ -247,25 +268,35 @@ class AmdGpuCollector:
             log.info("amdsmi started: %d AMD device(s) found", self.devices)
             self.generation += 1
             return
+        self._retry_failed()
         why = self._why_again()
         if why is None:
+            self._reinit_delay = RESCAN_S
             return
+        if not why.startswith("partition"):  # a device at fault rather than a change: back off
+            if now < self._reinit_at:
+                return
+            self._reinit_at = now + self._reinit_delay
+            self._reinit_delay = min(2 * self._reinit_delay, REINIT_MAX_S)
         before = self._layout()
         with contextlib.suppress(*self._errors):
             self._smi.amdsmi_shut_down()
         try:
+            self.inits += 1
             self._smi.amdsmi_init()
             handles = self._smi.amdsmi_get_processor_handles()
         except self._errors as exc:
             self._unavailable = f"amdsmi unavailable: {_error(exc)}"
             log.warning("AMD GPU collector: %s after %s; retrying every %.0f s", self._unavailable, why, RESCAN_S)
-            self._devices, self._failures = [], {}
+            self._devices, self._failures, self._failed = [], {}, {}
             self.generation += 1
             return
         self._enumerate(handles)
         if self._layout() != before:
             log.info("AMD GPU layout changed (%s); inventory re-read", why)
             self.generation += 1
+        elif self._why_again() is not None:
+            log.info("AMD GPU collector: amdsmi initialised again (%s); next try in %.0f s", why, self._reinit_delay)
 
     def _why_again(self) -> str | None:
         if self._failures:
@@ -307,7 +338,7 @@ class AmdGpuCollector:
         now = self._clock()
         if now >= self._next_scan:
             self._next_scan = now + RESCAN_S
-            self._rescan()
+            self._rescan(now)
         metrics: dict[int, dict[str, Any] | None] = {}
         for d in self._devices:
             if d.primary == d.index:
@@ -386,6 +417,7 @@ class AmdGpuCollector:
             counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid),
             gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", len(self._failures)),
             counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),
+            counter("fleetfit_agent_gpu_library_inits_total", "Initialisations of the GPU library.", self.inits),
         ]
 
     def close(self) -> None:

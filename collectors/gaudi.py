@@ -31,7 +31,7 @@ from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
 from collectors.amd import import_quietly
 from collectors.attribution import Attributor
 from collectors.base import Entity, Inventory, Sample
-from collectors.gpu import RESCAN_S
+from collectors.gpu import REINIT_MAX_S, RESCAN_S
 from collectors.pids import PidResolver
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,10 @@ class GaudiCollector:
         self._failures: dict[int, str] = {}
         self._minors: dict[int, Any] = {}
         self._silent: set[int] = set()  # devices none of whose readings answered at the last sample
+        # HLML is initialised again for a fault that persists at 30 s, 60 s, 120 s... up to REINIT_MAX_S apart
+        self._reinit_delay = RESCAN_S
+        self._reinit_at = 0.0
+        self.inits = 1  # HLML initialisations, the first included
         self._unavailable = waiting_for
         self._signature: tuple[Any, ...] = ()
         self.generation = 0  # bumped whenever the inventory changes
@@ -146,23 +150,46 @@ class GaudiCollector:
             attribution_warning=self._pids.warning(),
         )
 
-    def _rescan(self) -> None:
-        """Start HLML where the driver was not loaded; open the devices again where they changed or failed."""
+    def _reopen(self) -> None:
+        """Open each device that could not be opened again, alone: HLML hands out a handle per device."""
+        for i in sorted(self._failures):
+            try:
+                handle = self._hlml.hlmlDeviceGetHandleByIndex(i)
+            except self._errors:
+                continue
+            del self._failures[i]
+            self._devices = sorted([*self._devices, (i, handle)], key=lambda d: d[0])
+            self._minors[i] = self._try("hlmlDeviceGetMinorNumber", handle)
+            log.info("Gaudi device %d answers again", i)
+            self.generation += 1
+
+    def _rescan(self, now: float) -> None:
+        """Start HLML where the driver was not loaded; open the devices again where they changed or failed. A
+        fault that a re-initialisation did not cure (a broken device) is tried again at growing intervals, up to
+        ``REINIT_MAX_S``: each one re-opens every device, and at 30 s for ever it never stops."""
         if self._unavailable is None:
-            if self._failures:
+            self._reopen()
+            if self._current() != self._signature:
+                why = "device count or driver changed"
+            elif self._failures:
                 why = "a device could not be opened"
             elif self._silent:
                 why = "a device stopped answering"
-            elif self._current() != self._signature:
-                why = "device count or driver changed"
             else:
+                self._reinit_delay = RESCAN_S
                 return
+            if not why.startswith("device count"):  # a device at fault rather than a change: back off
+                if now < self._reinit_at:
+                    return
+                self._reinit_at = now + self._reinit_delay
+                self._reinit_delay = min(2 * self._reinit_delay, REINIT_MAX_S)
             with contextlib.suppress(*self._errors):
                 self._hlml.hlmlShutdown()
         else:
             why = "the driver is loaded"
         before = (tuple(i for i, _ in self._devices), tuple(sorted(self._failures)), self._unavailable)
         try:
+            self.inits += 1
             _init(self._hlml)
             self._unavailable = None
             self._enumerate()
@@ -173,12 +200,14 @@ class GaudiCollector:
         if after != before:
             log.info("Gaudi devices re-read (%s): %d device(s)", why, len(self._devices))
             self.generation += 1
+        elif self._unavailable is None and (self._failures or self._silent):
+            log.info("Gaudi collector: HLML initialised again (%s); next try in %.0f s", why, self._reinit_delay)
 
     def sample(self) -> list[Sample]:
         now = self._clock()
         if now >= self._next_scan:
             self._next_scan = now + RESCAN_S
-            self._rescan()
+            self._rescan(now)
         out = []
         self._silent.clear()
         for i, h in self._devices:
@@ -236,6 +265,7 @@ class GaudiCollector:
             counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid),
             gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", len(self._failures)),
             counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),
+            counter("fleetfit_agent_gpu_library_inits_total", "Initialisations of the GPU library.", self.inits),
         ]
 
     def close(self) -> None:

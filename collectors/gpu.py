@@ -82,6 +82,7 @@ NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
 MAX_EVENTS_PER_TICK = 64
 RESCAN_S = 30.0  # how often the GPU layout (driver, MIG, failed GPUs) is checked for changes
+REINIT_MAX_S = 600.0  # the longest wait between re-initialisations of amdsmi or HLML for a fault that persists
 # nvmlValueType_t → (union member, width in bits, signed)
 _VALUE = {
     0: ("dVal", 64, False),

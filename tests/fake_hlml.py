@@ -48,6 +48,7 @@ def make_fake_hlml(
     m = types.ModuleType("fake_pyhlml_main")
     m.HLMLError = HLMLError  # type: ignore[attr-defined]
     m.init_error = init_error  # type: ignore[attr-defined]
+    m.inits = 0  # type: ignore[attr-defined]  # successful hlmlInit calls: each one re-opens every device
     state = {"init": False}
 
     def dev(name: str, h: FakeGaudi) -> FakeGaudi:
@@ -64,6 +65,7 @@ def make_fake_hlml(
         if m.init_error is not None:  # type: ignore[attr-defined]
             raise HLMLError(m.init_error)  # type: ignore[attr-defined]
         state["init"] = True
+        m.inits += 1  # type: ignore[attr-defined]
 
     def initialised() -> None:
         if not state["init"]:
