@@ -54,7 +54,7 @@ from optimizer.serve.config import OptimizerConfig
 from optimizer.serve.handover import Handovers
 from optimizer.serve.intake import Intake
 from optimizer.serve.lifecycle import Lifecycle, Offloaded, RecState
-from optimizer.serve.outcomes import OBSERVE_HOURS, Outcome, learn, missed, observe
+from optimizer.serve.outcomes import OBSERVE_HOURS, Learning, Outcome, learning, missed, observe
 from optimizer.serve.ownership import Ownership
 from optimizer.serve.promfeed import PrometheusFeed, from_prometheus
 from optimizer.serve.report import Ledger, owners_of
@@ -134,7 +134,7 @@ class Optimizer:
         self.excluded_nodes: dict[str, dict[str, str]] = {}  # site -> node -> "reason: detail", last round
         # site -> (node, reason) -> devices whose share of a GPU was estimated in the last round
         self.share_estimates: dict[str, Counter[tuple[str, str]]] = {}
-        self.learned: tuple[Correction, ...] = ()  # correction factors from observed moves, last round
+        self.learned: dict[str, tuple[Correction, ...]] = {}  # site -> factors its observed moves taught
         self.ownership = Ownership(config.mqtt.prefix, settings.client_id, settings.sites, settings.standby_sites)
         self.started = time.time()  # orders this process's presence after its predecessor's
         # sites' alert and lifecycle state handed between the optimizers that plan them in turn
@@ -309,8 +309,8 @@ class Optimizer:
 
     async def _plan_and_publish(self, snapshot: Fleet, site: str) -> Plan:
         open_actions = await self._open_actions(site)
-        # applied moves of every site teach the performance model; those of this site are followed for a day
-        done: list[Outcome] = await self.tracker.read(lambda db: db.outcomes()) if self.tracker is not None else []
+        # the site's applied moves teach its plans (no other site's nodes can), and are followed for a day
+        done: list[Outcome] = await self.tracker.read(lambda db: db.outcomes(site)) if self.tracker is not None else []
         # features, classification and the solve all run off the event loop, so ingest goes on meanwhile
         fleet_snapshot, plan, excluded, observed = await asyncio.to_thread(
             self._plan_site, snapshot, site, open_actions, done
@@ -458,8 +458,8 @@ class Optimizer:
             except Exception:
                 log.exception("handing sites' state over failed; trying again next round")
 
-    def _learned(self, fleet: Fleet, site: str, done: list[Outcome]) -> tuple[Catalog, list[Outcome]]:
-        """The catalog with what applied moves taught, and this site's moves of the last day as now observed."""
+    def _learned(self, fleet: Fleet, site: str, done: list[Outcome]) -> tuple[Catalog, list[Outcome], Learning]:
+        """The catalog with what the site's applied moves taught, and its moves of the last day as now observed."""
         now = self.clock()
         followed = [
             observe(fleet, self.catalog, o, now)
@@ -467,21 +467,24 @@ class Optimizer:
             if o.site == site and o.applied_at >= now - OBSERVE_HOURS * 3600 - DIGEST_SECONDS
         ]
         fresh = {o.recommendation.id: o for o in followed}
-        everything = [fresh.get(o.recommendation.id, o) for o in done]
-        learned = learn(self.catalog, everything)
-        if learned != self.learned:
+        taught = learning(self.catalog, [fresh.get(o.recommendation.id, o) for o in done if o.site == site])
+        learned = taught.of_site(site)
+        if learned != self.learned.get(site, ()):
             for c in learned:
                 log.info(
-                    "learned: %s work on %s runs %.2fx the catalog's speed against %s (%d move(s), %.0f h)",
+                    "site %s learned: %s work on %s runs %.2fx the catalog's speed against %s (%d move(s) to %d "
+                    "node(s), %.0f h)",
+                    site,
                     c.shape,
                     c.to_key,
                     c.factor,
                     c.from_key,
                     c.moves,
+                    taught.nodes_of(site, c),
                     c.hours,
                 )
-            self.learned = learned
-        return self.catalog.with_corrections(learned), followed
+            self.learned[site] = learned
+        return self.catalog.with_corrections(learned), followed, taught
 
     async def _open_actions(self, site: str) -> list[Recommendation]:
         """The site's open actions, which the next plan keeps unless it finds clearly better: new or acknowledged
@@ -533,7 +536,7 @@ class Optimizer:
     def _planned(
         self, fleet: Fleet, site: str, open_actions: Sequence[Recommendation], done: list[Outcome]
     ) -> tuple[Snapshot, Plan, dict[str, str], list[Outcome]]:
-        catalog, followed = self._learned(fleet, site, done)
+        catalog, followed, taught = self._learned(fleet, site, done)
         pinned = self.config.plan.pinned
         excluded: dict[str, str] = {}
         estimated: Counter[tuple[str, str]] = Counter()
@@ -565,7 +568,7 @@ class Optimizer:
                 )
         self.share_estimates[site] = estimated
         plan = plan_snapshot(fleet_snapshot, catalog, self.config.plan, stop=self.solve_stop, open_actions=open_actions)
-        misses = missed(followed)
+        misses = missed(followed, taught.outliers)
         if misses:
             plan = plan.model_copy(update={"findings": [*plan.findings, *misses]})
         return fleet_snapshot, plan, excluded, followed
