@@ -25,11 +25,14 @@ from agent.protocol import (
     HandedPost,
     HandedState,
     Handover,
+    NodeStatus,
+    Presence,
     TopicKind,
     encode,
     handover_topic,
     move_fingerprint,
     node_topic,
+    presence_topic,
 )
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
@@ -395,3 +398,60 @@ async def test_a_site_scoped_account_reads_and_plans_its_sites_only(scoped_accou
             await task
     finally:
         shipped.server.stop()
+
+
+def _wire(presence: Presence) -> bytes:
+    return presence.model_dump_json(by_alias=True).encode()
+
+
+async def test_a_presence_claiming_sites_beyond_its_peers_entry_does_not_take_them(
+    mosquitto: MosquittoServer, prefix: str, tmp_path: Path
+) -> None:
+    """The fleet's optimizer lists one scoped peer, east, for s1. East's retained presence claims s1 and s2 (its
+    account may write its own presence, whatever it says), and an optimizer it does not list claims s2: it yields
+    s1 to east and still plans s2, and counts both refused claims. Deliberate bug: presences kept as they claim
+    (``peers`` ignored): s2 is yielded to an optimizer that cannot read its nodes, and nobody plans it."""
+    mqtt = mosquitto.settings(prefix)
+    tag = prefix[-6:]
+    east, rogue = f"opt-east-{tag}", f"opt-rogue-{tag}"
+    settings = OptimizerSettings(client_id=f"opt-fleet-{tag}", peers={east: ["s1"]}, solve_interval=86_400)
+    fleet = Optimizer(OptimizerConfig(mqtt=mqtt, optimizer=settings), load_catalog())
+    async with make_client(mqtt, f"claims-{tag}") as client:
+        for name, sites in ((east, ["s1", "s2"]), (rogue, ["s2"])):
+            claim = Presence(optimizer=name, status=NodeStatus.ONLINE, started=time.time(), sites=sites)
+            await client.publish(presence_topic(prefix, name), _wire(claim), qos=1, retain=True)
+    task = asyncio.create_task(fleet.run())
+    try:
+        await wait_until(lambda: fleet.connected.is_set() and len(fleet.ownership.presences) == 2, 10, "presences")
+        await publish_sites(mqtt, prefix, ("s1", "s2"))
+        expected = 2 * NODES * WINDOWS
+        await wait_until(lambda: fleet.fleet.accepted["telemetry"] == expected, 20, "every window")
+        assert [p.site for p in await fleet.plan_once()] == ["s2"]
+        assert fleet.ownership.owner("s1") == east and fleet.ownership.owner("s2") is None
+        assert fleet.ownership.refused == {"not_peer_site": 1, "unknown_optimizer": 1}
+        text = render(optimizer_metrics(fleet))
+        assert 'fleetfit_presence_claims_refused_total{reason="not_peer_site"} 1' in text
+    finally:
+        fleet.should_exit.set()
+        await task
+
+
+def test_a_claim_beyond_its_peers_entry_neither_outranks_a_scoped_owner_nor_vouches_for_a_handover() -> None:
+    """A scoped optimizer, b, plans s2; a (first by name) claims s2 too, where b's peers list a for s1 only: b
+    keeps s2, and a handover record a writes for s2 is refused. Deliberate bug: ``peers`` ignored (a would own s2
+    by name, and its record would be taken in)."""
+    from agent.protocol import parse_presence
+    from optimizer.serve.handover import Handovers
+    from optimizer.serve.ownership import Ownership
+
+    b = Ownership("p", "opt-b", ["s2"], [], peers={"opt-a": ["s1"]})
+    claim = Presence(optimizer="opt-a", status=NodeStatus.ONLINE, started=1.0, sites=["s1", "s2"])
+    b.observe(presence_topic("p", "opt-a"), _wire(claim))
+    mine = Presence(optimizer="opt-b", status=NodeStatus.ONLINE, started=1.0, sites=["s2"])
+    b.observe(presence_topic("p", "opt-b"), _wire(mine))
+    assert parse_presence("p", presence_topic("p", "opt-a"), _wire(claim)).sites == ["s1", "s2"]
+    assert b.owner("s1") == "opt-a" and b.owner("s2") == "opt-b" and b.owns("s2")
+    handovers = Handovers("p", b)
+    record = Handover(site="s2", optimizer="opt-a", written_at=time.time())
+    handovers.observe(handover_topic("p", "s2"), encode(record))
+    assert handovers.rejected == {"not_site_optimizer": 1} and not handovers.held

@@ -9,13 +9,20 @@ presence come back from the broker (so it has read the others' retained presence
 
 An optimizer that lists no sites (the default, one optimizer for the whole fleet) announces nothing and plans every
 site it sees that no optimizer online claims.
+
+A presence is a claim, and the broker's ACL vouches only for its name (each account writes its own presence topic),
+not for the sites it lists: an account minted for one site could claim every other, and the optimizers planning
+those would yield them to an optimizer that cannot read their nodes, so nobody would plan them. Where ``peers``
+lists the other optimizers with the sites each account may serve (as ``mint`` granted them), a presence counts only
+for those; a claim beyond them is dropped before the presence is kept, counted (``refused``, by reason) and logged.
+The handover records an optimizer accepts are vouched for by the same kept presences.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from agent.protocol import NodeStatus, Presence, ProtocolError, parse_presence
 
@@ -28,13 +35,24 @@ LOGGED_PER_REASON = 20
 class Ownership:
     """This optimizer's view of every optimizer's presence, and the sites it owns by it."""
 
-    def __init__(self, prefix: str, name: str, sites: Iterable[str] = (), standby: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        prefix: str,
+        name: str,
+        sites: Iterable[str] = (),
+        standby: Iterable[str] = (),
+        peers: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
         self.prefix = prefix
         self.name = name
         self.sites = tuple(dict.fromkeys(sites))
         self.standby = tuple(s for s in dict.fromkeys(standby) if s not in self.sites)
-        self.presences: dict[str, Presence] = {}
+        # other optimizer -> the sites its account may serve; None: every claim believed (one operator, no peers)
+        self.peers = {n: frozenset(s) for n, s in peers.items()} if peers else None
+        self.presences: dict[str, Presence] = {}  # as kept: claims beyond ``peers`` dropped
         self.rejected: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # claimed sites not counted, by reason: unknown_optimizer, not_peer_site
+        self._refused_logged: dict[str, frozenset[str]] = {}  # optimizer -> the sites last logged as refused
         self.seen_self = False  # our own online presence came back since we last connected
         self._owned: frozenset[str] = frozenset()
 
@@ -76,9 +94,35 @@ class Ownership:
         known = self.presences.get(presence.optimizer)
         if known is not None and presence.started < known.started:
             return  # a late message of a process that has since been restarted
-        self.presences[presence.optimizer] = presence
+        self.presences[presence.optimizer] = self._checked(presence)
         if presence.optimizer == self.name and presence.status is NodeStatus.ONLINE:
             self.seen_self = True
+
+    def _checked(self, presence: Presence) -> Presence:
+        """``presence`` with the sites its optimizer may not serve (by ``peers``) left out, each counted."""
+        name = presence.optimizer
+        if self.peers is None or name == self.name:  # our own account: our own config says what it serves
+            return presence
+        allowed = self.peers.get(name)
+        reason = "unknown_optimizer" if allowed is None else "not_peer_site"
+        allowed = allowed or frozenset()
+        refused = frozenset(s for s in (*presence.sites, *presence.standby) if s not in allowed)
+        if refused:
+            self.refused[reason] += len(refused)
+            if self._refused_logged.get(name) != refused:  # once per change, not per retained copy
+                self._refused_logged[name] = refused
+                shown = ", ".join(sorted(refused)[:20]) + (" ..." if len(refused) > 20 else "")
+                why = "it is not in [optimizer] peers" if reason == "unknown_optimizer" else "peers lists others for it"
+                log.warning("optimizer %s claims site(s) %s; the claim is not honoured (%s)", name, shown, why)
+            presence = presence.model_copy(
+                update={
+                    "sites": [s for s in presence.sites if s in allowed],
+                    "standby": [s for s in presence.standby if s in allowed],
+                }
+            )
+        else:
+            self._refused_logged.pop(name, None)
+        return presence
 
     def owner(self, site: str) -> str | None:
         """The optimizer that plans ``site`` by the presences seen, or None when no optimizer online claims it."""

@@ -159,6 +159,14 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             "reason",
             outcomes.skipped,
         ),
+        labelled(
+            "fleetfit_presence_claims_refused_total",
+            "counter",
+            "Sites other optimizers' presences claimed that [optimizer] peers does not list for them, not counted "
+            "(unknown_optimizer, not_peer_site); per site and message.",
+            "reason",
+            optimizer.ownership.refused,
+        ),
     ]
     if optimizer.store is not None:
         store = optimizer.store

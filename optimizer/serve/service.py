@@ -135,7 +135,9 @@ class Optimizer:
         # site -> (node, reason) -> devices whose share of a GPU was estimated in the last round
         self.share_estimates: dict[str, Counter[tuple[str, str]]] = {}
         self.learned: dict[str, tuple[Correction, ...]] = {}  # site -> factors its observed moves taught
-        self.ownership = Ownership(config.mqtt.prefix, settings.client_id, settings.sites, settings.standby_sites)
+        self.ownership = Ownership(
+            config.mqtt.prefix, settings.client_id, settings.sites, settings.standby_sites, settings.peers
+        )
         self.started = time.time()  # orders this process's presence after its predecessor's
         # sites' alert and lifecycle state handed between the optimizers that plan them in turn
         self.handovers = Handovers(config.mqtt.prefix, self.ownership)
