@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import html
 import json
 import os
 import re
@@ -24,13 +25,14 @@ import pytest
 from conftest import FLEET_PREFIX, free_port
 
 from agent.config import MqttSettings
-from agent.protocol import Telemetry, TopicKind, encode, node_topic
+from agent.protocol import NodeStatus, State, Telemetry, TopicKind, encode, node_topic
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import build_scenario
 from optimizer.decide.catalog import load_catalog
 from optimizer.ingest.fleet import Fleet
 from optimizer.serve.config import ApiSettings, OptimizerConfig
 from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.report import UNATTRIBUTED, site_owners
 from optimizer.serve.service import Optimizer
 from optimizer.serve.web.app import WebServer
 
@@ -529,3 +531,99 @@ async def test_a_workload_page_answers_to_its_site_and_name(tmp_path: Path) -> N
             async with http.get(f"{base}/workload?{query}") as r:
                 assert r.status == 404, query
                 assert "/workload?site=SITE&amp;name=NAME" in await r.text()  # the 404 says how to ask
+
+
+def _cards(page: str) -> dict[str, str]:
+    return dict(re.findall(r'<span class="label">([^<]+)</span><span class="value">([^<]+)', page))
+
+
+def _offline(fleet: Fleet, site: str, node: str) -> None:
+    """Ingest ``node``'s retained ``offline`` state (its last will, or a clean stop)."""
+    record = fleet.nodes[(site, node)]
+    state = State(node=node, session=record.session, status=NodeStatus.OFFLINE, timestamp=time.time())
+    assert fleet.ingest(node_topic(FLEET_PREFIX, site, node, TopicKind.STATE), encode(state))
+
+
+async def test_the_overview_shows_the_current_plan_and_fleet_on_first_look() -> None:
+    """After an earlier plan of 7 nodes, the first visit after the next plan (8 nodes) shows the current plan's
+    nodes and waste, the same waste its problem list sums; once every agent has stopped, nothing is wasted now.
+    Deliberate bugs caught: the cached overview of the earlier plan served while the new one was computed (7 nodes
+    and that plan's waste beside the current problems), and offline nodes' findings counted as wasted now."""
+    config = OptimizerConfig(mqtt=MqttSettings(port=free_port()))
+    optimizer = Optimizer(config, load_catalog())
+    whole = demo_fleet().snapshot()
+    seven = whole.snapshot()
+    del seven.nodes[("lab", "h100-002")]  # chat-serving's node: the earlier plan has not seen it
+    optimizer.fleet = seven
+    await optimizer.plan_once()
+    server = WebServer(optimizer, ApiSettings(port=0, token=TOKEN))  # type: ignore[arg-type]
+    await server.start()
+    base = f"http://127.0.0.1:{server.port}/"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base) as r:
+                assert _cards(await r.text())["Nodes"] == "7"
+            optimizer.fleet = whole
+            await optimizer.plan_once()
+            async with http.get(base) as r:
+                page = await r.text()
+            waste = sum(f.wasted_usd_per_hour for f in optimizer.plans["lab"].findings)
+            problems = re.findall(r"\$([0-9.,]+)/hour —", page)
+            assert _cards(page)["Nodes"] == "8" and "chat-serving" in page
+            assert _cards(page)["Wasted now"] == f"${waste:,.2f}/hour"
+            assert sum(float(p.replace(",", "")) for p in problems) == pytest.approx(waste, abs=0.02)
+            for site, node in list(whole.nodes):
+                _offline(whole, site, node)
+            async with http.get(base) as r:
+                page = await r.text()
+            assert _cards(page)["Nodes"] == "8 (8 offline)" and _cards(page)["Wasted now"] == "$0.00/hour"
+            assert 'id="problems"' not in page and "8 node(s) offline" in page
+    finally:
+        await server.stop()
+
+
+async def test_the_biggest_problems_say_what_the_plan_does_and_where_hardware_is(tmp_path: Path) -> None:
+    """Each of the overview's biggest problems says what the plan does about it: chat-serving, the biggest, is
+    blocked and says so with its reason; a finding naming hardware no site has (Gaudi3) says it is a purchase.
+    Deliberate bugs caught: a blocked move listed first as if the plan acted on it, and "(not in this site)" for
+    hardware that is in no site at all."""
+    async with console(tmp_path) as (optimizer, base), aiohttp.ClientSession() as http:
+        async with http.get(base + "/") as r:
+            page = await r.text()
+        plan = optimizer.plans["lab"]
+        items = re.findall(r"<li>(.*?)</li>", re.search(r'<ol id="problems">(.*?)</ol>', page, re.S).group(1))  # type: ignore[union-attr]
+        blocked = {b.workload_name: b for b in plan.blocked}
+        moved = {r.workload_name for r in plan.recommendations}
+        assert "chat-serving" in items[0] and "chat-serving" in blocked
+        for item in items:
+            name = next(n for n in [*blocked, *moved] if f">{n}</a>" in item)
+            if name in blocked:
+                assert f"<strong>Not moved</strong>: {html.escape(blocked[name].reason)}" in item
+            else:
+                assert "The plan: move " in item
+        assert "(not in this site)" not in page and "Gaudi3 128GB (no site of this fleet has it" in items[0]
+
+
+async def test_an_applied_moves_owner_and_the_totals_of_each_state(tmp_path: Path) -> None:
+    """An applied move whose workload is gone from the fleet (a rescheduled pod has a new id) keeps the owner the
+    showback ledger charged it under, and the totals of "all" say open and applied savings apart. Deliberate bugs
+    caught: the owner read from the live fleet alone ("(unattributed)"), and one total summing open, applied and
+    expired savings."""
+    async with console(tmp_path) as (optimizer, base), aiohttp.ClientSession() as http:
+        plan = optimizer.plans["lab"]
+        applied, still_open = plan.recommendations[0], plan.recommendations[1:]
+        owner = site_owners(optimizer.fleet)[("lab", applied.workload)]
+        assert owner.startswith("team-") and optimizer.tracker is not None
+        left = plan.model_copy(update={"recommendations": still_open})
+        lifecycle = optimizer.tracker.lifecycle
+        await optimizer.tracker.write(lifecycle.record, left, {applied.workload: applied.to_hardware}, time.time() + 1)
+        optimizer.fleet = Fleet(FLEET_PREFIX)  # its old id reports nothing now
+        async with http.get(base + "/recommendations?state=applied") as r:
+            page = await r.text()
+        assert re.search(rf"<td>{re.escape(html.escape(owner))}</td>", page) and UNATTRIBUTED not in page
+        async with http.get(base + "/recommendations?state=all") as r:
+            page = await r.text()
+        open_total = sum(r.monthly_savings_usd for r in still_open)
+        summary = re.search(r'<p id="summary">(.*?)</p>', page).group(1)  # type: ignore[union-attr]
+        assert f"open ${open_total:,.0f}/month" in summary
+        assert f"applied ${applied.monthly_savings_usd:,.0f}/month" in summary

@@ -23,7 +23,16 @@ from optimizer.decide.catalog import load_catalog
 from optimizer.ingest.fleet import Fleet
 from optimizer.serve.config import OptimizerConfig, OptimizerSettings
 from optimizer.serve.lifecycle import Lifecycle
-from optimizer.serve.report import CLAIMED, UNATTRIBUTED, Ledger, owners_of, parse_since
+from optimizer.serve.report import (
+    CLAIMED,
+    UNATTRIBUTED,
+    Ledger,
+    live_showback,
+    nodes_online,
+    owners_of,
+    parse_since,
+    site_owners,
+)
 from optimizer.serve.service import Optimizer
 
 UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -244,3 +253,51 @@ def test_digest_fits_each_platform_by_listing_fewer_owners() -> None:
     slack = json.loads(render("slack", rows, "owner", 0.0, 40_000, now=86400.0))
     section = slack["blocks"][1]["text"]["text"]
     assert len(section) <= 3000 and "&amp;" not in section  # names are plain: nothing to escape, nothing cut
+
+
+def test_offline_nodes_stop_accruing_showback(tmp_path: Path) -> None:
+    """A node gone offline is charged nothing: with one node offline its workloads' GPU-hours stop, and once every
+    agent has stopped neither GPU-hours, money nor covered time grow. Deliberate bug caught: the ledger charging
+    every workload of the last plan, whatever its nodes' state (covered time kept growing with every agent down)."""
+    optimizer = asyncio.run(_planned(tmp_path / "state", rounds=1))
+    plan, catalog = optimizer.plans["s1"], optimizer.catalog
+    ledger = Ledger(tmp_path / "other.db")
+    owners = owners_of(optimizer.fleet)
+    online = nodes_online(optimizer.fleet, "s1")
+    assert online and all(online.values())
+    assert ledger.account(plan, owners, catalog, 60, now=3600.0, online=online) == 60
+    first = sum(r.held_usd for r in ledger.report(0.0))
+    # one node offline: 60 s more of every workload but those on it alone
+    node = next(w.nodes[0] for w in plan.workloads if len(w.nodes) == 1 and w.gpus > 0)
+    kept = [w for w in plan.workloads if node not in w.nodes]
+    price = {g.name: g.price_per_gpu_hour for g in catalog.gpu}
+    expected = sum(w.gpus * price[w.hardware] for w in kept) * 60 / 3600
+    assert len(kept) < len(plan.workloads)
+    ledger.account(plan, owners, catalog, 60, now=3660.0, online={**online, ("s1", node): False})
+    second = sum(r.held_usd for r in ledger.report(0.0))
+    assert second - first == pytest.approx(expected, abs=0.01)
+    # every agent stopped: nothing more, the covered time included
+    gone = dict.fromkeys(online, False)
+    assert ledger.account(plan, owners, catalog, 60, now=3720.0, online=gone) == 0
+    assert ledger.account(plan, owners, catalog, 60, now=3780.0, online=gone) == 0
+    assert sum(r.held_usd for r in ledger.report(0.0)) == pytest.approx(second, abs=1e-9)
+    assert ledger.covered(0.0) == 120
+    # the live view per owner leaves an offline node's workloads out too
+    rows = live_showback([plan], site_owners(optimizer.fleet), catalog, set(), "owner", online=gone)
+    assert rows == []
+
+
+def test_a_report_since_minutes_counts_the_workloads_it_charges(tmp_path: Path) -> None:
+    """`report --since 5m` sums the usage of the hour it falls in (the ledger is kept by the hour), and counts the
+    workloads charged in that same hour. Deliberate bug caught: workloads counted since the exact minute (0 of them
+    when the last plan came 10 minutes ago) beside the hour's GPU-hours."""
+    optimizer = asyncio.run(_planned(tmp_path / "state", rounds=1))
+    plan = optimizer.plans["s1"]
+    ledger = Ledger(tmp_path / "other.db")
+    owners = owners_of(optimizer.fleet)
+    ledger.account(plan, owners, optimizer.catalog, 60, now=7200.0 + 1200)  # 02:20
+    rows = {r.key: r for r in ledger.report(since=7200.0 + 1800)}  # asked at 02:35 for the last 5 minutes
+    for owner in {owners.get(w.id, UNATTRIBUTED) for w in plan.workloads}:
+        charged = [w for w in plan.workloads if owners.get(w.id, UNATTRIBUTED) == owner]
+        assert rows[owner].workloads == len(charged) > 0
+        assert sum(rows[owner].gpus.values()) == pytest.approx(sum(w.gpus for w in charged) / 60, rel=1e-6)

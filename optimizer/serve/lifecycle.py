@@ -39,6 +39,7 @@ class RecState(StrEnum):
 
 
 OPEN = (RecState.NEW, RecState.ACKNOWLEDGED)
+UNATTRIBUTED_OWNER = "(unattributed)"  # optimizer.serve.report.UNATTRIBUTED, as the ledger stores it
 UNSEEN_EXPIRY_S = 3600.0  # an open move whose workload no plan has seen or classified for this long expires
 CHANGEABLE = {RecState.ACKNOWLEDGED: OPEN, RecState.DISMISSED: OPEN, RecState.NEW: (RecState.DISMISSED,)}
 
@@ -317,6 +318,33 @@ class Lifecycle:
             (f"WHERE {mine} AND site = ?", (workload, workload, site)) if site else (f"WHERE {mine}", (workload,) * 2)
         )
         return tuple(sorted(self._select(where, args), key=lambda t: -t.first_seen))
+
+    def kept_owners(self, rec_ids: Iterable[str]) -> dict[str, tuple[str | None, str | None]]:
+        """For each of ``rec_ids``: the workload that continued it once applied (a rescheduled pod has a new id; None
+        when none was followed), and the owner the showback ledger last charged it under (that workload's, else the
+        one the move was proposed for; None when neither was charged). A move applied is no longer where its first
+        workload ran, so that workload's live owner is gone; these say whose it was."""
+        ids = builtins.list(rec_ids)
+        kept = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'workload_owners'")
+        charged = kept.fetchone() is not None  # the ledger made it (a state directory without showback has none)
+        out: dict[str, tuple[str | None, str | None]] = {}
+        owner = "COALESCE(f.owner, o.owner)" if charged else "NULL"
+        joins = (
+            "LEFT JOIN workload_owners f ON f.site = r.site AND f.workload = c.workload AND f.owner != ? "
+            "LEFT JOIN workload_owners o ON o.site = r.site AND o.workload = r.workload AND o.owner != ? "
+            if charged
+            else ""
+        )
+        for start in range(0, len(ids), 400):
+            chunk = ids[start : start + 400]
+            query = (
+                f"SELECT r.id, c.workload, {owner} FROM recommendations r LEFT JOIN outcomes c ON c.id = r.id "
+                f"{joins}WHERE r.id IN ({', '.join('?' for _ in chunk)})"
+            )
+            args = [UNATTRIBUTED_OWNER] * 2 if charged else []
+            for rec_id, follow, kept_owner in self._db.execute(query, [*args, *chunk]):
+                out[rec_id] = (follow, kept_owner)
+        return out
 
     def outcomes(self, site: str | None = None, now: float | None = None) -> builtins.list[Outcome]:
         """Applied actions and what was observed after them (those of the last day, if ``now`` is given)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from agent.protocol import Finding, Plan, WorkloadRef
+from agent.protocol import Finding, NodeStatus, Plan, WorkloadRef, WorkloadView
 from optimizer.decide.catalog import Catalog
 from optimizer.decide.snapshot import hardware_of
 from optimizer.ingest.fleet import Fleet
@@ -94,6 +94,24 @@ def site_owners(fleet: Fleet, site: str | None = None) -> dict[tuple[str, str], 
     return out
 
 
+def nodes_online(fleet: Fleet, site: str | None = None) -> dict[tuple[str, str], bool]:
+    """Whether each node (by site and name) is online: born and not gone offline since (its last will, or a clean
+    stop). A node that went offline holds nothing now: showback stops charging it and the console leaves its
+    workloads out of what is wasted now."""
+    return {
+        key: record.status is NodeStatus.ONLINE
+        for key, record in list(fleet.nodes.items())
+        if site is None or key[0] == site
+    }
+
+
+def online_share(site: str, w: WorkloadView, online: Mapping[tuple[str, str], bool] | None) -> float:
+    """The share of ``w``'s nodes that are online (1 when nothing is known of them: an offline replay)."""
+    if online is None or not w.nodes:
+        return 1.0
+    return sum(1 for n in w.nodes if online.get((site, n), True)) / len(w.nodes)
+
+
 @dataclass(slots=True)
 class Showback:
     """One owner's (or site's, or hardware's) share. Amounts are totals in a report and per hour in the
@@ -145,20 +163,25 @@ def live_showback(
     catalog: Catalog,
     open_ids: set[str],
     by: By = "owner",
+    online: Mapping[tuple[str, str], bool] | None = None,
 ) -> list[Showback]:
     """The current plans per owner (``owners`` by (site, workload id), as :func:`site_owners` gives them): GPUs
     held by class, US$ held and wasted per hour, open savings per month (of the recommendations in
-    ``open_ids``). Most money held first."""
+    ``open_ids``). Most money held first. A workload whose nodes are all offline (``online``, as
+    :func:`nodes_online` gives it) holds nothing now and is left out."""
     rows: dict[str, Showback] = {}
     price = _prices(catalog)
     for plan in plans:
         where: dict[str, Showback] = {}
         for w in plan.workloads:
+            share = online_share(plan.site, w, online)
+            if share == 0:
+                continue
             key = _key(by, plan.site, owners.get((plan.site, w.id), UNATTRIBUTED), w.hardware)
             row = rows.setdefault(key, Showback(key))
             row.workloads += 1
-            row.gpus[w.workload_class.value] = row.gpus.get(w.workload_class.value, 0.0) + w.gpus
-            row.held_usd += w.gpus * price(w.hardware)
+            row.gpus[w.workload_class.value] = row.gpus.get(w.workload_class.value, 0.0) + w.gpus * share
+            row.held_usd += w.gpus * share * price(w.hardware)
             where[w.id] = row
         for f in plan.findings:
             if f.wasted_usd_per_hour > 0 and (hit := where.get(f.workload)) is not None:
@@ -195,15 +218,25 @@ class Ledger:
         self._db.close()
 
     def account(
-        self, plan: Plan, owners: Mapping[str, str], catalog: Catalog, interval: float, now: float | None = None
+        self,
+        plan: Plan,
+        owners: Mapping[str, str],
+        catalog: Catalog,
+        interval: float,
+        now: float | None = None,
+        online: Mapping[tuple[str, str], bool] | None = None,
     ) -> float:
         """Charge the time since this site's previous plan to each workload in ``plan``; return the seconds
         charged. ``interval`` is the solve interval: the first plan charges one, and a gap longer than three
-        (the optimizer was down) charges three."""
+        (the optimizer was down) charges three. ``online`` (:func:`nodes_online`) says which nodes are up: a
+        workload is charged for its GPUs on online nodes only, and a site with no node online charges nothing,
+        neither GPUs nor covered time (its plan is the last one its nodes allowed, not what runs)."""
         now = time.time() if now is None else now
         previous = self._last.get(plan.site)
         seconds = interval if previous is None else min(max(now - previous, 0.0), 3 * interval)
         self._last[plan.site] = now
+        if online is not None and not any(up for (site, _), up in online.items() if site == plan.site):
+            return 0.0
         hours = seconds / 3600
         waste: dict[str, Finding] = {}  # the costliest of each workload's findings (a projection missed costs 0)
         for f in sorted(plan.findings, key=lambda f: f.wasted_usd_per_hour):
@@ -211,7 +244,12 @@ class Ledger:
                 waste[f.workload] = f
         price = _prices(catalog)
         sums: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+        charged = []
         for w in plan.workloads:
+            share = online_share(plan.site, w, online)
+            if share == 0:
+                continue
+            charged.append(w)
             finding = waste.get(w.id)
             key = (
                 owners.get(w.id, UNATTRIBUTED),
@@ -220,9 +258,9 @@ class Ledger:
                 finding.kind.value if finding else "",
             )
             acc = sums[key]
-            acc[0] += w.gpus * hours
-            acc[1] += w.gpus * price(w.hardware) * hours
-            acc[2] += finding.wasted_usd_per_hour * hours if finding else 0.0
+            acc[0] += w.gpus * share * hours
+            acc[1] += w.gpus * share * price(w.hardware) * hours
+            acc[2] += finding.wasted_usd_per_hour * share * hours if finding else 0.0
         with self._db:
             self._db.executemany(
                 "INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -239,18 +277,20 @@ class Ledger:
             self._db.executemany(
                 "INSERT INTO workload_owners VALUES (?, ?, ?, ?, ?) ON CONFLICT (site, workload) DO UPDATE SET "
                 "owner = excluded.owner, seen = excluded.seen, hardware = excluded.hardware",
-                [(plan.site, w.id, owners.get(w.id, UNATTRIBUTED), now, w.hardware) for w in plan.workloads],
+                [(plan.site, w.id, owners.get(w.id, UNATTRIBUTED), now, w.hardware) for w in charged],
             )
         return seconds
 
     def report(self, since: float, by: By = "owner") -> list[Showback]:
-        """Totals since ``since`` (whole hours), with each key's open savings; most money held first."""
+        """Totals since ``since`` (whole hours: from the start of its hour), with each key's open savings and the
+        workloads charged in those hours; most money held first."""
+        since = _hour(since)  # the usage below is kept per hour: a workload counts where its GPU-hours do
         rows: dict[str, Showback] = {}
         query = (
             "SELECT site, owner, hardware, workload_class, waste_kind, gpu_hours, held_usd, wasted_usd "
             "FROM usage WHERE hour >= ?"
         )
-        for site, owner, hardware, cls, kind, gpu_hours, held, wasted in self._db.execute(query, (_hour(since),)):
+        for site, owner, hardware, cls, kind, gpu_hours, held, wasted in self._db.execute(query, (since,)):
             key = _key(by, site, owner, hardware)
             row = rows.setdefault(key, Showback(key))
             row.gpus[cls] = row.gpus.get(cls, 0.0) + gpu_hours
@@ -397,7 +437,7 @@ def run_report(state_dir: Path, since: float, by: By, fmt: str) -> str:
         return render_json(rows, by, since, covered)
     if fmt == "csv":
         return render_csv(rows, by).rstrip("\n")
-    start = time.strftime("%Y-%m-%d %H:%M", time.gmtime(since))
+    start = time.strftime("%Y-%m-%d %H:%M", time.gmtime(_hour(since)))  # the ledger is kept by the hour
     if not rows:
         return f"nothing accounted since {start} UTC"
     head = (

@@ -57,7 +57,7 @@ from optimizer.serve.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.serve.outcomes import OBSERVE_HOURS, Learning, Outcome, learning, missed, observe
 from optimizer.serve.ownership import Ownership
 from optimizer.serve.promfeed import PrometheusFeed, from_prometheus
-from optimizer.serve.report import Ledger, owners_of
+from optimizer.serve.report import Ledger, nodes_online, owners_of
 from optimizer.serve.store import Store, plan_points, window_points
 
 log = logging.getLogger(__name__)
@@ -389,7 +389,8 @@ class Optimizer:
                 if self.ledger is not None:
                     owners = owners_of(self.fleet, plan.site)
                     interval = self.config.optimizer.solve_interval
-                    await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval)
+                    online = nodes_online(self.fleet, plan.site)  # nodes gone offline are not charged
+                    await self.tracker.write(self.ledger.account, plan, owners, self.catalog, interval, online=online)
             except sqlite3.Error as exc:
                 # a full disk or a failing one: the plan stands and its alerts go out, from the states still read
                 self._state_failed(exc)

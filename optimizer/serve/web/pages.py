@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from agent.protocol import Plan, Recommendation, WorkloadClass, WorkloadView
+from agent.protocol import Finding, NodeStatus, Plan, Recommendation, WorkloadClass, WorkloadView
 from optimizer.plan.render import (
     KINDS,
     action_text,
@@ -33,10 +33,10 @@ from optimizer.plan.render import (
 )
 from optimizer.serve.lifecycle import OPEN, Lifecycle, RecState, Tracked
 from optimizer.serve.outcomes import Outcome
-from optimizer.serve.report import UNATTRIBUTED, By, live_showback, owners_of, site_owners
+from optimizer.serve.report import UNATTRIBUTED, By, live_showback, nodes_online, owners_of, site_owners
 from optimizer.serve.service import Optimizer
 from optimizer.serve.web.charts import bar_chart, line_chart
-from optimizer.serve.web.views import Overview, Trend, overview, unblock
+from optimizer.serve.web.views import Overview, Trend, hardware_sites, on_line, overview, unblock, where_else
 
 MAX_ROWS = 200  # rows per table; the JSON API has the rest
 NAV = (("/", "Overview"), ("/recommendations", "Recommendations"), ("/findings", "Findings"), ("/owners", "Owners"))
@@ -110,7 +110,7 @@ def cards(items: list[tuple[str, str, str]]) -> str:
 class Console:
     def __init__(self, optimizer: Optimizer) -> None:
         self.optimizer = optimizer
-        self._overview: tuple[tuple[int, int], Overview] | None = None
+        self._overview: tuple[tuple[int, int, int], Overview] | None = None
         self._refresh: asyncio.Future[Overview] | None = None
         self._trend = Trend()  # updated by one refresh at a time
 
@@ -137,6 +137,31 @@ class Console:
             return {r.id for p in self._plans() for r in p.recommendations}
         return {t.recommendation.id for t in tracked}
 
+    async def _owners_of(
+        self, selected: list[tuple[str, Recommendation, str]], owners: dict[tuple[str, str], str]
+    ) -> dict[str, str]:
+        """Each action's owner: its workload's as the fleet reports it now; for one applied, the workload that
+        continued it (a rescheduled pod has a new id) or the owner the showback ledger last charged it under."""
+        out = {r.id: owners[(site, r.workload)] for site, r, _ in selected if (site, r.workload) in owners}
+        missing = [r.id for _, r, _ in selected if r.id not in out]
+        tracker = self.optimizer.tracker
+        if not missing or tracker is None:
+            return out
+
+        def query(db: Lifecycle) -> dict[str, tuple[str | None, str | None]]:
+            return db.kept_owners(missing)
+
+        try:
+            kept = await tracker.read(query)
+        except sqlite3.Error:  # the owner column is a courtesy: the page stands without it
+            return out
+        sites = {r.id: site for site, r, _ in selected}
+        for rec_id, (follow, owner) in kept.items():
+            live = owners.get((sites[rec_id], follow)) if follow else None
+            if live is not None or owner is not None:
+                out[rec_id] = live or owner or UNATTRIBUTED
+        return out
+
     def _page(self, title: str, path: str, body: str) -> web.Response:
         return web.Response(text=layout(title, path, body), content_type="text/html", charset="utf-8")
 
@@ -146,8 +171,11 @@ class Console:
         """Start computing the overview now, so that the first visitor does not wait for it."""
         self._refreshed()
 
-    def _refreshed(self) -> tuple[int, int]:
-        key = (self.optimizer.plans_made, len(self.optimizer.fleet.nodes))
+    def _refreshed(self) -> tuple[int, int, int]:
+        nodes = self.optimizer.fleet.nodes
+        # a node going offline changes what is wasted now, plan or no plan
+        offline = sum(1 for r in list(nodes.values()) if r.status is not NodeStatus.ONLINE)
+        key = (self.optimizer.plans_made, len(nodes), offline)
         fresh = self._overview is not None and self._overview[0] == key
         if not fresh and (self._refresh is None or self._refresh.done()):
             loop = asyncio.get_running_loop()
@@ -164,29 +192,37 @@ class Console:
         return key
 
     async def _current_overview(self) -> Overview:
-        """Recomputed once per plan, off the loop (the first time, the trend walks every workload's day of
-        digests: most of a second at 5,000 workloads). Until the new one is ready the previous plan's is shown,
-        but never one made before the first plan (no nodes, no GPUs, nothing wasted) beside a plan's savings."""
-        while True:
+        """The overview of the current plans and fleet, recomputed off the loop once per plan (the first time, the
+        trend walks every workload's day of digests: most of a second at 5,000 workloads). A request waits for the
+        refresh rather than show an earlier plan's fleet and waste beside the current plan's problems and savings;
+        a plan that comes while it waits is waited for too, a few times at most."""
+        for _ in range(3):
             key = self._refreshed()
             kept = self._overview
-            if kept is not None and (kept[0] == key or kept[0][0] > 0 or key[0] == 0):
+            if kept is not None and kept[0] == key:
                 return kept[1]
             assert self._refresh is not None
             await asyncio.shield(self._refresh)  # then kept, by its done callback, before this resumes
+        kept = self._overview
+        assert kept is not None
+        return kept[1]
 
     async def overview(self, request: web.Request) -> web.Response:
-        plans = self._plans()
         view = await self._current_overview()
+        plans = self._plans()  # those the overview was made from (read after waiting for it)
         open_ids = await self._open_ids()
         savings = sum(r.monthly_savings_usd for p in plans for r in p.recommendations if r.id in open_ids)
         moves = sum(1 for p in plans for r in p.recommendations if r.id in open_ids)
         waste = sum(view.waste_by_kind.values())
-        findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
+        findings = sorted(
+            ((p.site, f) for p in plans for f in p.findings if on_line(p.site, f.nodes, view.online)),
+            key=lambda x: -x[1].wasted_usd_per_hour,
+        )
+        offline = f" ({view.offline:,} offline)" if view.offline else ""
         body = [
             cards(
                 [
-                    ("card-nodes", "Nodes", f"{view.nodes:,}"),
+                    ("card-nodes", "Nodes", f"{view.nodes:,}{offline}"),
                     ("card-gpus", "GPUs", f"{view.gpus:,}"),
                     ("card-workloads", "Workloads", f"{view.workloads:,}"),
                     ("card-waste", "Wasted now", f"{money(waste, 2)}/hour"),
@@ -203,13 +239,20 @@ class Console:
                 f'<p id="sites">Optimizer {esc(ownership.name)} plans {esc(owned)} '
                 f"(its sites: {esc(', '.join(ownership.sites) or 'none')}; standing by for: {esc(standby)}).</p>"
             )
+        plan_of = {p.site: p for p in plans}
         if not plans:
             body.append('<p class="empty">No plan yet: the first comes one solve interval after telemetry arrives.</p>')
+        if view.offline:
+            body.append(
+                f'<p id="offline">{view.offline:,} node(s) offline: what they held is left out of the waste and '
+                "problems below, and showback does not charge them.</p>"
+            )
         if findings:
             top = "".join(
                 f"<li>{workload_link(f.workload, f.workload_name, site)} on {esc(', '.join(f.nodes))} "
                 f"[{esc(f.hardware)}]: {esc(f.kind.value.replace('_', ' '))}, {money(f.wasted_usd_per_hour, 2)}/hour"
-                f" — {esc(f.detail)}</li>"
+                f" — {esc(where_else(f.detail, site, view.hardware_sites))}. {_what_the_plan_does(plan_of[site], f)}"
+                "</li>"
                 for site, f in findings[:5]
             )
             body.append(
@@ -217,7 +260,15 @@ class Console:
                 '<p><a href="/findings">All findings and blocked moves</a></p></section>'
             )
         hw_rows = [
-            [esc(h.name), f"{h.nodes:,}", f"{h.gpus:,}", f"{h.in_use:,}", money(h.price, 2), money(h.price * h.gpus, 0)]
+            [
+                esc(h.name),
+                f"{h.nodes:,}",
+                f"{h.offline:,}",
+                f"{h.gpus:,}",
+                f"{h.in_use:,}",
+                money(h.price, 2),
+                money(h.price * h.gpus, 0),
+            ]
             for h in view.hardware
         ]
         cls_rows = [[esc(c.name), f"{c.workloads:,}", f"{c.gpus:,}", f"{c.mean_util:.0f} %"] for c in view.classes]
@@ -225,10 +276,10 @@ class Console:
         body.append(
             table(
                 "GPUs by hardware",
-                ["hardware", "nodes", "GPUs", "in use", "$/GPU-hour", "$/hour"],
+                ["hardware", "nodes", "offline", "GPUs", "in use", "$/GPU-hour", "$/hour"],
                 hw_rows,
                 "by-hardware",
-                numeric=(1, 2, 3, 4, 5),
+                numeric=(1, 2, 3, 4, 5, 6),
             )
         )
         body.append("</section><section><h2>GPUs by class</h2>")
@@ -289,6 +340,7 @@ class Console:
         unplanned = 10**6
         selected.sort(key=lambda x: (x[0], numbers.get(x[0], {}).get(x[1].id, unplanned), order_key(x[1])))
         owners = site_owners(self.optimizer.fleet)
+        owner_of = await self._owners_of(selected, owners)
         rows = []
         for n, (site, r, state) in enumerate(selected, 1):
             number = numbers.get(site, {})
@@ -299,7 +351,7 @@ class Console:
                     esc(waits(r, number)) if r.id in number else "",
                     esc(site),
                     f"{esc(kind_word(r.kind))} {workload_link(r.workload, r.workload_name, site)}: {esc(change(r))}",
-                    esc(owners.get((site, r.workload), UNATTRIBUTED)),
+                    esc(owner_of.get(r.id, UNATTRIBUTED)),
                     esc(r.workload_class.value),
                     money(r.monthly_savings_usd),
                     esc(r.risk),
@@ -312,7 +364,7 @@ class Console:
             _filters(sites, want_site, want_class, want_kind, want_state),
             _token_box(),
             f'<p id="summary">{len(selected)} action(s) shown, in {waves_of(recs)} wave(s), '
-            f"{esc(total_text(recs, money))} in all. The actions of a wave can be carried out in parallel; one that "
+            f"{esc(_totals(selected))}. The actions of a wave can be carried out in parallel; one that "
             "names another (after #2) waits for it. Acknowledge an action you will carry out, dismiss one you will "
             "not; the state lasts across plans.</p>",
             '<p id="status" role="status" aria-live="polite"></p>',
@@ -337,6 +389,7 @@ class Console:
     async def findings(self, request: web.Request) -> web.Response:
         plans = self._plans()
         owners = site_owners(self.optimizer.fleet)
+        where = hardware_sites(self.optimizer.fleet, self.optimizer.catalog)
         findings = sorted(((p.site, f) for p in plans for f in p.findings), key=lambda x: -x[1].wasted_usd_per_hour)
         f_rows = [
             [
@@ -347,7 +400,7 @@ class Console:
                 f"{esc(', '.join(f.nodes))} <small>[{esc(f.hardware)}]</small>",
                 money(f.wasted_usd_per_hour, 2),
                 f"{f.confidence:.2f}",
-                esc(f.detail),
+                esc(where_else(f.detail, site, where)),
             ]
             for site, f in findings
         ]
@@ -516,8 +569,10 @@ class Console:
     async def owners(self, request: web.Request) -> web.Response:
         by_raw = request.query.get("by", "owner")
         by: By = by_raw if by_raw in ("owner", "site", "hardware") else "owner"  # type: ignore[assignment]
+        fleet = self.optimizer.fleet
+        open_ids = await self._open_ids()
         rows = live_showback(
-            self._plans(), site_owners(self.optimizer.fleet), self.optimizer.catalog, await self._open_ids(), by
+            self._plans(), site_owners(fleet), self.optimizer.catalog, open_ids, by, online=nodes_online(fleet)
         )
         classes = [c.value for c in WorkloadClass if any(r.gpus.get(c.value) for r in rows)]  # those in use
         kinds = sorted({k for r in rows for k in r.wasted_usd})
@@ -570,6 +625,30 @@ class Console:
             + "</section></div>"
         )
         return self._page(f"GPU use per {by}", "/owners", body)
+
+
+def _what_the_plan_does(plan: Plan, f: Finding) -> str:
+    """What the current plan does about a finding: its action, or why it does not move the workload."""
+    action = next((r for r in plan.recommendations if r.workload == f.workload), None)
+    if action is not None:
+        return f"The plan: {esc(action_text(action))}."
+    blocked = next((b for b in plan.blocked if b.workload == f.workload), None)
+    if blocked is not None:
+        return f"<strong>Not moved</strong>: {esc(blocked.reason)}; {esc(unblock(blocked.reason))}."
+    return "No action planned."
+
+
+def _totals(selected: list[tuple[str, Recommendation, str]]) -> str:
+    """The savings of the actions shown: one total where they share a state, else one per state (open, applied,
+    expired and dismissed savings are different money: open is to be had, applied was had)."""
+    groups: dict[str, list[Recommendation]] = {}
+    for _, r, state in selected:
+        group = "open" if state in {s.value for s in OPEN} else state
+        groups.setdefault(group, []).append(r)
+    if len(groups) <= 1:
+        return f"{total_text([r for _, r, _ in selected], money)} in all"
+    order = ["open", *(s.value for s in RecState if s not in OPEN)]
+    return "; ".join(f"{g} {total_text(groups[g], money)}" for g in order if g in groups)
 
 
 def _choices(found: list[tuple[Plan, WorkloadView]]) -> str:

@@ -7,11 +7,12 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from agent.protocol import Plan, WorkloadView
+from agent.protocol import NodeStatus, Plan, WorkloadView
 from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.snapshot import hardware_of
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.history import DIGEST_SECONDS, DIGESTS_KEPT
+from optimizer.serve.report import nodes_online
 
 
 @dataclass(slots=True)
@@ -21,6 +22,7 @@ class HardwareRow:
     gpus: int = 0
     in_use: int = 0
     price: float = 0.0
+    offline: int = 0  # of ``nodes``
 
 
 @dataclass(slots=True)
@@ -38,12 +40,20 @@ class ClassRow:
 @dataclass(slots=True)
 class Overview:
     nodes: int = 0
+    offline: int = 0  # nodes gone offline (their last will, or a clean stop): what they held is not wasted now
     gpus: int = 0
     workloads: int = 0
     hardware: list[HardwareRow] = field(default_factory=list)
     classes: list[ClassRow] = field(default_factory=list)
     waste_by_kind: dict[str, float] = field(default_factory=dict)
     trend: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # class -> [(time, mean util)]
+    hardware_sites: dict[str, set[str]] = field(default_factory=dict)  # hardware name -> sites with a node of it
+    online: dict[tuple[str, str], bool] = field(default_factory=dict)  # (site, node) -> online
+
+
+def on_line(site: str, nodes: list[str], online: dict[tuple[str, str], bool]) -> bool:
+    """Whether any of a workload's or finding's ``nodes`` is online (unknown nodes count as online)."""
+    return not nodes or any(online.get((site, n), True) for n in nodes)
 
 
 def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) -> Overview:
@@ -65,6 +75,11 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) ->
         row.gpus += len(physical)
         out.nodes += 1
         out.gpus += len(physical)
+        out.hardware_sites.setdefault(name, set()).add(record.site)
+        if record.status is not NodeStatus.ONLINE:
+            row.offline += 1
+            out.offline += 1
+    out.online = nodes_online(fleet)
     by_cls: dict[str, ClassRow] = {}
     views: dict[str, WorkloadView] = {}
     for plan in plans:
@@ -77,7 +92,8 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) ->
             if w.hardware in by_hw:
                 by_hw[w.hardware].in_use += w.gpus
         for f in plan.findings:
-            out.waste_by_kind[f.kind.value] = out.waste_by_kind.get(f.kind.value, 0.0) + f.wasted_usd_per_hour
+            if on_line(plan.site, f.nodes, out.online):  # an offline node wastes nothing now
+                out.waste_by_kind[f.kind.value] = out.waste_by_kind.get(f.kind.value, 0.0) + f.wasted_usd_per_hour
     out.workloads = len(views)
     out.hardware = sorted(by_hw.values(), key=lambda r: (-r.gpus, r.name))
     out.classes = sorted(by_cls.values(), key=lambda r: (-r.gpus, r.name))
@@ -144,6 +160,38 @@ _UNBLOCK = (
     (re.compile(r"^load would reach"), "a faster GPU in the site, or its load spread over more GPUs"),
     (re.compile(r"^needs \d+ GiB"), "a GPU with more memory in the site"),
 )
+
+
+_ELSEWHERE = re.compile(r"(?P<name>[^,;()]+?) \(not in this site\)")
+
+
+def where_else(detail: str, site: str, hardware_sites: dict[str, set[str]]) -> str:
+    """A finding's detail with "X (not in this site)" saying where X is: the sites that have it, or that no site of
+    the fleet does (buying it is a purchase, not a move)."""
+
+    def say(m: re.Match[str]) -> str:
+        name = m.group("name")
+        others = sorted(hardware_sites.get(name.strip(), set()) - {site})
+        if others:
+            return f"{name} (in site {', '.join(others[:3])}{', …' if len(others) > 3 else ''}, not this one)"
+        return f"{name} (no site of this fleet has it: a purchase, not a move)"
+
+    return _ELSEWHERE.sub(say, detail)
+
+
+def hardware_sites(fleet: Fleet, catalog: Catalog) -> dict[str, set[str]]:
+    """The sites that have a node of each hardware (by catalog name, or the model reported)."""
+    out: dict[str, set[str]] = {}
+    models: dict[str, GpuType | None] = {}
+    for record in list(fleet.nodes.values()):
+        physical = [g for g in record.birth.gpus if g.parent is None] if record.birth else []
+        if physical:
+            model = physical[0].model
+            if model not in models:
+                models[model] = hardware_of(catalog, model)
+            gpu = models[model]
+            out.setdefault(gpu.name if gpu else model, set()).add(record.site)
+    return out
 
 
 def unblock(reason: str) -> str:
