@@ -14,6 +14,7 @@ from conftest import FLEETFIT
 UNITS = Path(__file__).resolve().parent.parent / "systemd"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 MAX_EXPOSURE = {"fleetfit-agent.service": 2.0, "fleetfit-optimizer.service": 2.5}
+DROP_IN = UNITS / "fleetfit-agent.service.d" / "attribution.conf.example"
 
 
 def _installed(tmp_path: Path, name: str) -> Path:
@@ -57,6 +58,9 @@ def test_units_keep_the_essentials() -> None:
         "DeviceAllow=/dev/nvidiactl rw",
         "DeviceAllow=/dev/nvidia-uvm rw",
         "DeviceAllow=char-nvidia* rw",
+        "DeviceAllow=char-kfd rw",  # AMD: /dev/kfd
+        "DeviceAllow=char-drm rw",  # AMD: /dev/dri/card*, /dev/dri/renderD*
+        "DeviceAllow=char-accel rw",  # Gaudi: /dev/accel/accel*
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
         "ProtectHome=yes",
@@ -73,3 +77,52 @@ def test_units_keep_the_essentials() -> None:
     optimizer = (UNITS / "fleetfit-optimizer.service").read_text()
     for line in ("DynamicUser=yes", "StateDirectory=fleetfit-optimizer", "PrivateDevices=yes", "Restart=on-failure"):
         assert line in optimizer, line
+
+
+def _directives(text: str, name: str) -> list[str]:
+    return [v for line in text.splitlines() if line.startswith(f"{name}=") for v in line.split("=", 1)[1].split()]
+
+
+def test_the_agent_unit_lets_every_supported_vendors_devices_through() -> None:
+    """AMD's /dev/kfd and /dev/dri/renderD* are group render (card* group video): the unit's dynamic user gets
+    both groups, and the device policy lets NVIDIA's, AMD's and Gaudi's device classes through, nothing with
+    capabilities.
+
+    Deliberate bug it catches: the NVIDIA-only unit (no char-kfd, char-drm, char-accel, no render group), under
+    which amdsmi and HLML find no device on an AMD or Gaudi node."""
+    agent = (UNITS / "fleetfit-agent.service").read_text()
+    assert {"render", "video"} <= set(_directives(agent, "SupplementaryGroups"))
+    allowed = set(_directives(agent, "DeviceAllow"))
+    assert {"char-nvidia*", "char-kfd", "char-drm", "char-accel", "char-habanalabs"} <= allowed
+    assert _directives(agent, "CapabilityBoundingSet") == [] and _directives(agent, "AmbientCapabilities") == []
+
+
+def test_the_attribution_drop_in_grants_exactly_what_the_proc_reads_need(tmp_path: Path) -> None:
+    """The opt-in drop-in, installed beside the unit: `systemd-analyze verify` passes, it grants CAP_SYS_PTRACE
+    (another user's /proc/PID/fd links and /proc/PID/environ) and CAP_DAC_READ_SEARCH (their mode 0500/0400) and
+    nothing else, and the exposure it costs is the one docs/operations.md states.
+
+    Deliberate bug it catches: a drop-in missing either capability (the Gaudi holder scan then lists no fd
+    directory, or reads no link), or one that also grants more."""
+    unit = _installed(tmp_path, "fleetfit-agent.service")
+    dropins = tmp_path / "fleetfit-agent.service.d"
+    dropins.mkdir()
+    conf = DROP_IN.read_text()
+    (dropins / "attribution.conf").write_text(conf)
+    for name in ("CapabilityBoundingSet", "AmbientCapabilities"):
+        assert sorted(_directives(conf, name)) == ["CAP_DAC_READ_SEARCH", "CAP_SYS_PTRACE"], name
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert verify.returncode == 0, verify.stderr
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert re.search(r"✗ CapabilityBoundingSet=~CAP_SYS_PTRACE", security.stdout), security.stdout[-2000:]
+    found = re.search(r"Overall exposure level for fleetfit-agent.service: ([0-9.]+)", security.stdout)
+    assert found, security.stdout[-2000:]
+    assert f"`fleetfit-agent.service` with `attribution.conf` | {float(found.group(1))}" in DOCS.read_text()
