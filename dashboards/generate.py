@@ -1,9 +1,13 @@
-"""Builds the Grafana dashboards in this directory from the names the optimizer writes (optimizer/serve/series.py).
+"""Builds the Grafana dashboards in this directory from the names the optimizer writes (optimizer/serve/series.py)
+and the series it and dcgm-exporter export to Prometheus.
 
-    .venv/bin/python dashboards/generate.py      # rewrites dashboards/*.json
+    .venv/bin/python dashboards/generate.py      # rewrites dashboards/*.json and dashboards/prometheus/*.json
 
 Every Flux query is made by :func:`flux`, which refuses a measurement, field or tag the optimizer does not
-write, so a renamed series breaks this script (and its test) instead of a dashboard in production.
+write, and every PromQL query by :func:`promql`, which refuses a metric name neither the optimizer's ``/metrics``
+nor dcgm-exporter exports, so a renamed series breaks this script (and its test) instead of a dashboard in
+production. The PromQL boards read the optimizer's findings and dcgm-exporter's series from a Prometheus-compatible
+datasource (Prometheus, VictoriaMetrics, Thanos, Mimir: dashboards/provisioning/datasource-prometheus.yaml).
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from optimizer.serve import series
+from optimizer.ingest import dcgm
+from optimizer.serve import findingmetrics, series
 from optimizer.serve.series import Measurement
 
 DATASOURCE = {"type": "influxdb", "uid": "fleetfit-influxdb"}
+PROMETHEUS = {"type": "prometheus", "uid": "fleetfit-prometheus"}
+# what the PromQL boards may name: the optimizer's findings (optimizer/serve/findingmetrics.py) and dcgm-exporter's
+PROMETHEUS_NAMES = frozenset(findingmetrics.NAMES) | frozenset(dcgm.METRICS)
 HERE = Path(__file__).resolve().parent
 Json = dict[str, Any]
 
@@ -76,9 +84,30 @@ def variable(name: str, m: Measurement, tag: str, multi: bool = True) -> Json:
     }
 
 
+def promql(query: str) -> str:
+    """A PromQL query, checked to name only series the optimizer or dcgm-exporter exports."""
+    import re
+
+    names = set(re.findall(r"\b((?:fleetfit|DCGM)_[A-Za-z0-9_]+)\b", query))
+    unknown = names - PROMETHEUS_NAMES
+    if unknown or not names:
+        raise ValueError(f"{query}: {sorted(unknown) or 'no series'} not exported")
+    return query
+
+
+def prom_variable(name: str, metric: str, label: str) -> Json:
+    query = f"label_values({promql(metric)}, {label})"
+    return {"name": name, "label": name, "type": "query", "datasource": PROMETHEUS,
+            "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"}, "definition": query,
+            "refresh": 2, "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "sort": 1}  # fmt: skip
+
+
 class Board:
-    def __init__(self, uid: str, title: str, description: str, variables: list[Json]) -> None:
+    def __init__(
+        self, uid: str, title: str, description: str, variables: list[Json], source: Json = DATASOURCE
+    ) -> None:
         self.uid, self.title, self.description, self.variables = uid, title, description, variables
+        self.source = source
         self.panels: list[Json] = []
         self._x = self._y = self._row_h = 0
 
@@ -92,17 +121,21 @@ class Board:
                 "type": kind,
                 "title": title,
                 "description": description,
-                "datasource": DATASOURCE,
+                "datasource": self.source,
                 "gridPos": {"x": self._x, "y": self._y, "w": w, "h": h},
-                "targets": [
-                    {"refId": chr(ord("A") + i), "datasource": DATASOURCE, "query": q} for i, q in enumerate(queries)
-                ],
+                "targets": [self._target(i, q) for i, q in enumerate(queries)],
                 "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
                 "options": options or {},
             }
         )
         self._x += w
         self._row_h = max(self._row_h, h)
+
+    def _target(self, i: int, query: str) -> Json:
+        ref = chr(ord("A") + i)
+        if self.source is PROMETHEUS:
+            return {"refId": ref, "datasource": self.source, "expr": query, "legendFormat": "__auto", "range": True}
+        return {"refId": ref, "datasource": self.source, "query": query}
 
     def json(self) -> Json:
         return {
@@ -198,15 +231,54 @@ def recommendations() -> Board:
     return b
 
 
+def findings() -> Board:
+    """The optimizer's findings and dcgm-exporter's GPUs, from a Prometheus-compatible datasource."""
+    site = 'site=~"$site"'
+    b = Board("fleetfit-prometheus", "fleetfit · findings (Prometheus)", "What fleetfit found, as the optimizer's "
+              "/metrics exports it, beside dcgm-exporter's GPU series.",
+              [prom_variable("site", "fleetfit_workload_gpus", "site")], PROMETHEUS)  # fmt: skip
+    q = promql
+    b.panel("stat", "Wasted now ($/hour)", [q(f"sum(fleetfit_waste_usd_per_hour{{{site}}})")], "currencyUSD", 6, 4)
+    b.panel("stat", "Open savings ($/month)", [q(f"sum(fleetfit_open_savings_usd_per_month{{{site}}})")],
+            "currencyUSD", 6, 4)  # fmt: skip
+    b.panel("stat", "Open recommendations", [q(f"sum(fleetfit_open_recommendations{{{site}}})")], "short", 6, 4)
+    b.panel("stat", "GPUs held by unclassified workloads", [q(f'sum(fleetfit_workload_gpus{{{site}, class="unknown"}})'
+            " or vector(0)")], "short", 6, 4)  # fmt: skip
+    top = q(f"topk(10, sum by (owner) (fleetfit_waste_usd_per_hour{{{site}}}))")
+    b.panel("bargauge", "Waste by owner ($/hour)", [top], "currencyUSD", 12, 8)
+    b.panel("timeseries", "Waste by finding ($/hour)", [q(f"sum by (kind) (fleetfit_waste_usd_per_hour{{{site}}})")],
+            "currencyUSD")  # fmt: skip
+    b.panel("timeseries", "Open savings by owner ($/month)",
+            [q(f"sum by (owner) (fleetfit_open_savings_usd_per_month{{{site}}})")], "currencyUSD")  # fmt: skip
+    b.panel("table", "GPUs by class × hardware", [q(f"sum by (class, hardware) (fleetfit_workload_gpus{{{site}}})")],
+            "short")  # fmt: skip
+    b.panel("timeseries", "Nodes by source", [q(f"sum by (source) (fleetfit_nodes_by_source{{{site}}})")], "short")
+    b.panel("timeseries", "GPU utilisation by model (dcgm-exporter)",
+            [q("avg by (modelName) (DCGM_FI_DEV_GPU_UTIL)")], "percent")  # fmt: skip
+    b.panel("timeseries", "GPU memory used by model (dcgm-exporter)", [q("sum by (modelName) (DCGM_FI_DEV_FB_USED)")],
+            "mbytes")  # fmt: skip
+    return b
+
+
 BOARDS = {"fleet-overview": fleet_overview, "node": node_drilldown, "placement": placement,
           "recommendations": recommendations}  # fmt: skip
+PROMETHEUS_BOARDS = {"findings": findings}
 
 
 def render() -> dict[str, str]:
     return {f"{name}.json": json.dumps(build().json(), indent=2) + "\n" for name, build in BOARDS.items()}
 
 
+def render_prometheus() -> dict[str, str]:
+    """The PromQL boards, written to dashboards/prometheus/."""
+    return {f"{name}.json": json.dumps(build().json(), indent=2) + "\n" for name, build in PROMETHEUS_BOARDS.items()}
+
+
 if __name__ == "__main__":
     for filename, text in render().items():
         (HERE / filename).write_text(text)
         print(f"wrote dashboards/{filename}")
+    (HERE / "prometheus").mkdir(exist_ok=True)
+    for filename, text in render_prometheus().items():
+        (HERE / "prometheus" / filename).write_text(text)
+        print(f"wrote dashboards/prometheus/{filename}")

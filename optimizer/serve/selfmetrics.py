@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from agent.metrics import Family, counter, gauge, labelled
 from optimizer.serve import outcomes, statedb
+from optimizer.serve.findingmetrics import finding_metrics
 
 if TYPE_CHECKING:
     from optimizer.serve.service import Optimizer
@@ -168,6 +169,20 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             optimizer.ownership.refused,
         ),
     ]
+    families += finding_metrics(optimizer.plans, fleet)
+    if optimizer.feed is not None:
+        feed = optimizer.feed
+        families += [
+            labelled(
+                "fleetfit_prometheus_reads_total",
+                "counter",
+                "Reads of [sources.prometheus], by result.",
+                "result",
+                {"ok": feed.reads["ok"], "failed": feed.reads["failed"]},
+            ),
+            counter("fleetfit_prometheus_windows_total", "Windows read from Prometheus into the fleet.", feed.windows),
+            gauge("fleetfit_prometheus_nodes", "Nodes the Prometheus source reads.", feed.nodes()),
+        ]
     if optimizer.store is not None:
         store = optimizer.store
         families += [
