@@ -258,6 +258,9 @@ def _wrong_catalog(factor: float) -> Catalog:
 
 @pytest.mark.slow
 def test_a_catalog_figure_twice_too_high_is_corrected_by_observed_moves(tmp_path: Path) -> None:
+    """Three moves to two L40S nodes (the scheduler places one elsewhere than planned) correct the catalog.
+    Deliberate bug: the node an observation rests on not kept with the outcome (read back, every move is its
+    planned node's: one node's word)."""
     truth = WORLD["l40s"][0]
     catalog = _wrong_catalog(2 * truth / load_catalog().by_key("l40s").perf.compute.value)
     assert catalog.by_key("l40s").perf.compute.value == pytest.approx(2 * truth)
