@@ -8,7 +8,7 @@ a day earlier at the same time of day, where the old node still holds that diges
 for a wrong projection; otherwise with the projection itself. A projection off by more than ``MISS`` is a
 finding.
 
-Learning (``learn``): for demand-bound work (online inference), the observed load gives the speed the target
+Learning (``learning``): for demand-bound work (online inference), the observed load gives the speed the target
 really has against the old hardware: ``speed as planned x projected load / observed load``. Its ratio to the
 catalog's own speed is one sample of a correction factor for (site, shape, from, to). The load is what the target
 node says, so a node that under-reports would teach the planner that its hardware is fast; the rule is built so
