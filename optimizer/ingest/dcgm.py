@@ -60,6 +60,9 @@ PCIE_TX = "DCGM_FI_PROF_PCIE_TX_BYTES"
 PCIE_RX = "DCGM_FI_PROF_PCIE_RX_BYTES"
 NVLINK_TX = "DCGM_FI_PROF_NVLINK_TX_BYTES"
 NVLINK_RX = "DCGM_FI_PROF_NVLINK_RX_BYTES"
+# Among dcgm-exporter's default counters: NVLink throughput of all links, both directions, in MB/s (DCGM's own field
+# table, dcgmlib/src/dcgm_fields.cpp, gives it DCGM_FIELD_UNIT_BW_MBPS), though default-counters.csv calls it a counter.
+NVLINK_TOTAL = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
 
 # Every series read, and what each becomes in a window's GPU: (field, scale to the protocol's unit).
 FIELDS: dict[str, tuple[str, float]] = {
@@ -73,6 +76,7 @@ FIELDS: dict[str, tuple[str, float]] = {
     PCIE_RX: ("pcie_rx_bps", 1.0),
     NVLINK_TX: ("nvlink_tx_bps", 1.0),
     NVLINK_RX: ("nvlink_rx_bps", 1.0),
+    NVLINK_TOTAL: ("nvlink_total", 1e6),  # read where the profiling NVLink fields are not exported
     SM_ACTIVE: ("sm_active", 100.0),
     TENSOR: ("tensor_active", 100.0),
     DRAM: ("dram_active", 100.0),
@@ -383,6 +387,10 @@ def windows(node: NodeSeries, site: str, start: float, end: float, length: float
                 entry[target] = values
             util = entry.pop("util", None) or entry.get("gr_engine")
             entry.pop("gr_engine", None)
+            total = entry.pop("nvlink_total", None)
+            if total and "nvlink_tx_bps" not in entry and "nvlink_rx_bps" not in entry:
+                # both directions in one figure: half each way keeps their sum, which is what features read
+                entry["nvlink_tx_bps"] = entry["nvlink_rx_bps"] = [v / 2 for v in total]
             if not util:
                 continue  # no utilisation at all in this window: nothing to classify from
             samples = max(samples, len(util))
