@@ -607,8 +607,8 @@ async def test_the_biggest_problems_say_what_the_plan_does_and_where_hardware_is
 async def test_an_applied_moves_owner_and_the_totals_of_each_state(tmp_path: Path) -> None:
     """An applied move whose workload is gone from the fleet (a rescheduled pod has a new id) keeps the owner the
     showback ledger charged it under, and the totals of "all" say open and applied savings apart. Deliberate bugs
-    caught: the owner read from the live fleet alone ("(unattributed)"), and one total summing open, applied and
-    expired savings."""
+    caught: the owner read from the live fleet alone ("(unattributed)", on the page and in the API), and one total
+    summing open, applied and expired savings."""
     async with console(tmp_path) as (optimizer, base), aiohttp.ClientSession() as http:
         plan = optimizer.plans["lab"]
         applied, still_open = plan.recommendations[0], plan.recommendations[1:]
@@ -621,6 +621,8 @@ async def test_an_applied_moves_owner_and_the_totals_of_each_state(tmp_path: Pat
         async with http.get(base + "/recommendations?state=applied") as r:
             page = await r.text()
         assert re.search(rf"<td>{re.escape(html.escape(owner))}</td>", page) and UNATTRIBUTED not in page
+        async with http.get(base + "/api/v1/recommendations?state=applied") as r:
+            assert [(a["id"], a["owner"]) for a in await r.json()] == [(applied.id, owner)]
         async with http.get(base + "/recommendations?state=all") as r:
             page = await r.text()
         open_total = sum(r.monthly_savings_usd for r in still_open)

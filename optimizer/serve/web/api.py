@@ -77,16 +77,22 @@ class JsonApi:
         else:
             states = list(OPEN)
         site = request.query.get("site")
+        owners = site_owners(self.optimizer.fleet)
 
-        def query(db: Lifecycle) -> tuple[list[Tracked], dict[str, Outcome]]:
+        def query(db: Lifecycle) -> tuple[list[Tracked], dict[str, Outcome], dict[str, tuple[str | None, str | None]]]:
             rows = db.list(site, states)
-            return rows, db.outcomes_of(t.recommendation.id for t in rows if t.state is RecState.APPLIED)
+            gone = [t.recommendation.id for t in rows if (t.site, t.recommendation.workload) not in owners]
+            applied = (t.recommendation.id for t in rows if t.state is RecState.APPLIED)
+            return rows, db.outcomes_of(applied), db.kept_owners(gone)
 
         try:
-            tracked, outcomes = await tracker.read(query)
+            tracked, outcomes, kept = await tracker.read(query)
         except sqlite3.Error as exc:
             raise web.HTTPServiceUnavailable(text=f"recommendation state unreadable: {exc}\n") from None
-        owners = site_owners(self.optimizer.fleet)
+        for t in tracked:  # an applied move's workload left the fleet: the one that continued it, or its last owner
+            follow, owner = kept.get(t.recommendation.id, (None, None))
+            if (found := owners.get((t.site, follow)) if follow else None) or owner:
+                owners[(t.site, t.recommendation.workload)] = found or owner or UNATTRIBUTED
         numbers = {p.site: numbered(p.recommendations) for p in self.optimizer.plans.values()}
         return web.json_response(
             [tracked_json(t, owners, outcomes.get(t.recommendation.id), numbers.get(t.site)) for t in tracked]
