@@ -79,8 +79,11 @@ class Client(aiomqtt.Client):
     def _on_publish(
         self, client: mqtt.Client, userdata: Any, mid: int, reason_code: ReasonCode, properties: Properties
     ) -> None:
+        # the latest answer for a message id: ids are reused, and a publish nobody confirmed leaves its answer here
         if reason_code.is_failure:
             self._refusals[mid] = reason_code
+        else:
+            self._refusals.pop(mid, None)
         super()._on_publish(client, userdata, mid, reason_code, properties)
 
     async def publish_confirmed(self, topic: str, payload: bytes, retain: bool = False) -> None:
