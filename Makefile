@@ -31,6 +31,7 @@ deps-test: $(VENV)/.test
 	@missing=""; \
 	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto"; \
 	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
+	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \

@@ -321,7 +321,8 @@ def test_prometheus_scrapes_the_simulator_and_reads_its_backfilled_history(
 
     history = tmp_path / "history.om"
     end = float(int(time.time() // 60 * 60) - 3 * 3600)  # hours before the live scrapes
-    stats = write_history(scenario[:1], history, end=end, span=3600, step=60, options=ExporterOptions())
+    # Two processes, a node each: a family's lines come from both, each series from one.
+    stats = write_history(scenario[:2], history, end=end, span=3600, step=60, options=ExporterOptions(), jobs=2)
     assert history.read_text().endswith("\n# EOF\n") and stats.steps == 60
     data = tmp_path / "data"
     subprocess.run(
@@ -402,7 +403,7 @@ def test_history_command_writes_the_ground_truth(tmp_path: Path, capsys: pytest.
     name instead of k8s/<pod_uid>)."""
     out = tmp_path / "h.om"
     rc = cli_main(["simulate", "--nodes", "2", "--scenario", "realistic", "--seed", "9", "--dcgm-history", str(out),
-                   "--history", "600", "--step", "60"])  # fmt: skip
+                   "--history", "600", "--step", "60", "--dcgm-history-jobs", "2"])  # fmt: skip
     assert rc == 0
     labels = load_labels(labels_path(out))
     scenario = build_scenario("realistic", 2, 9)

@@ -10,8 +10,10 @@ simulation has passed, so memory holds one step of one node at a time.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
+import multiprocessing
 import shutil
 import tempfile
 import time
@@ -73,9 +75,10 @@ def write_history(
     options: ExporterOptions,
     fmt: HistoryFormat = "openmetrics",
     seed: int = 0,
+    jobs: int = 1,
 ) -> HistoryStats:
     """Write the ``span`` seconds before ``end``, one sample of every node each ``step`` seconds, to ``path``,
-    and the ground truth to ``FILE.labels.json``.
+    and the ground truth to ``FILE.labels.json``. ``jobs`` processes simulate a share of the nodes each.
 
     Each node is sampled once a step: its counters (bytes) cover the whole step, but episodes that start at a rate
     per sample (data-loader stalls, notebook cells, a batch's late inputs) start once a step's sample rather than
@@ -84,47 +87,108 @@ def write_history(
     if step <= 0 or span < step:
         raise ValueError("the history needs a step above 0 and a span of at least one step")
     started = time.monotonic()
-    count = int(span // step)
-    days = max(1, math.ceil(span / DAY_S))
-    clock = _Clock(end - days * DAY_S)
-    sims = [simulated_node(n, clock, seed + 2) for n in nodes]  # other draws than the live simulation's
     chosen = fields(options.fields)
-    extra: list[tuple[Sequence[Family], Callable[[NodeView], Iterator[tuple[int, str, str]]]]] = [
-        (NODE_FAMILIES, node_series)
+    headers = [(f.name, f.kind, f.help) for f in chosen] + [
+        (fam.name, fam.kind, fam.help) for fams, _ in _extra(options) for fam in fams
     ]
+    parts = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        jobs = max(1, min(jobs, len(nodes)))
+        shares = [list(nodes[i::jobs]) for i in range(jobs)]
+        work = [
+            _Share(share, parts / f"{i:03d}", end, span, step, options, fmt, seed) for i, share in enumerate(shares)
+        ]
+        if jobs == 1:
+            results = [_simulate(work[0])]
+        else:
+            with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = list(pool.map(_simulate, work))
+        size = _join(path, fmt, headers, [w.directory for w in work])
+    finally:
+        shutil.rmtree(parts, ignore_errors=True)
+    truth: dict[str, str] = {}
+    for _, share_truth in results:
+        truth.update(share_truth)
+    labels_path(path).write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    lines = sum(n for n, _ in results)
+    return HistoryStats(int(span // step), lines, size, time.monotonic() - started, len(truth))
+
+
+Series = Callable[[NodeView], Iterator[tuple[int, str, str]]]
+
+
+def _extra(options: ExporterOptions) -> list[tuple[Sequence[Family], Series]]:
+    """The families beside dcgm-exporter's, in the order they are written."""
     if options.kubernetes:
-        extra.insert(0, (KUBE_FAMILIES, kube_series))
+        return [(KUBE_FAMILIES, kube_series), (NODE_FAMILIES, node_series)]
+    return [(NODE_FAMILIES, node_series)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Share:
+    """One process's work: its nodes, and the folder its family files go to."""
+
+    nodes: list[ScenarioNode]
+    directory: Path
+    end: float
+    span: float
+    step: float
+    options: ExporterOptions
+    fmt: HistoryFormat
+    seed: int
+
+
+def _simulate(share: _Share) -> tuple[int, dict[str, str]]:
+    """Simulate ``share``'s nodes over the span, writing each family's lines to a file of its own in its folder
+    (one file for VictoriaMetrics, where order does not matter); the lines written and the ground truth."""
+    count = int(share.span // share.step)
+    days = max(1, math.ceil(share.span / DAY_S))
+    clock = _Clock(share.end - days * DAY_S)
+    sims = [simulated_node(n, clock, share.seed + 2) for n in share.nodes]  # other draws than the live run's
+    chosen = fields(share.options.fields)
+    extra = _extra(share.options)
     families = len(chosen) + sum(len(f) for f, _ in extra)
-    writer = _Writer(path, fmt, families)
+    share.directory.mkdir()
+    victoria = share.fmt == "victoriametrics"
+    files = [(share.directory / f"{i:03d}").open("w", encoding="utf-8") for i in range(1 if victoria else families)]
+    pending: list[list[str]] = [[] for _ in range(families)]
     prefixes: list[list[list[list[str]]] | None] = [None] * len(sims)
+    lines = 0
     try:
         for k in range(count):
-            t = end - (count - 1 - k) * step
+            t = share.end - (count - 1 - k) * share.step
             clock.now = t
-            stamp = writer.stamp(t)
+            stamp = _stamp(t, victoria)
             for n, sim in enumerate(sims):
                 sim.sample()
                 view = node_view(sim)
                 if view.dcgm:
                     cached = prefixes[n]
                     if cached is None:
-                        cached = prefixes[n] = _prefixes(view, chosen, options)
-                    _gpu_lines(writer, view, chosen, cached, stamp)
+                        cached = prefixes[n] = _prefixes(view, chosen, share.options)
+                    _gpu_lines(pending, view, chosen, cached, stamp)
                 base = len(chosen)
                 for fams, series in extra:
                     for i, labels, value in series(view):
-                        writer.add(base + i, f"{fams[i].name}{{{labels}}} {value}{stamp}")
+                        pending[base + i].append(f"{fams[i].name}{{{labels}}} {value}{stamp}")
                     base += len(fams)
-        headers = [(f.name, f.kind, f.help) for f in chosen] + [
-            (fam.name, fam.kind, fam.help) for fams, _ in extra for fam in fams
-        ]
-        size = writer.finish(headers)
-    except BaseException:
-        writer.abort()
-        raise
-    truth = ground_truth((node_view(s), s.specs) for s in sims)
-    labels_path(path).write_text(json.dumps(dict(truth), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return HistoryStats(count, writer.lines, size, time.monotonic() - started, len(truth))
+            # A step's lines at a time: one write per family rather than one per line.
+            for i, batch in enumerate(pending):
+                if batch:
+                    files[0 if victoria else i].write("".join(batch))
+                    lines += len(batch)
+                    batch.clear()
+    finally:
+        for f in files:
+            f.close()
+    return lines, dict(ground_truth((node_view(s), s.specs) for s in sims))
+
+
+def _stamp(t: float, victoria: bool) -> str:
+    """The timestamp after each value: milliseconds for VictoriaMetrics, seconds in OpenMetrics."""
+    if victoria:
+        return f" {round(t * 1000)}\n"
+    return f" {int(t)}\n" if t == int(t) else f" {t:.3f}\n"
 
 
 def _prefixes(view: NodeView, chosen: Sequence[Field], options: ExporterOptions) -> list[list[list[str]]]:
@@ -137,7 +201,7 @@ def _prefixes(view: NodeView, chosen: Sequence[Field], options: ExporterOptions)
 
 
 def _gpu_lines(
-    writer: _Writer, view: NodeView, chosen: Sequence[Field], prefixes: list[list[list[str]]], stamp: str
+    pending: list[list[str]], view: NodeView, chosen: Sequence[Field], prefixes: list[list[list[str]]], stamp: str
 ) -> None:
     for g, per_field in zip(view.gpus, prefixes, strict=True):
         for i, (f, heads) in enumerate(zip(chosen, per_field, strict=True)):
@@ -147,63 +211,33 @@ def _gpu_lines(
             if value is None:
                 continue
             tail = value + stamp
+            batch = pending[i]
             for head in heads:
-                writer.add(i, head + tail)
+                batch.append(head + tail)
 
 
-class _Writer:
-    """OpenMetrics: a file per family, joined at the end; VictoriaMetrics: one stream in the order made."""
-
-    def __init__(self, path: Path, fmt: HistoryFormat, families: int) -> None:
-        self.path = path
-        self.fmt = fmt
-        self.lines = 0
-        self._parts: Path | None = None
-        self._files: list[IO[str]] = []
-        if fmt == "openmetrics":
-            self._parts = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-            self._files = [
-                (self._parts / f"{i:03d}").open("w", encoding="utf-8", buffering=1 << 20) for i in range(families)
-            ]
+def _join(path: Path, fmt: HistoryFormat, headers: Sequence[tuple[str, str, str]], shares: Sequence[Path]) -> int:
+    """The output from the shares' files, each removed once copied; its size. OpenMetrics: each family's metadata
+    then its lines from every share (a series lives in one share, so its timestamps still rise), ``# EOF`` last."""
+    with path.open("wb") as out:
+        if fmt == "victoriametrics":
+            for share in shares:
+                _append(out, share / "000")
         else:
-            out = path.open("w", encoding="utf-8", buffering=1 << 20)
-            self._files = [out] * families
-
-    def stamp(self, t: float) -> str:
-        """The timestamp written after each value: seconds in OpenMetrics, milliseconds for VictoriaMetrics."""
-        if self.fmt == "victoriametrics":
-            return f" {round(t * 1000)}\n"
-        return f" {int(t)}\n" if t == int(t) else f" {t:.3f}\n"
-
-    def add(self, family: int, line: str) -> None:
-        self._files[family].write(line)
-        self.lines += 1
-
-    def finish(self, headers: Sequence[tuple[str, str, str]]) -> int:
-        """Close the output (in OpenMetrics: each family's metadata then its lines, ``# EOF`` last); its size."""
-        if self.fmt == "victoriametrics":
-            self._files[0].close()
-            return self.path.stat().st_size
-        assert self._parts is not None
-        with self.path.open("w", encoding="utf-8") as out:
             for i, (name, kind, help_text) in enumerate(headers):
-                part = self._files[i]
-                part.close()
-                if (self._parts / f"{i:03d}").stat().st_size == 0:
+                files = [share / f"{i:03d}" for share in shares]
+                if not any(f.stat().st_size for f in files):
                     continue
                 # OpenMetrics names a counter's family without its _total suffix.
                 family = name.removesuffix("_total") if kind == "counter" else name
-                out.write(f"# HELP {family} {help_text}\n# TYPE {family} {kind}\n")
-                out.flush()
-                with (self._parts / f"{i:03d}").open("r", encoding="utf-8") as src:
-                    shutil.copyfileobj(src, out, 1 << 20)
-                (self._parts / f"{i:03d}").unlink()
-            out.write("# EOF\n")
-        shutil.rmtree(self._parts, ignore_errors=True)
-        return self.path.stat().st_size
+                out.write(f"# HELP {family} {help_text}\n# TYPE {family} {kind}\n".encode())
+                for f in files:
+                    _append(out, f)
+            out.write(b"# EOF\n")
+    return path.stat().st_size
 
-    def abort(self) -> None:
-        for f in set(self._files):
-            f.close()
-        if self._parts is not None:
-            shutil.rmtree(self._parts, ignore_errors=True)
+
+def _append(out: IO[bytes], part: Path) -> None:
+    with part.open("rb") as src:
+        shutil.copyfileobj(src, out, 1 << 20)
+    part.unlink()

@@ -13,6 +13,7 @@ what each field is derived from.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,8 +31,7 @@ DRIVER_VERSION = "550.54.15"
 # PCI buses of the eight GPUs of an HGX baseboard as one server maker numbers them; an estimate, since every
 # server model numbers its own.
 _PCI_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
-# Framebuffer the driver keeps for itself, as a share of the total: about 550 MiB of an H100's 81,559 MiB as
-# nvidia-smi shows it; an estimate for the other models.
+# Framebuffer the driver keeps for itself, as a share of the total: an estimate (about 550 MiB on an 80 GB card).
 RESERVED_SHARE = 0.0068
 
 
@@ -271,6 +271,7 @@ _ALPHANUMS = "bcdfghjklmnpqrstvwxz2456789"
 _SERVING = (Pattern.INFERENCE, Pattern.LLM_SERVING)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every pod at every step of a history
 def _suffix(seed: str, n: int) -> str:
     digest = hashlib.sha256(seed.encode()).digest()
     return "".join(_ALPHANUMS[b % len(_ALPHANUMS)] for b in digest[:n])

@@ -670,7 +670,7 @@ def _dcgm_history(args: argparse.Namespace, nodes: list[ScenarioNode], exporter:
     try:
         stats = write_history(
             nodes, args.dcgm_history, end=end, span=args.history, step=args.step, options=exporter,
-            fmt=args.dcgm_history_format, seed=args.seed,
+            fmt=args.dcgm_history_format, seed=args.seed, jobs=args.dcgm_history_jobs or os.cpu_count() or 1,
         )  # fmt: skip
     except ValueError as exc:
         return _fail(f"--dcgm-history: {exc}")
@@ -1087,6 +1087,10 @@ def _add_exporter_arguments(p: argparse.ArgumentParser) -> None:
         "--dcgm-history-format", choices=HISTORY_FORMATS, default="openmetrics",
         help="openmetrics (promtool tsdb create-blocks-from openmetrics) or victoriametrics (/api/v1/import/"
         "prometheus: text with millisecond timestamps)",
+    )  # fmt: skip
+    g.add_argument(
+        "--dcgm-history-jobs", type=cliargs.positive_int, metavar="N",
+        help="processes simulating the history, each a share of the nodes (default: one per CPU)",
     )  # fmt: skip
     g.add_argument(
         "--history", type=cliargs.positive_float, default=86_400.0, metavar="SECONDS",
