@@ -23,7 +23,7 @@ from agent.pacing import Pacer
 from agent.protocol import Birth, Telemetry, WorkloadRef, encode
 from agent.spool import DiskSpool, MemoryQueue, WindowQueue
 from agent.window import WindowBuilder
-from agent.worker import Worker, WorkerBusy
+from agent.worker import Worker, WorkerBusy, abandon
 from collectors.base import Collector, Inventory, Sample
 
 log = logging.getLogger(__name__)
@@ -174,24 +174,37 @@ class Agent:
         an interval: a collector that has not answered by then, or whose previous call has not returned, is
         skipped this round and counted; the others' samples are taken."""
         deadline = self.settings.sample_interval * SAMPLE_DEADLINE / self.clock.scale
-        answers = await asyncio.gather(*(self._sample(i, deadline) for i in range(len(self.collectors))))
-        if self._absorb([s for samples in answers for s in samples]):
+        # Futures and one wait, not a task per collector: this runs every second on every node.
+        started: list[tuple[Collector, asyncio.Future[list[Sample]]]] = []
+        for c, worker in zip(self.collectors, self._workers, strict=True):
+            if worker is None:
+                continue
+            try:
+                started.append((c, worker.submit(c.sample)))
+            except WorkerBusy as exc:
+                self._overran(c.name, str(exc))
+        samples: list[Sample] = []
+        for c, worker in zip(self.collectors, self._workers, strict=True):
+            if worker is None:  # called on the loop while the others run on their threads
+                try:
+                    samples.extend(self._answered(c, c.sample()))
+                except Exception as exc:
+                    self._failed(c, exc)
+        if started:
+            await asyncio.wait([f for _, f in started], timeout=deadline)
+        for c, future in started:
+            if not future.done():
+                abandon(future)
+                self._overran(c.name, f"did not answer within {deadline:.2f} s")
+            elif (error := future.exception()) is not None:
+                if not isinstance(error, Exception):
+                    raise error
+                self._failed(c, error)
+            else:
+                samples.extend(self._answered(c, future.result()))
+        if self._absorb(samples):
             await self.refresh_inventory()
             self.link.republish_birth()
-
-    async def _sample(self, i: int, deadline: float) -> list[Sample]:
-        c, worker = self.collectors[i], self._workers[i]
-        try:
-            samples = c.sample() if worker is None else await worker.call(c.sample, deadline)
-        except (TimeoutError, WorkerBusy) as exc:
-            self._overran(
-                c.name, f"did not answer within {deadline:.2f} s" if isinstance(exc, TimeoutError) else str(exc)
-            )
-            return []
-        except Exception as exc:
-            self._failed(c, exc)
-            return []
-        return self._answered(c, samples)
 
     def _answered(self, c: Collector, samples: list[Sample]) -> list[Sample]:
         if c.name in self._failing:
@@ -234,41 +247,42 @@ class Agent:
         return method() if worker is None else await worker.call(method, CALL_DEADLINE_S)
 
     async def refresh_inventory(self) -> None:
-        """Read every collector's inventory off the loop; one that does not answer keeps its last one."""
-        for i, c in enumerate(self.collectors):
-            try:
-                part = await self._call(i, "inventory")
-            except (TimeoutError, WorkerBusy) as exc:
-                log.warning(
-                    "collector %s did not report its inventory (%s); its last one is kept",
-                    c.name,
-                    str(exc) or "timed out",
-                )
-                continue
-            except Exception:
-                log.exception("collector %s failed to report its inventory", c.name)
-                continue
-            if isinstance(part, Inventory):
-                self._parts[i] = part
+        """Read every collector's inventory off the loop, all at once; one that does not answer keeps its last."""
+        await asyncio.gather(*(self._inventory_of(i) for i in range(len(self.collectors))))
         merged = Inventory()
         for part in self._parts:
             merged = merged.merge(part)
         self._inventory = merged
 
+    async def _inventory_of(self, i: int) -> None:
+        c = self.collectors[i]
+        try:
+            part = await self._call(i, "inventory")
+        except (TimeoutError, WorkerBusy) as exc:
+            log.warning("collector %s did not report its inventory (%s); its last one is kept", c.name,
+                        str(exc) or "timed out")  # fmt: skip
+            return
+        except Exception:
+            log.exception("collector %s failed to report its inventory", c.name)
+            return
+        if isinstance(part, Inventory):
+            self._parts[i] = part
+
+    async def _workloads_of(self, i: int) -> list[WorkloadRef]:
+        c = self.collectors[i]
+        try:
+            refs = await self._call(i, "workloads")
+        except (TimeoutError, WorkerBusy) as exc:
+            self._overran(c.name, f"did not attribute workloads in time ({str(exc) or 'timed out'})")
+            return []
+        except Exception as exc:
+            log.warning("collector %s failed to attribute workloads: %r", c.name, exc)
+            return []
+        return refs if isinstance(refs, list) else []
+
     async def _workloads(self) -> list[WorkloadRef]:
-        workloads: list[WorkloadRef] = []
-        for i, c in enumerate(self.collectors):
-            try:
-                refs = await self._call(i, "workloads")
-            except (TimeoutError, WorkerBusy) as exc:
-                self._overran(c.name, f"did not attribute workloads in time ({str(exc) or 'timed out'})")
-                continue
-            except Exception as exc:
-                log.warning("collector %s failed to attribute workloads: %r", c.name, exc)
-                continue
-            if isinstance(refs, list):
-                workloads.extend(refs)
-        return workloads
+        answers = await asyncio.gather(*(self._workloads_of(i) for i in range(len(self.collectors))))
+        return [w for refs in answers for w in refs]
 
     async def close_window_async(self) -> Telemetry | None:
         """Close the open window, attributing workloads on the collectors' threads; None when it holds no sample."""

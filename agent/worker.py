@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import functools
 import queue
 import threading
 import time
@@ -22,6 +24,20 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+M_ARENA_MAX = -8  # mallopt(3)
+
+
+@functools.cache  # once per process
+def _one_malloc_arena() -> None:
+    """glibc gives each thread that allocates its own malloc arena, a few hundred KiB resident apiece: the agent's
+    few worker threads, each busy for milliseconds a second, share the main one instead (its budget is 40 MiB)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on; absent on musl and macOS
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    mallopt(M_ARENA_MAX, 1)
 
 
 class WorkerBusy(Exception):
@@ -49,26 +65,34 @@ class Worker:
         since = self.busy_since
         return 0.0 if since is None else max(0.0, now - since)
 
-    async def call(self, fn: Callable[[], T], deadline: float) -> T:
-        """``fn()`` on this worker's thread; TimeoutError after ``deadline`` seconds (the call goes on, and this
-        worker refuses others until it returns), WorkerBusy if the previous call is still running."""
+    def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Start ``fn()`` on this worker's thread; its result (or exception) comes in the returned future. Raises
+        WorkerBusy if the previous call is still running. A future nobody awaits any more is passed to
+        :func:`abandon`."""
         since = self.busy_since
         if since is not None:
             raise WorkerBusy(since)
         if self._thread is None:
+            _one_malloc_arena()
             self._thread = threading.Thread(target=self._run, name=f"collector-{self.name}", daemon=True)
             self._thread.start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self.busy_since = time.monotonic()
         self._jobs.put((fn, loop, future))
+        return future
+
+    async def call(self, fn: Callable[[], T], deadline: float) -> T:
+        """``fn()`` on this worker's thread; TimeoutError after ``deadline`` seconds (the call goes on, and this
+        worker refuses others until it returns), WorkerBusy if the previous call is still running."""
+        future = self.submit(fn)
         try:
             # shield: a deadline or a cancellation leaves the call running; its result is dropped when it comes.
             # asyncio.timeout, not wait_for, which can swallow a cancellation on 3.11.
             async with asyncio.timeout(deadline):
                 return await asyncio.shield(future)
         except BaseException:
-            future.add_done_callback(_drop)  # nobody reads it now: no "exception was never retrieved" at exit
+            abandon(future)
             raise
 
     def _run(self) -> None:
@@ -81,6 +105,11 @@ class Worker:
             self.busy_since = None
             with contextlib.suppress(RuntimeError):  # the loop closed while the call ran (the agent is exiting)
                 loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def abandon(future: asyncio.Future[Any]) -> None:
+    """Nobody reads this call's outcome now: dropped when it comes, without "exception never retrieved" at exit."""
+    future.add_done_callback(_drop)
 
 
 def _drop(future: asyncio.Future[Any]) -> None:
