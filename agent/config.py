@@ -155,6 +155,11 @@ class AgentSettings(Section):
         default=None, ge=0, le=65535, description="serve Prometheus self-metrics on this port; none: off"
     )
     metrics_listen: str = Field(default="127.0.0.1", description="address the metrics endpoint binds")
+    sysfs_root: Path = Field(
+        default=Path("/sys"),
+        description="where sysfs is mounted: the PCI bus (which GPU vendors are present), NICs and disks are read "
+        "under it; the host's /sys bind-mounted elsewhere in a container",
+    )
 
     @model_validator(mode="after")
     def _window_holds_samples(self) -> AgentSettings:

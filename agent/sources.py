@@ -97,13 +97,15 @@ def _answers(c: Collector) -> bool:
     return bool(inv.gpus or inv.gpu_failures) and inv.gpu_unavailable is None
 
 
-def gpu_collector(settings: AgentSettings, sysfs_root: Path = Path("/sys")) -> Collector:
+def gpu_collector(settings: AgentSettings, sysfs_root: Path | None = None) -> Collector:
     """Every accelerator vendor on the PCI bus read through its library: NVIDIA through NVML, AMD through amdsmi,
     Intel Gaudi through HLML. A vendor whose devices are there but whose driver is not loaded yet is waited for.
-    Where the bus cannot be read, each library is tried and every one that finds devices is kept."""
+    Where the bus cannot be read, each library is tried and every one that finds devices is kept. ``sysfs_root``:
+    where sysfs is (default: the settings')."""
     from collectors.gpu import NullGpuCollector
 
     attributor = Attributor(node=settings.node)
+    sysfs_root = settings.sysfs_root if sysfs_root is None else sysfs_root
     on_bus = accelerators(sysfs_root)
     if on_bus is None:
         log.info("PCI bus not readable under %s: trying every GPU library", sysfs_root)
@@ -165,7 +167,7 @@ def node_collectors(
         gpu = WithFacts(ProcessBackedGpus(gpu, simulate_pids, attributor), attributor)
     return [
         gpu,
-        NicCollector(fabric_patterns=settings.fabric_interfaces),
-        StorageCollector(mounts=settings.mounts),
+        NicCollector(settings.sysfs_root, fabric_patterns=settings.fabric_interfaces),
+        StorageCollector(settings.sysfs_root, mounts=settings.mounts),
         HostCollector(),
     ]

@@ -55,6 +55,13 @@ async def test_a_driver_upgrade_ends_the_agent_and_its_restart_reads_the_new_dri
     driver.write_text("550.54.15\n")
     env = dict(os.environ, PYTHONPATH=str(shim), FAKE_NVML_TESTS=str(TESTS), FAKE_NVML_DRIVER=str(driver))
     config = write_agent_config(tmp_path, mosquitto.port, prefix, "upgraded")
+    # the node's PCI bus: two NVIDIA GPUs (3D controllers), so the agent opens NVML on whatever machine runs this
+    for address in ("0000:18:00.0", "0000:2a:00.0"):
+        device = tmp_path / "sys" / "bus" / "pci" / "devices" / address
+        device.mkdir(parents=True)
+        (device / "vendor").write_text("0x10de\n")
+        (device / "class").write_text("0x030200\n")
+    config.write_text(config.read_text().replace("[mqtt]", f'sysfs_root = "{tmp_path / "sys"}"\n[mqtt]'))
     births: list[Birth] = []
 
     async def watch() -> None:
