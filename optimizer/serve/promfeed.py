@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from agent.config import credential_path
 from agent.protocol import SCHEMA_VERSION, NodeStatus, TopicKind, node_topic
 from optimizer.decide.catalog import Catalog
 from optimizer.ingest.dcgm import SOURCE
@@ -66,12 +67,14 @@ class PrometheusFeed:
         self.windows = 0
         self.last_error: str | None = None
         self.done_until: float | None = None  # the end of the last good read
+        # secrets named as systemd credentials (a relative path) are read from $CREDENTIALS_DIRECTORY
+        token, password = settings.bearer_token_file, settings.basic_auth_password_file
         self.endpoint = Endpoint(
             url=settings.url,
-            bearer_token_file=settings.bearer_token_file,
+            bearer_token_file=None if token is None else credential_path(token),
             basic_user=settings.basic_auth_user,
-            basic_password_file=settings.basic_auth_password_file,
-            ca_file=settings.ca_file,
+            basic_password_file=None if password is None else credential_path(password),
+            ca_file=None if settings.ca_file is None else credential_path(settings.ca_file),
             timeout=settings.timeout,
         )
         self.read_settings = ReadSettings(
