@@ -449,20 +449,33 @@ def test_generic_payload_is_versioned_and_says_what_it_left_out() -> None:
     assert alert.firing[0].monthly_savings_usd == max(m.monthly_savings_usd for m in alert.firing)
 
 
-HOSTILE = "@channel <!channel> @here [click me](https://evil.example/x) ![pic](https://evil.example/p.png) ~town-square"
+HOSTILE = (
+    "x `tick @channel <!channel> @here [click me](https://evil.example/x) ![pic](https://evil.example/p.png) "
+    "~town-square www.evil.example evil.com ``two``"
+)
 SCHEMA = json.loads((Path(__file__).parent / "data" / "adaptive-card-1.4" / "adaptive-card.json").read_text())
 
 
 def hostile_notice(resolved: int = 1) -> Notice:
+    """Every name an agent supplies made hostile: the workload's name, the nodes, the staging node, the site, and a
+    workload with no name, named by its id."""
     bad = rec(1).model_copy(
-        update={"workload_name": HOSTILE, "from_node": "<http://evil.example|n1>", "to_node": "@all"}
+        update={
+            "workload_name": HOSTILE,
+            "from_node": "<http://evil.example|n1>",
+            "to_node": "@all",
+            "via_node": "https://evil.example/via",
+            "via_wave": 1,
+        }
     )
     items = [Item(bad, Status.NEW, Severity.WARNING)]
     items += [
         Item(rec(10_000 + i).model_copy(update={"workload_name": HOSTILE}), Status.APPLIED, Severity.INFO)
         for i in range(resolved)
     ]
-    return Notice("<!here>", 1_700_000_000.0, items)
+    unnamed = rec(20_000).model_copy(update={"workload_name": "", "workload": "https://evil.example/id @here"})
+    items.append(Item(unnamed, Status.EXPIRED, Severity.INFO))
+    return Notice("evil.com", 1_700_000_000.0, items)
 
 
 def _strings(node: object, skip: str = "") -> list[str]:
@@ -475,27 +488,84 @@ def _strings(node: object, skip: str = "") -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("kind", ["mattermost", "teams"])
-def test_markdown_platforms_carry_no_mention_link_or_image_from_a_name(kind: str) -> None:
+def _outside_code(text: str) -> str:
+    """``text`` with its code spans blanked, as CommonMark (and Slack, whose spans hold no backtick) reads them: a
+    run of backticks opens one, the next run of the same length closes it; a backslash-escaped one opens none."""
     import re
 
-    body = json.loads(render(kind, hostile_notice(), 40_000))  # type: ignore[arg-type]
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\":
+            out.append(text[i : i + 2])
+            i += 2
+            continue
+        run = re.match(r"`+", text[i:])
+        if run:
+            close = re.compile(rf"(?<!`){run.group()}(?!`)").search(text, i + len(run.group()))
+            if close:
+                out.append(" ")
+                i = close.end()
+                continue
+            out.append(run.group())
+            i += len(run.group())
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+LINKISH = r"://|www\.|evil\.|@(channel|here|all)\b|(?<!\\)<|(?<!\\)\]\(|(?<!\\)~town"
+
+
+def test_mattermost_shows_names_from_agents_only_in_code_spans() -> None:
+    """Every name an agent supplies sits in a code span (literal in CommonMark, and Mattermost's server reads
+    mentions outside code alone): outside them no URL, bare domain, mention, Slack-style <!channel> or <url|text>,
+    [text](url), image or ~channel; the notification fallback, plain text, breaks URLs and mentions without any
+    zero-width character. Deliberate bugs caught: a name left out of its code span (the staging node, the site, a
+    workload named by its id), a backtick in a name ending its span early, URLs kept in the fallback."""
+    import re
+
+    body = json.loads(render("mattermost", hostile_notice(), 40_000))
+    texts = _strings(body, skip="fallback")
+    assert HOSTILE in "\n".join(texts)  # the names are shown as they are...
+    for text in texts:
+        assert not re.search(LINKISH, _outside_code(text)), text  # ...but only as code
+    fallback = "\n".join(a["fallback"] for a in body["attachments"])
+    assert "evil.example" in fallback and not re.search(r"://|www\.|@|<", fallback)
+    assert not re.search("[\u200b-\u200d\u2060\ufeff]", json.dumps(body, ensure_ascii=False))
+
+
+def test_teams_cards_carry_no_link_or_markup_from_a_name() -> None:
+    """Adaptive Card Markdown has no code span: names are escaped, and ``://`` and ``www.`` written ``[:]//`` and
+    ``www[.]``. Deliberate bugs caught: a name not escaped, or a URL left whole (Teams makes it a link)."""
+    import re
+
+    body = json.loads(render("teams", hostile_notice(), 40_000))
+    body["attachments"][0]["content"].pop("$schema")
     text = "\n".join(_strings(body))
-    assert "evil.example" in text  # the names are shown...
-    assert not re.search(r"@(channel|here|all)\b", text)  # ...but notify no one
-    assert not re.search(r"(?<!\\)<(!|http)", text)  # Slack-style <!channel> and <url|text>, which Mattermost reads
-    rendered = "\n".join(_strings(body, skip="fallback"))  # Mattermost's notification text is not Markdown
-    assert not re.search(r"(?<!\\)\]\(", rendered)  # no [text](url) link, no ![](image)
-    assert not re.search(r"https?://evil", rendered)  # no autolinked URL
-    assert not re.search(r"(?<!\\)~town", rendered)  # no channel link
+    assert "evil.example" in text and "https[:]//evil.example" in text.replace("\\", "")
+    assert not re.search(r"://|www\.|(?<!\\)<|(?<!\\)\]\(|(?<!\\)~town", text)
+    assert not re.search("[\u200b-\u200d\u2060\ufeff]", json.dumps(body, ensure_ascii=False))
 
 
-def test_slack_escapes_names_in_every_field_and_the_fallback_text() -> None:
+def test_slack_shows_names_from_agents_only_in_verbatim_code_spans() -> None:
+    """Every mrkdwn text object is ``verbatim`` (Slack makes no link of a URL, bare domain or channel name in it,
+    and parses no mention), every name an agent supplies sits in a code span, <, > and & are escaped everywhere,
+    and no link is unfurled. Deliberate bugs caught: ``verbatim`` left off an object, a name outside its code
+    span, a backtick in a name ending its span, ``unfurl_links``/``unfurl_media`` missing."""
+    import re
+
     body = json.loads(render("slack", hostile_notice(), 40_000))
-    del body["blocks"][0]  # the header is plain_text: Slack reads no markup there
-    text = "\n".join(_strings(body))
-    assert "<!channel>" not in text and "<!here>" not in text and "<http://evil" not in text
-    assert "&lt;!channel&gt;" in text
+    assert body["unfurl_links"] is False and body["unfurl_media"] is False
+    objects = [b["text"] for b in body["blocks"][1:] if "text" in b]
+    objects += [f for b in body["blocks"] for f in b.get("fields", []) + b.get("elements", [])]
+    assert objects and all(o["type"] == "mrkdwn" and o["verbatim"] is True for o in objects)
+    texts = [body["text"], *(o["text"] for o in objects)]
+    assert any("&lt;!channel&gt;" in t for t in texts)
+    for text in texts:
+        assert not re.search(r"<(!|http)", text), text
+        assert not re.search(LINKISH, _outside_code(text)), text
+    assert not re.search("[\u200b-\u200d\u2060\ufeff]", json.dumps(body, ensure_ascii=False))
 
 
 def _entities_whole(text: str) -> bool:

@@ -152,7 +152,8 @@ def _cli(run: DemoRun) -> Listing:
 
 
 def _unmarkdown(text: str) -> str:
-    return re.sub(r"\\(.)", r"\1", text).replace("\u200b", "")
+    """Markdown as it reads: code spans' backticks gone (names from agents are set in them), escapes undone."""
+    return re.sub(r"\\(.)", r"\1", re.sub(r"(?<!\\)`", "", text))
 
 
 def _wave_field(value: str) -> str:
@@ -168,7 +169,12 @@ def _chat(kind: str, body: dict[str, Any]) -> Listing:
                 number, action = block["text"]["text"].split("\n")[0].strip("*").split(". ", 1)
                 facts = dict(f["text"].split("\n", 1) for f in block["fields"])
                 actions.append(
-                    (int(number), html.unescape(action), _money(facts["*Saving*"]), _wave_field(facts["*Wave*"]))
+                    (
+                        int(number),
+                        html.unescape(action.replace("`", "")),  # names from agents are set in code spans
+                        _money(facts["*Saving*"]),
+                        _wave_field(facts["*Wave*"]),
+                    )
                 )
     elif kind == "mattermost":
         summary = _unmarkdown(body["text"].split("\n")[1])

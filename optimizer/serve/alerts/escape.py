@@ -1,14 +1,21 @@
-"""Escaping per chat platform. Workload, node and site names come from agents: none may mention a channel,
-link, embed an image or break the message's markup, whatever it contains.
+"""Escaping per chat platform. Workload ids and names, node and site names come from agents: none may mention
+anyone, link anywhere, embed an image or break the message's markup, whatever they contain. No zero-width
+character is used to break anything up: text passes through places that strip them (the protocol's own checks
+among them), and what they protected would come back.
 
 - Slack mrkdwn: ``&``, ``<`` and ``>`` become ``&amp;``, ``&lt;`` and ``&gt;`` (Slack's documented escapes); that
-  alone defuses ``<!channel>``, ``<@U…>`` and ``<url|text>``. Clipping escaped text never cuts an entity in two.
-- Markdown (Mattermost, Teams): the punctuation that starts markup is backslash-escaped (CommonMark allows it
-  before any ASCII punctuation), so links, images, emphasis, headings, lists and ``~channel`` stay text; a
-  zero-width space follows ``@`` (``@channel``, ``@all`` and ``@user`` notify no one) and breaks ``://`` and
-  ``www.``, so no URL is turned into a link.
-- Plain text that a platform still scans for mentions (Mattermost's ``fallback``, shown in notifications):
-  only mentions are defused.
+  alone defuses ``<!channel>``, ``<@U…>`` and ``<url|text>``. A node's text goes in a code span (``slack_code``),
+  and every mrkdwn text object is sent with ``verbatim: true``, under which Slack turns no URL, bare domain or
+  channel name into a link and parses no mention (docs.slack.dev, Block Kit "Text object"). Clipping escaped
+  text never cuts an entity in two.
+- Mattermost (CommonMark): a node's text goes in a code span (``markdown_code``): literal in every Markdown, with
+  no link, autolink, emphasis or ``~channel`` inside, and Mattermost's server reads mentions only outside code
+  (its mention parser takes Markdown text nodes alone). Text of fleetfit's own is backslash-escaped.
+- Teams (Adaptive Card TextBlock Markdown, which has no code span): the punctuation that starts markup is
+  backslash-escaped, and ``://`` and ``www.`` are written ``[:]//`` and ``www[.]`` (the usual way to quote a URL
+  without it being one), so no URL becomes a link (``markdown``).
+- Plain text (Mattermost's ``fallback``, shown in notifications): URLs as above, ``@`` as the full-width ``＠`` and
+  ``<`` as ``‹``, so nothing there mentions anyone or reads as Slack-style markup (``plain``).
 """
 
 from __future__ import annotations
@@ -18,15 +25,20 @@ from urllib.parse import quote
 
 from optimizer.plan.render import printable
 
-ZWSP = "\u200b"
-_MARKDOWN = re.compile(r"([\\`*_\[\]()#<>~&])")
+_MARKDOWN = re.compile(r"([\\`*_\[\]()#<>~&!|])")
 _LIST_MARKER = re.compile(r"^(\s*)([-+]|\d+[.)])")
-_AUTOLINK = re.compile(r"(://|(?i:www)\.)")
-_MENTION = re.compile(r"([@<])")
+_URL = re.compile(r"://|(?i:\bwww)\.")
+_BACKTICKS = re.compile(r"`+")
+SLACK_BACKTICK = "\u02cb"  # ˋ: Slack has no escape for a backtick, which would end the code span
 
 
 def slack(text: str) -> str:
     return printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def slack_code(text: str) -> str:
+    """A node's ``text`` as a Slack code span, escaped; "" for no text (an empty span would show two backticks)."""
+    return f"`{slack(text).replace('`', SLACK_BACKTICK)}`" if text else ""
 
 
 def slack_clip(escaped: str, limit: int) -> str:
@@ -45,16 +57,30 @@ def slack_link(url: str, label: str) -> str:
     return f"<{slack(url.replace('|', '%7C'))}|{slack(label)}>"
 
 
+def _defang(text: str) -> str:
+    return _URL.sub(lambda m: "[:]//" if m.group() == "://" else m.group()[:-1] + "[.]", text)
+
+
 def markdown(text: str) -> str:
-    escaped = _MARKDOWN.sub(r"\\\1", printable(text))
-    escaped = _LIST_MARKER.sub(lambda m: m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], escaped)
-    escaped = _AUTOLINK.sub(lambda m: m.group(1)[:-1] + ZWSP + m.group(1)[-1], escaped)
-    return escaped.replace("@", "@" + ZWSP)
+    escaped = _MARKDOWN.sub(r"\\\1", _defang(printable(text)))
+    return _LIST_MARKER.sub(lambda m: m.group(1) + m.group(2)[:-1] + "\\" + m.group(2)[-1], escaped)
+
+
+def markdown_code(text: str) -> str:
+    """A node's ``text`` as a CommonMark code span: fenced by one backtick more than its longest run of them, and
+    padded with a space on each side (which CommonMark takes off again) where it starts or ends with a backtick or
+    a space; "" for no text."""
+    text = printable(text)
+    if not text:
+        return ""
+    fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text[0] in "` " or text[-1] in "` " else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def plain(text: str) -> str:
-    """Plain text some platforms still scan for ``@channel`` and ``<!channel>``."""
-    return _MENTION.sub(lambda m: m.group(1) + ZWSP, printable(text))
+    """Plain text that clients show as it is, but may still scan for mentions and URLs."""
+    return _defang(printable(text)).replace("@", "\uff20").replace("<", "\u2039")
 
 
 def markdown_url(url: str) -> str:

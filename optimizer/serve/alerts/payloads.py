@@ -1,5 +1,7 @@
 """Message bodies per platform, each fitted under its size limit by listing fewer moves and saying
-"and N more". Names from agents are escaped for each platform (:mod:`optimizer.serve.alerts.escape`).
+"and N more". What agents name (workload ids and names, nodes, the site) is set apart for each platform: in code
+spans for Slack (with every mrkdwn object ``verbatim``) and Mattermost, escaped with its URLs broken for Teams, as
+data for the generic webhook (:mod:`optimizer.serve.alerts.escape`).
 
 - Slack: incoming webhook with Block Kit (``blocks`` + ``text`` fallback; at most 50 blocks).
 - Mattermost: its Slack-compatible ``attachments``.
@@ -16,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from agent.protocol import Recommendation
 from optimizer.plan.render import action_text, kind_of, savings_by_kind, total_text, waits, waves_of
 from optimizer.serve.alerts import escape
 from optimizer.serve.alerts.notice import Item, Notice
@@ -43,10 +46,24 @@ def _same(text: str) -> str:
     return text
 
 
-def _headline(item: Item, number: int, esc: Callable[[str], str] = _same) -> str:
+Escape = Callable[[str], str]
+# What a recommendation carries from agents: the workload's id and name and the nodes, which are set apart as
+# names (``name``); the hardware is the catalog's, escaped as text.
+_NAMED = ("workload", "workload_name", "from_node", "to_node", "via_node")
+
+
+def _named(r: Recommendation, name: Escape, esc: Escape) -> Recommendation:
+    """``r`` with what agents named set apart by ``name`` and the hardware escaped by ``esc``, to be put into words
+    by ``action_text`` (the one place an action is worded)."""
+    update: dict[str, object] = {f: name(v) for f in _NAMED if isinstance(v := getattr(r, f), str) and v}
+    update |= {"from_hardware": esc(r.from_hardware), "to_hardware": esc(r.to_hardware)}
+    return r.model_copy(update=update)
+
+
+def _headline(item: Item, number: int, name: Escape = _same, esc: Escape = _same) -> str:
     """The action as every listing of a plan words it, numbered in the order to carry it out."""
     tag = " (reminder)" if item.status == "reminder" else ""
-    return f"{number}. {esc(action_text(item.recommendation))}{tag}"
+    return f"{number}. {action_text(_named(item.recommendation, name, esc))}{tag}"
 
 
 def _facts(item: Item, numbers: dict[str, int], esc: Callable[[str], str] = _same) -> list[tuple[str, str]]:
@@ -63,10 +80,10 @@ def _facts(item: Item, numbers: dict[str, int], esc: Callable[[str], str] = _sam
     ]
 
 
-def _resolved_line(item: Item, esc: Callable[[str], str] = _same) -> str:
+def _resolved_line(item: Item, name: Escape = _same, esc: Escape = _same) -> str:
     r = item.recommendation
     how = f"applied: now on {esc(r.to_hardware)}" if item.status == "applied" else "expired: no longer proposed"
-    return f"{esc(action_text(r))}: {how}"
+    return f"{action_text(_named(r, name, esc))}: {how}"
 
 
 def _summary(notice: Notice) -> str:
@@ -74,69 +91,69 @@ def _summary(notice: Notice) -> str:
     return f"{len(recs)} recommended action(s) in {waves_of(recs)} wave(s), {total_text(recs)} in all"
 
 
-def _title(notice: Notice, esc: Callable[[str], str]) -> str:
-    """The notice's title with the (agent-reported) site name escaped."""
-    return notice.title().replace(f"· {notice.site}:", f"· {esc(notice.site)}:", 1)
+def _title(notice: Notice, name: Escape) -> str:
+    """The notice's title with the (agent-reported) site name set apart by ``name``."""
+    return notice.title().replace(f"· {notice.site}:", f"· {name(notice.site)}:", 1)
 
 
 def _more(n: int) -> str:
     return f"and {n} more"
 
 
+def _mrkdwn(text: str) -> Json:
+    """A Slack mrkdwn text object that Slack sends as written: no URL or channel name made a link, no mention
+    parsed from plain text (``verbatim``); fleetfit's own link is written as ``<url|label>``, which it still reads."""
+    return {"type": "mrkdwn", "text": text, "verbatim": True}
+
+
 def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
-    md, clip = escape.slack, escape.slack_clip
+    md, code, clip = escape.slack, escape.slack_code, escape.slack_clip
     blocks: list[Json] = [
         {"type": "header", "text": {"type": "plain_text", "text": _clip(notice.title(), 150)}},
     ]
     numbers = notice.numbers
     if notice.firing:
-        blocks.append(
-            {
-                "type": "section",
-                "text": {"type": "mrkdwn", "text": f"{md(_summary(notice))} (site *{md(notice.site)}*)."},
-            }
-        )
+        blocks.append({"type": "section", "text": _mrkdwn(f"{md(_summary(notice))} (site {code(notice.site)}).")})
     for item in firing:
         r = item.recommendation
-        headline = _headline(item, numbers[item.id], md)
+        headline = _headline(item, numbers[item.id], code, md)
         blocks.append(
             {
                 "type": "section",
-                "text": {"type": "mrkdwn", "text": clip(f"*{headline}*\n{md(r.reason)}", SECTION_CHARS)},
-                "fields": [
-                    {"type": "mrkdwn", "text": clip(f"*{k}*\n{v}", FIELD_CHARS)} for k, v in _facts(item, numbers, md)
-                ],
+                "text": _mrkdwn(clip(f"*{headline}*\n{md(r.reason)}", SECTION_CHARS)),
+                "fields": [_mrkdwn(clip(f"*{k}*\n{v}", FIELD_CHARS)) for k, v in _facts(item, numbers, md)],
             }
         )
     if resolved:
         lines = ["*Resolved*"]
         for i in resolved:  # as many lines as the section holds; the rest count as "more"
-            line = f"• {_resolved_line(i, md)}"
+            line = f"• {_resolved_line(i, code, md)}"
             if len("\n".join([*lines, line])) > SECTION_CHARS:
                 break
             lines.append(line)
         omitted += len(resolved) - (len(lines) - 1)
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}})
-    footer = [{"type": "mrkdwn", "text": f"fleetfit plan of {_when(notice.generated_at)}"}]
+        blocks.append({"type": "section", "text": _mrkdwn("\n".join(lines))})
+    footer = [_mrkdwn(f"fleetfit plan of {_when(notice.generated_at)}")]
     if omitted:
-        footer.insert(0, {"type": "mrkdwn", "text": f"*{_more(omitted)}*"})
+        footer.insert(0, _mrkdwn(f"*{_more(omitted)}*"))
     if notice.link:
-        footer.append({"type": "mrkdwn", "text": escape.slack_link(notice.link, "all recommendations")})
+        footer.append(_mrkdwn(escape.slack_link(notice.link, "all recommendations")))
     blocks.append({"type": "context", "elements": footer})
-    return {"text": _title(notice, md), "blocks": blocks}
+    # no previews fetched from any link in the message: fleetfit's own link needs none
+    return {"text": _title(notice, code), "blocks": blocks, "unfurl_links": False, "unfurl_media": False}
 
 
 def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
-    md, plain = escape.markdown, escape.plain
+    md, code, plain = escape.markdown, escape.markdown_code, escape.plain
     attachments: list[Json] = []
     numbers = notice.numbers
     for item in firing:
         r = item.recommendation
         attachments.append(
             {
-                "fallback": f"{_headline(item, numbers[item.id], plain)}, ${r.monthly_savings_usd:,.0f}/month",
+                "fallback": f"{_headline(item, numbers[item.id], plain, plain)}, ${r.monthly_savings_usd:,.0f}/month",
                 "color": COLOURS[item.severity],
-                "title": _headline(item, numbers[item.id], md),  # Mattermost renders a title's links
+                "title": _headline(item, numbers[item.id], code, md),  # Mattermost renders a title's links
                 "text": md(_clip(r.reason, 2000)),
                 "fields": [{"short": k != "Impact", "title": k, "value": v} for k, v in _facts(item, numbers, md)],
             }
@@ -147,10 +164,10 @@ def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted
                 "fallback": f"{len(resolved)} resolved",
                 "color": RESOLVED_COLOUR,
                 "title": "Resolved",
-                "text": "\n".join(f"- {_resolved_line(i, md)}" for i in resolved),
+                "text": "\n".join(f"- {_resolved_line(i, code, md)}" for i in resolved),
             }
         )
-    text = f"**{_title(notice, md)}**"
+    text = f"**{_title(notice, code)}**"
     if notice.firing:
         text += f"\n{md(_summary(notice))}"
     if omitted:
@@ -170,7 +187,7 @@ def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
         body.append({"type": "TextBlock", "text": md(_summary(notice)), "wrap": True})
     numbers = notice.numbers
     for item in firing:
-        headline = _headline(item, numbers[item.id], md)
+        headline = _headline(item, numbers[item.id], md, md)
         body.append(
             {
                 "type": "Container",
@@ -183,7 +200,7 @@ def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
             }
         )
     if resolved:
-        lines = "\n".join(f"- {_resolved_line(i, md)}" for i in resolved)
+        lines = "\n".join(f"- {_resolved_line(i, md, md)}" for i in resolved)
         body.append({"type": "TextBlock", "text": f"**Resolved**\n\n{lines}", "wrap": True, "separator": True})
     if omitted:
         body.append({"type": "TextBlock", "text": _more(omitted), "isSubtle": True})
