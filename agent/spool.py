@@ -1,9 +1,10 @@
 """Where windows wait for the broker: oldest first, bounded, acknowledged before they are let go.
 
-Two implementations of one small interface: :class:`MemoryQueue` for simulated fleets, and :class:`DiskSpool`
-for real agents, which writes each window to its own file (write, fsync, rename) so that windows survive a
-``kill -9`` or a reboot and are replayed in order, with their original timestamps, once the broker is back.
-At the cap the oldest windows are dropped and counted.
+Two implementations of one small interface: :class:`MemoryQueue` for simulated fleets and for an agent whose
+spool directory cannot be used, and :class:`DiskSpool` for real agents, which writes each window to its own file
+(write, fsync, rename) so that windows survive a ``kill -9`` or a reboot and are replayed in order, with their
+original timestamps, once the broker is back. Both are bounded in windows and in bytes; at either cap the oldest
+windows are dropped and counted.
 
 A full or failing disk never stops sampling: a write that fails (``ENOSPC``, ``EIO``, ...) is counted by reason,
 logged once per episode, and answered by dropping the oldest window to make room; when even that does not help
@@ -48,7 +49,7 @@ def window_key(payload: bytes) -> Key | None:
     try:
         raw = json.loads(payload)
         return int(raw["session"]), int(raw["seq"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
