@@ -546,7 +546,8 @@ def _offline(fleet: Fleet, site: str, node: str) -> None:
 
 async def test_the_overview_shows_the_current_plan_and_fleet_on_first_look() -> None:
     """After an earlier plan of 7 nodes, the first visit after the next plan (8 nodes) shows the current plan's
-    nodes and waste, the same waste its problem list sums; once every agent has stopped, nothing is wasted now.
+    nodes and waste, the same waste its problem list sums; once every agent has stopped, nothing is wasted now and
+    each problem says so.
     Deliberate bugs caught: the cached overview of the earlier plan served while the new one was computed (7 nodes
     and that plan's waste beside the current problems), and offline nodes' findings counted as wasted now."""
     config = OptimizerConfig(mqtt=MqttSettings(port=free_port()))
@@ -577,7 +578,9 @@ async def test_the_overview_shows_the_current_plan_and_fleet_on_first_look() -> 
             async with http.get(base) as r:
                 page = await r.text()
             assert _cards(page)["Nodes"] == "8 (8 offline)" and _cards(page)["Wasted now"] == "$0.00/hour"
-            assert 'id="problems"' not in page and "8 node(s) offline" in page
+            assert "8 node(s) offline" in page
+            items = re.findall(r"<li>(.*?)</li>", page.split('id="problems"')[1].split("</ol>")[0])
+            assert items and all("nothing wasted now (its nodes are offline; $" in item for item in items)
     finally:
         await server.stop()
 

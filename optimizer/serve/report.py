@@ -123,6 +123,7 @@ class Showback:
     wasted_usd: dict[str, float] = field(default_factory=dict)  # by finding kind
     open_savings_usd_month: float = 0.0
     workloads: int = 0
+    offline: int = 0  # of ``workloads`` (the console's): on nodes all offline, holding and wasting nothing now
 
     @property
     def wasted_total(self) -> float:
@@ -168,18 +169,22 @@ def live_showback(
     """The current plans per owner (``owners`` by (site, workload id), as :func:`site_owners` gives them): GPUs
     held by class, US$ held and wasted per hour, open savings per month (of the recommendations in
     ``open_ids``). Most money held first. A workload whose nodes are all offline (``online``, as
-    :func:`nodes_online` gives it) holds nothing now and is left out."""
+    :func:`nodes_online` gives it) holds and wastes nothing now: it is counted in ``offline``, and its moves still
+    in the open savings."""
     rows: dict[str, Showback] = {}
     price = _prices(catalog)
     for plan in plans:
-        where: dict[str, Showback] = {}
+        where: dict[str, Showback] = {}  # workloads holding GPUs now
+        saving: dict[str, Showback] = {}  # workloads offline, whose moves still stand
         for w in plan.workloads:
             share = online_share(plan.site, w, online)
-            if share == 0:
-                continue
             key = _key(by, plan.site, owners.get((plan.site, w.id), UNATTRIBUTED), w.hardware)
             row = rows.setdefault(key, Showback(key))
             row.workloads += 1
+            if share == 0:
+                row.offline += 1
+                saving[w.id] = row
+                continue
             row.gpus[w.workload_class.value] = row.gpus.get(w.workload_class.value, 0.0) + w.gpus * share
             row.held_usd += w.gpus * share * price(w.hardware)
             where[w.id] = row
@@ -187,7 +192,7 @@ def live_showback(
             if f.wasted_usd_per_hour > 0 and (hit := where.get(f.workload)) is not None:
                 hit.wasted_usd[f.kind.value] = hit.wasted_usd.get(f.kind.value, 0.0) + f.wasted_usd_per_hour
         for r in plan.recommendations:
-            if r.id in open_ids and (hit := where.get(r.workload)) is not None:
+            if r.id in open_ids and (hit := where.get(r.workload) or saving.get(r.workload)) is not None:
                 hit.open_savings_usd_month += r.monthly_savings_usd
     return sorted(rows.values(), key=lambda s: (-s.held_usd, s.key))
 

@@ -214,9 +214,11 @@ class Console:
         savings = sum(r.monthly_savings_usd for p in plans for r in p.recommendations if r.id in open_ids)
         moves = sum(1 for p in plans for r in p.recommendations if r.id in open_ids)
         waste = sum(view.waste_by_kind.values())
+        # what wastes now first; a finding whose nodes are all offline after them, said to waste nothing now (the
+        # plan's action on it stands for when they are back)
         findings = sorted(
-            ((p.site, f) for p in plans for f in p.findings if on_line(p.site, f.nodes, view.online)),
-            key=lambda x: -x[1].wasted_usd_per_hour,
+            ((p.site, f, on_line(p.site, f.nodes, view.online)) for p in plans for f in p.findings),
+            key=lambda x: (not x[2], -x[1].wasted_usd_per_hour),
         )
         offline = f" ({view.offline:,} offline)" if view.offline else ""
         body = [
@@ -244,16 +246,21 @@ class Console:
             body.append('<p class="empty">No plan yet: the first comes one solve interval after telemetry arrives.</p>')
         if view.offline:
             body.append(
-                f'<p id="offline">{view.offline:,} node(s) offline: what they held is left out of the waste and '
-                "problems below, and showback does not charge them.</p>"
+                f'<p id="offline">{view.offline:,} node(s) offline: what they hold is not counted as wasted now, '
+                "their problems come last, and showback does not charge them.</p>"
             )
         if findings:
             top = "".join(
                 f"<li>{workload_link(f.workload, f.workload_name, site)} on {esc(', '.join(f.nodes))} "
-                f"[{esc(f.hardware)}]: {esc(f.kind.value.replace('_', ' '))}, {money(f.wasted_usd_per_hour, 2)}/hour"
-                f" — {esc(where_else(f.detail, site, view.hardware_sites))}. {_what_the_plan_does(plan_of[site], f)}"
-                "</li>"
-                for site, f in findings[:5]
+                f"[{esc(f.hardware)}]: {esc(f.kind.value.replace('_', ' '))}, "
+                + (
+                    f"{money(f.wasted_usd_per_hour, 2)}/hour"
+                    if up
+                    else f"nothing wasted now (its nodes are offline; {money(f.wasted_usd_per_hour, 2)}/hour as it ran)"
+                )
+                + f" — {esc(where_else(f.detail, site, view.hardware_sites))}. "
+                f"{_what_the_plan_does(plan_of[site], f)}</li>"
+                for site, f, up in findings[:5]
             )
             body.append(
                 f'<section><h2>Biggest problems</h2><ol id="problems">{top}</ol>'
@@ -579,7 +586,7 @@ class Console:
         cells = [
             [
                 esc(r.key),
-                f"{r.workloads:,}",
+                f"{r.workloads:,}" + (f" ({r.offline:,} offline)" if r.offline else ""),
                 *(f"{r.gpus.get(c, 0):,.0f}" for c in classes),
                 money(r.held_usd, 2),
                 money(r.wasted_total, 2),
