@@ -76,14 +76,17 @@ def write_history(
     fmt: HistoryFormat = "openmetrics",
     seed: int = 0,
     jobs: int = 1,
+    sample_every: float | None = None,
 ) -> HistoryStats:
     """Write the ``span`` seconds before ``end``, one sample of every node each ``step`` seconds, to ``path``,
     and the ground truth to ``FILE.labels.json``. ``jobs`` processes simulate a share of the nodes each.
 
     Each node is sampled once a step: its counters (bytes) cover the whole step, but episodes that start at a rate
     per sample (data-loader stalls, notebook cells, a batch's late inputs) start once a step's sample rather than
-    once a second's. The nodes' simulation is taken to have started a whole number of days before ``end``, as
-    :func:`agent.simulate.past_windows` takes it, so daily cycles meet those of a live run that starts then."""
+    once a second's; ``sample_every`` (1: every second) samples the nodes between steps too, as a live node runs,
+    at that many times the cost. The nodes' simulation is taken to have started a whole number of days before
+    ``end``, as :func:`agent.simulate.past_windows` takes it, so daily cycles meet those of a live run that starts
+    then."""
     if step <= 0 or span < step:
         raise ValueError("the history needs a step above 0 and a span of at least one step")
     started = time.monotonic()
@@ -96,7 +99,8 @@ def write_history(
         jobs = max(1, min(jobs, len(nodes)))
         shares = [list(nodes[i::jobs]) for i in range(jobs)]
         work = [
-            _Share(share, parts / f"{i:03d}", end, span, step, options, fmt, seed) for i, share in enumerate(shares)
+            _Share(share, parts / f"{i:03d}", end, span, step, options, fmt, seed, sample_every)
+            for i, share in enumerate(shares)
         ]
         if jobs == 1:
             results = [_simulate(work[0])]
@@ -136,6 +140,7 @@ class _Share:
     options: ExporterOptions
     fmt: HistoryFormat
     seed: int
+    sample_every: float | None = None
 
 
 def _simulate(share: _Share) -> tuple[int, dict[str, str]]:
@@ -157,6 +162,12 @@ def _simulate(share: _Share) -> tuple[int, dict[str, str]]:
     try:
         for k in range(count):
             t = share.end - (count - 1 - k) * share.step
+            if share.sample_every and k:
+                between = max(0, math.ceil(share.step / share.sample_every) - 1)
+                for sub in range(between, 0, -1):
+                    clock.now = t - sub * share.sample_every
+                    for sim in sims:
+                        sim.sample()
             clock.now = t
             stamp = _stamp(t, victoria)
             for n, sim in enumerate(sims):

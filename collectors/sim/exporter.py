@@ -255,6 +255,19 @@ FIELDS: tuple[Field, ...] = (
         _ALL,
         lambda g: _nvlink(g.nvlink_rx_bps),
     ),
+    # Among the default counters without profiling: both directions of every link, in MB/s (DCGM's field table,
+    # dcgmlib/src/dcgm_fields.cpp: DCGM_FIELD_UNIT_BW_MBPS), though default-counters.csv declares a counter.
+    Field(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        _BASIC,
+        lambda g: (
+            None
+            if g.nvlink_tx_bps is None or g.nvlink_rx_bps is None
+            else _int((g.nvlink_tx_bps + g.nvlink_rx_bps) / 1e6)
+        ),
+    ),
 )
 
 
@@ -288,9 +301,11 @@ def pod_view(spec: WorkloadSpec, net_bytes: tuple[float, float] | None) -> PodVi
         kind, owner = "ReplicaSet", f"{spec.name}-{_suffix(uid + ':rs', 10)}"
         pod = f"{owner}-{_suffix(uid, 5)}"
     elif spec.pattern is Pattern.INTERACTIVE:
-        kind, owner, pod = "StatefulSet", spec.name, f"{spec.name}-0"
+        # names are unique in a namespace: two simulated notebooks of one name are two StatefulSets
+        owner = f"{spec.name}-{_suffix(uid + ':sts', 4)}"
+        kind, pod = "StatefulSet", f"{owner}-0"
     elif spec.pattern is Pattern.IDLE:
-        kind, owner, pod = "<none>", "<none>", spec.name
+        kind, owner, pod = "<none>", "<none>", f"{spec.name}-{_suffix(uid, 5)}"
     else:
         kind, owner, pod = "Job", spec.name, f"{spec.name}-{_suffix(uid, 5)}"
     return PodView(

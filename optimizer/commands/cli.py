@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from agent.protocol import Plan
-from optimizer.commands import cliargs
+from optimizer.commands import cliargs, importer
 
 if TYPE_CHECKING:
     from agent.service import Agent
@@ -44,6 +44,7 @@ COMMAND_EXTRAS = {
     "report": "optimizer",
     "catalog": "optimizer",
     "alerts": "optimizer",
+    "import": "optimizer",
 }
 OWN_PACKAGES = ("agent", "collectors", "optimizer")
 
@@ -874,6 +875,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--alert-webhook-file", type=Path, metavar="FILE", help="a file of KIND=URL lines (# starts a comment)"
     )
     p.set_defaults(func=_cmd_demo)
+
+    importer.add_parser(sub)
 
     p = sub.add_parser(
         "alerts",

@@ -65,7 +65,7 @@ def moment(text: str) -> float:
     return value
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(sub: argparse._SubParsersAction[cliargs.Parser]) -> None:
     """``fleetfit import prometheus``."""
     p = sub.add_parser(
         "import",
@@ -99,7 +99,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     q.add_argument("--selector", help='extra label matchers for every series, e.g. cluster="eu-1"')
     q.add_argument("--step", type=duration, help="seconds between points read (default 30 s, longer past a day)")
     q.add_argument(
-        "--window", type=duration, default=300.0, help="seconds of points in one telemetry window (default 5m)"
+        "--window",
+        type=duration,
+        help="seconds of points in one telemetry window (default 5m, a 96th of --since past 8 h: 15m for a day)",
     )
     q.add_argument("--bearer-token-file", type=Path, help="a file holding the bearer token the server wants")
     q.add_argument("--basic-auth-user", help="basic auth user (its password from --basic-auth-password-file)")
@@ -172,18 +174,20 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         headers=headers,
     )
-    from optimizer.ingest.promsource import auto_step
+    from optimizer.ingest.promsource import auto_step, auto_window
 
     step = auto_step(args.since, args.step)
-    if args.window < 2 * step:
-        return _fail(f"--window {args.window:g} s holds fewer than two points at a step of {step:g} s", 2)
+    window = args.window if args.window is not None else auto_window(args.since, step)
+    if window < 2 * step:
+        return _fail(f"--window {window:g} s holds fewer than two points at a step of {step:g} s", 2)
     settings = ReadSettings(
         site=args.site,
         node_label=args.node_label,
         owner_label=args.owner_label,
         step=step,
-        window=args.window,
+        window=window,
         selector=args.selector or "",
+        store_fields=False,  # a snapshot keeps what plans read
     )
     try:
         snapshot, report = asyncio.run(read_snapshot(endpoint, settings, args.since, args.until, catalog, args.pin))

@@ -371,14 +371,23 @@ def _fold_run(
     fields. The same figures to the last bits of a float (sums in another order); windows whose GPUs or series
     lengths differ (a GPU lost, a sample missed) are folded one by one."""
     found = []  # per window: its packed rows, their width, which of them are the workload's
-    shape = set()
+    shapes = []
     for w, *_ in rows:
         block = w.gpu_rows
         stride = int(block[0])
         listed, seconds = block[1::stride], block[1 + ROW_SECONDS :: stride]
         at = [k for k, index in enumerate(listed) if index in gpu_ids]  # 1.0 in {1} holds
         found.append((block, stride, at))
-        shape.add((tuple([listed[k] for k in at]), tuple([seconds[k] for k in at])))
+        shapes.append((tuple([listed[k] for k in at]), tuple([seconds[k] for k in at])))
+    shape = set(shapes)
+    if len(shape) > 1 and len(rows) >= 8:
+        # one odd window (a sample missed, a shorter last window) costs its own run, not the array fold of all
+        first = 0
+        for i in range(1, len(rows) + 1):
+            if i == len(rows) or shapes[i] != shapes[first]:
+                _fold_run(acc, rows[first:i], gpu_ids, node)
+                first = i
+        return
     lengths = next(iter(shape))[1] if len(shape) == 1 else ()
     if len(rows) < 4 or len(shape) != 1 or not lengths or len(set(lengths)) != 1:
         for window, _, east, north, ckpt in rows:

@@ -35,8 +35,11 @@ from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 
-from agent.protocol import FLOAT32_MAX, MAX_GPU_INDEX, SCHEMA_VERSION, Stats, WorkloadKind, printable, series
+import numpy as np
+
+from agent.protocol import FLOAT32_MAX, MAX_GPU_INDEX, SCHEMA_VERSION, Stats, WorkloadKind, printable
 
 # Births of nodes read through Prometheus carry this as their agent version: the optimizer tells them apart (the
 # console's source column; NVLink and fabric unknown rather than measured absent).
@@ -84,6 +87,12 @@ FIELDS: dict[str, tuple[str, float]] = {
 }
 INVENTORY_ONLY = (FB_FREE, FB_RESERVED, POWER_LIMIT, ENFORCED_LIMIT)
 METRICS = (*FIELDS, *INVENTORY_ONLY)
+# Read point by point (a sampled second each); every other series is read as one figure a window, its mean, or for
+# these its most (memory held, the GPU's memory and power limits).
+RAW = frozenset({GPU_UTIL, GR_ENGINE})
+# Kept in the windows (and the store) but read by no feature: an import for a snapshot leaves them out.
+STORE_ONLY = frozenset({MEM_COPY_UTIL, GPU_TEMP, SM_CLOCK, SM_ACTIVE})
+PEAKS = frozenset({FB_USED, FB_FREE, FB_RESERVED, POWER_LIMIT, ENFORCED_LIMIT})
 PERCENT = frozenset({"util", "mem_util", "sm_active", "tensor_active", "dram_active", "gr_engine"})
 PROFILING = frozenset({SM_ACTIVE, TENSOR, DRAM, GR_ENGINE})
 
@@ -344,79 +353,116 @@ def birth(
 
 
 def _stats(values: list[float]) -> list[float] | None:
+    """A window's summary of ``values``; one value (a figure the server summed up for the window) is its own."""
+    if len(values) == 1:
+        v = values[0]
+        return [v, v, v, 0.0]
     return list(Stats.of(values)) if values else None
+
+
+def _cut(times: list[float], bounds: list[float]) -> list[int]:
+    """Where each of ``bounds`` falls in ``times`` (sorted): window j's points are [cut[j], cut[j + 1])."""
+    return [bisect_left(times, b) for b in bounds]
+
+
+def _util_stats(values: list[float], cut: list[int]) -> list[list[float] | None]:
+    """Each window's utilisation summary; windows of the same number of points at once, as arrays (mean, p95 as
+    ``Stats.of`` ranks it, max, population deviation), the rest one by one."""
+    counts = {b - a for a, b in pairwise(cut)}
+    windows = len(cut) - 1
+    if len(counts) == 1 and (n := counts.pop()) >= 2 and windows >= 4:
+        block = np.asarray(values[cut[0] : cut[-1]], dtype=np.float64).reshape(windows, n)
+        ordered = np.sort(block, axis=1)
+        rank = max(0, math.ceil(0.95 * n) - 1)
+        top = ordered[:, -1]
+        # a mean of equal values can land a bit above them in floating point: never above the window's max
+        mean = np.minimum(block.mean(axis=1), top)
+        rows = np.stack([mean, ordered[:, rank], top, block.std(axis=1)], axis=1)
+        return [[float(x) for x in row] for row in rows.tolist()]
+    return [_stats(values[a:b]) for a, b in pairwise(cut)]
 
 
 def windows(node: NodeSeries, site: str, start: float, end: float, length: float) -> list[dict[str, object]]:
     """The node's telemetry windows from ``start`` to ``end``, ``length`` seconds each, as payloads; windows with no
     GPU figure are left out. A window's ``seq`` is its place since the epoch, so windows read again (an overlapping
-    refresh) are the same window, refused by the fleet as a duplicate."""
+    refresh) are the same window, refused by the fleet as a duplicate. Device by device: each series is cut at
+    the windows' bounds once."""
     places = layout(node)
     mig_parents = {gpu for gpu, instance in node.devices if instance is not None}
-    for device in node.devices.values():
-        for times in device.holders.values():
-            times.sort()
-    out: list[dict[str, object]] = []
-    first = math.floor(start / length)
-    last = math.ceil(end / length)
-    for k in range(first, last):
-        w0, w1 = k * length, (k + 1) * length
-        if w0 < start - 1e-6 or w1 > end + 1e-6:
-            continue  # only whole windows: a part would read as a quiet stretch
-        gpus: list[dict[str, object]] = []
-        samples = 0
-        held: dict[WorkloadKey, list[int]] = defaultdict(list)
-        used_unclaimed: list[int] = []
-        for key, device in node.devices.items():
-            at = places.index.get(key)
-            if at is None:
-                continue
-            entry: dict[str, list[float]] = {}
-            for metric, points in device.metrics.items():
-                spec = FIELDS.get(metric)
-                if spec is None:
-                    continue
-                values = points.between(w0, w1)
-                if not values:
-                    continue
-                target, scale = spec
-                if scale != 1.0:
-                    values = [v * scale for v in values]
-                if target in PERCENT:
-                    values = [min(v, 100.0) for v in values]
-                entry[target] = values
-            util = entry.pop("util", None) or entry.get("gr_engine")
-            entry.pop("gr_engine", None)
-            total = entry.pop("nvlink_total", None)
-            if total and "nvlink_tx_bps" not in entry and "nvlink_rx_bps" not in entry:
-                # both directions in one figure: half each way keeps their sum, which is what features read
-                entry["nvlink_tx_bps"] = entry["nvlink_rx_bps"] = [v / 2 for v in total]
-            if not util:
-                continue  # no utilisation at all in this window: nothing to classify from
-            samples = max(samples, len(util))
-            gpu: dict[str, object] = {"index": at, "util": _stats(util), "util_series": series(util[:3600])}
-            for name, values in entry.items():
-                gpu[name] = _stats(values)
-            gpus.append(gpu)
-            claimed = False
-            for holder, times in device.holders.items():
-                if bisect_left(times, w0) < bisect_left(times, w1):
-                    held[holder].append(at)
-                    claimed = True
-            memory = device.metrics.get(FB_USED)
-            busy = max(util) > 0 or (memory is not None and any(v > CONTEXT_MIB for v in memory.between(w0, w1)))
-            if not claimed and busy and key[1] is None and key[0] not in mig_parents:
-                used_unclaimed.append(at)
-        if not gpus:
+    # only whole windows: a part would read as a quiet stretch
+    ks = [k for k in range(math.floor(start / length), math.ceil(end / length))
+          if k * length >= start - 1e-6 and (k + 1) * length <= end + 1e-6]  # fmt: skip
+    if not ks:
+        return []
+    bounds = [k * length for k in ks] + [(ks[-1] + 1) * length]
+    count = len(ks)
+    gpus: list[list[dict[str, object]]] = [[] for _ in ks]
+    samples = [0] * count
+    held: list[dict[WorkloadKey, list[int]]] = [defaultdict(list) for _ in ks]
+    unclaimed: list[list[int]] = [[] for _ in ks]
+    for key, device in node.devices.items():
+        at = places.index.get(key)
+        if at is None:
             continue
-        refs = [_ref(h, sorted(set(indices)), node, w0, w1) for h, indices in held.items()]
-        if used_unclaimed:
+        fields: dict[str, tuple[list[float], list[int]]] = {}
+        for metric, points in device.metrics.items():
+            spec = FIELDS.get(metric)
+            if spec is None or not points.values:
+                continue
+            target, scale = spec
+            values = points.values if scale == 1.0 else [v * scale for v in points.values]
+            if target in PERCENT:
+                values = [min(v, 100.0) for v in values]
+            fields[target] = (values, _cut(points.times, bounds))
+        source = fields.pop("util", None) or fields.get("gr_engine")
+        fields.pop("gr_engine", None)
+        if source is None:
+            continue  # no utilisation at all: nothing to classify from
+        total = fields.pop("nvlink_total", None)
+        if total is not None and "nvlink_tx_bps" not in fields and "nvlink_rx_bps" not in fields:
+            # both directions in one figure: half each way keeps their sum, which is what features read
+            fields["nvlink_tx_bps"] = fields["nvlink_rx_bps"] = ([v / 2 for v in total[0]], total[1])
+        util, util_cut = source
+        util_stats = _util_stats(util, util_cut)
+        claims = [(holder, _cut(times, bounds)) for holder, times in device.holders.items()]
+        memory = device.metrics.get(FB_USED)
+        memory_cut = _cut(memory.times, bounds) if memory is not None else None
+        own_gpu = key[1] is None and key[0] not in mig_parents
+        for j in range(count):
+            a, b = util_cut[j], util_cut[j + 1]
+            if a == b:
+                continue
+            samples[j] = max(samples[j], b - a)
+            # dcgm-exporter writes utilisation as whole percentages: nothing to round for the wire
+            gpu: dict[str, object] = {"index": at, "util": util_stats[j], "util_series": util[a : min(b, a + 3600)]}
+            for name, (values, cut) in fields.items():
+                if cut[j] < cut[j + 1]:
+                    gpu[name] = _stats(values[cut[j] : cut[j + 1]])
+            gpus[j].append(gpu)
+            claimed = False
+            for holder, cut in claims:
+                if cut[j] < cut[j + 1]:
+                    held[j][holder].append(at)
+                    claimed = True
+            if not claimed and own_gpu:
+                busy = max(util[a:b]) > 0
+                if not busy and memory is not None and memory_cut is not None:
+                    busy = any(v > CONTEXT_MIB for v in memory.values[memory_cut[j] : memory_cut[j + 1]])
+                if busy:
+                    unclaimed[j].append(at)
+    out: list[dict[str, object]] = []
+    for j, k in enumerate(ks):
+        if not gpus[j]:
+            continue
+        w0, w1 = bounds[j], bounds[j + 1]
+        refs = [_ref(h, sorted(set(indices)), node, w0, w1) for h, indices in held[j].items()]
+        if unclaimed[j]:
             refs.append(
                 {
                     "id": f"gpus/{node.node}",
                     "kind": WorkloadKind.PROCESS_GROUP.value,
                     "name": f"{node.node}: GPUs in use outside any pod or job"[:MAX_ID],
-                    "gpus": sorted(used_unclaimed),
+                    "gpus": sorted(unclaimed[j]),
                 }
             )
         out.append(
@@ -428,8 +474,8 @@ def windows(node: NodeSeries, site: str, start: float, end: float, length: float
                 "seq": k,
                 "start": w0,
                 "end": w1,
-                "samples": samples,
-                "gpus": sorted(gpus, key=lambda g: int(str(g["index"]))),
+                "samples": samples[j],
+                "gpus": sorted(gpus[j], key=lambda g: int(str(g["index"]))),
                 "workloads": refs[:64],
             }
         )

