@@ -68,8 +68,11 @@ async def test_agentless_nodes_join_the_fleet_and_agent_nodes_stay_the_agents(
     await server.start()
     try:
         url = f"http://127.0.0.1:{server.port}/api/v1/nodes"
-        async with aiohttp.ClientSession() as http, http.get(url) as r:
-            nodes = {n["node"]: n for n in await r.json()}
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url) as r:
+                nodes = {n["node"]: n for n in await r.json()}
+            async with http.get(f"http://127.0.0.1:{server.port}/") as r:
+                page = await r.text()
     finally:
         await server.stop()
     assert {name: n["source"] for name, n in nodes.items()} == {
@@ -78,6 +81,7 @@ async def test_agentless_nodes_join_the_fleet_and_agent_nodes_stay_the_agents(
         "l40s-002": "prometheus",
     }
     assert nodes["l40s-002"]["status"] == "online"
+    assert "3 (2 from Prometheus)" in page  # the console's overview says where its nodes come from
 
     # three intervals without a node's series: it is said offline, as an agent's last will would
     feed.clock = lambda: end + 5 * feed.settings.interval + feed.settle

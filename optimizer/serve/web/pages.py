@@ -220,7 +220,9 @@ class Console:
             ((p.site, f, on_line(p.site, f.nodes, view.online)) for p in plans for f in p.findings),
             key=lambda x: (not x[2], -x[1].wasted_usd_per_hour),
         )
-        offline = f" ({view.offline:,} offline)" if view.offline else ""
+        notes = [f"{view.offline:,} offline"] if view.offline else []
+        notes += [f"{view.from_prometheus:,} from Prometheus"] if view.from_prometheus else []
+        offline = f" ({', '.join(notes)})" if notes else ""
         body = [
             cards(
                 [

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from agent.protocol import NodeStatus, Plan, WorkloadView
 from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.snapshot import hardware_of
+from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.history import DIGEST_SECONDS, DIGESTS_KEPT
 from optimizer.serve.report import nodes_online
@@ -41,6 +42,7 @@ class ClassRow:
 class Overview:
     nodes: int = 0
     offline: int = 0  # nodes gone offline (their last will, or a clean stop): what they held is not wasted now
+    from_prometheus: int = 0  # nodes read from dcgm-exporter's series in Prometheus, not from an agent
     gpus: int = 0
     workloads: int = 0
     hardware: list[HardwareRow] = field(default_factory=list)
@@ -74,6 +76,7 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) ->
         row.nodes += 1
         row.gpus += len(physical)
         out.nodes += 1
+        out.from_prometheus += birth is not None and birth.agent_version == PROMETHEUS
         out.gpus += len(physical)
         out.hardware_sites.setdefault(name, set()).add(record.site)
         if record.status is not NodeStatus.ONLINE:
