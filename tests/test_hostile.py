@@ -662,6 +662,26 @@ def test_mint_refuses_the_plan_topic_level_as_a_node(tmp_path: Path) -> None:
     assert done.returncode == 2 and "reserved" in done.stderr and not (tmp_path / "clients").exists()
 
 
+def test_mint_keeps_a_nodes_credentials_unless_told_to_rotate_them(tmp_path: Path) -> None:
+    """Minting a node again would lock its running agent out with a new password. Deliberate bug it catches: the
+    check for an existing node dropped, so the second `mint node` silently rotates the password."""
+    mint = str(EXAMPLES / "mint")
+    subprocess.run([mint, "ca", str(tmp_path)], check=True, capture_output=True, timeout=60)
+    subprocess.run([mint, "node", str(tmp_path), "lab", "n1"], check=True, capture_output=True, timeout=60)
+    password = (tmp_path / "clients" / "n1" / "mqtt-password").read_text()
+    hashed = (tmp_path / "passwd").read_text()
+    again = subprocess.run([mint, "node", str(tmp_path), "lab", "n1"], capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and again.stdout == ""
+    assert again.stderr.count("\n") == 1 and "already has credentials" in again.stderr and "--rotate" in again.stderr
+    assert (tmp_path / "clients" / "n1" / "mqtt-password").read_text() == password
+    assert (tmp_path / "passwd").read_text() == hashed
+    rotated = subprocess.run(
+        [mint, "node", str(tmp_path), "lab", "n1", "--rotate"], capture_output=True, text=True, timeout=60
+    )
+    assert rotated.returncode == 0 and "rotated n1" in rotated.stdout
+    assert (tmp_path / "clients" / "n1" / "mqtt-password").read_text() != password
+
+
 def test_mint_never_puts_a_password_on_a_command_line(tmp_path: Path) -> None:
     """mosquitto_passwd -b PASSWORD shows it to every local user (ps, /proc/PID/cmdline): a spy in front of the
     real mosquitto_passwd records every command line mint runs."""
@@ -672,7 +692,7 @@ def test_mint_never_puts_a_password_on_a_command_line(tmp_path: Path) -> None:
     (spy / "mosquitto_passwd").chmod(0o755)
     env = {"PATH": f"{spy}:/usr/bin:/bin"}
     creds = tmp_path / "creds"
-    for args in (["ca"], ["node", "lab", "n1"], ["node", "lab", "n1"], ["optimizer"]):
+    for args in (["ca"], ["node", "lab", "n1"], ["node", "lab", "n1", "--rotate"], ["optimizer"]):
         subprocess.run([str(EXAMPLES / "mint"), args[0], str(creds), *args[1:]], check=True, capture_output=True,
                        timeout=60, env=env)  # fmt: skip
     passwords = [(creds / "clients" / u / "mqtt-password").read_text() for u in ("n1", "fleetfit-optimizer")]
