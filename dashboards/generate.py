@@ -274,7 +274,15 @@ def render_prometheus() -> dict[str, str]:
     return {f"{name}.json": json.dumps(build().json(), indent=2) + "\n" for name, build in PROMETHEUS_BOARDS.items()}
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> int:
+    """Write every board; any argument (``--help`` included) prints the usage instead and writes nothing."""
+    usage = "usage: dashboards/generate.py  (takes no arguments; rewrites dashboards/*.json)"
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"{usage}\n\n{(__doc__ or '').strip()}")
+        return 0
+    if argv:
+        print(f"{usage}\ngenerate.py: unknown argument {argv[0]!r}; nothing written", file=sys.stderr)
+        return 2
     for filename, text in render().items():
         (HERE / filename).write_text(text)
         print(f"wrote dashboards/{filename}")
@@ -282,3 +290,8 @@ if __name__ == "__main__":
     for filename, text in render_prometheus().items():
         (HERE / "prometheus" / filename).write_text(text)
         print(f"wrote dashboards/prometheus/{filename}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from optimizer.serve import series
@@ -86,3 +87,22 @@ def test_dashboards_have_the_shape_grafana_loads() -> None:
                 used = set(re.findall(r"\$\{(\w+)(?::\w+)?\}", t["query"]))
                 assert used <= variables, f"{name}/{p['title']}: undefined {used - variables}"
                 assert "v.timeRangeStart" in t["query"]  # follows the dashboard's time picker
+
+
+def test_generator_help_or_an_unknown_argument_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``generate.py --help`` prints its usage and leaves every board as it is; only a plain run writes. Deliberate
+    bug it catches: arguments ignored, so ``--help`` rewrites the dashboards."""
+    spec = importlib.util.spec_from_file_location("generate", ROOT / "generate.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.HERE = tmp_path  # where it writes
+    assert module.main(["--help"]) == 0
+    assert "usage: dashboards/generate.py" in capsys.readouterr().out
+    assert module.main(["--dry-run"]) == 2
+    assert "unknown argument '--dry-run'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert module.main([]) == 0
+    assert {p.name for p in tmp_path.glob("*.json")} == set(_boards())
