@@ -65,9 +65,10 @@ class Inventory:
 class Collector(Protocol):
     """A telemetry source. ``sample`` runs once a second.
 
-    A collector whose calls can block (a vendor's C library, a filesystem) says so with a class attribute
-    ``blocking = True``: the agent then calls it on a thread of its own, with a deadline, never on its event loop.
-    Without it (simulated nodes) it is called on the loop and must not block.
+    A collector whose calls can block (a vendor's C library, a firmware query, a network filesystem) says so with
+    an attribute ``blocking = True``: the agent then calls it on a thread of its own, with a deadline, never on its
+    event loop. Without it (kernel memory such as /proc/stat, simulated nodes) it is called on the loop: a thread
+    handoff each second costs more CPU than such a read.
     """
 
     name: str

@@ -72,7 +72,6 @@ class CpuBusy:
 
 class HostCollector:
     name = "host"
-    blocking = True
 
     def __init__(self, procfs_root: Path = Path("/proc")) -> None:
         self._meminfo = f"{procfs_root}/meminfo"

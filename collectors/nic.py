@@ -116,7 +116,6 @@ class NetDev:
 
 class NicCollector:
     name = "nic"
-    blocking = True  # sysfs reads: called on a thread of its own
 
     def __init__(
         self,
@@ -132,6 +131,9 @@ class NicCollector:
         self._kinds: dict[str, NicKind] = {}
         self._rdma = {port.name: port for port in infiniband.discover(sysfs_root)}
         self._net_dev = NetDev(procfs_root)
+        # An RDMA port's counters are a firmware query behind each sysfs read, which a wedged adapter can hold for
+        # seconds: then the collector runs on a thread of its own. /proc/net/dev is kernel memory: on the loop.
+        self.blocking = bool(self._rdma)
 
     def _kind(self, name: str) -> NicKind:
         if name not in self._kinds:

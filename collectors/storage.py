@@ -24,7 +24,6 @@ SECTOR_BYTES = 512  # /sys/block/*/size counts 512-byte sectors whatever the dev
 
 class StorageCollector:
     name = "storage"
-    blocking = True  # statvfs on a hung network mount never returns: called on a thread of its own
 
     def __init__(
         self, sysfs_root: Path = Path("/sys"), mounts: Sequence[str] = (), procfs_root: Path = Path("/proc")
@@ -32,6 +31,9 @@ class StorageCollector:
         self._sysfs = sysfs_root
         self._procfs = str(procfs_root)
         self._mounts = list(mounts)
+        # statvfs on a hung network mount never returns: with mounts to read, a thread of its own.
+        # /proc/diskstats alone is kernel memory: on the loop.
+        self.blocking = bool(self._mounts)
         self._missing: set[str] = set()
         self._disk_names: dict[str, bool] = {}  # devices come and go rarely: ask sysfs once per name
 
