@@ -75,6 +75,7 @@ class SimulatedNode:
         self._last = self._start
         self._counters: dict[tuple[str, str], float] = {}
         self._episode_until: dict[str, float] = {}  # per workload: end of a stall or burst
+        self._backlog: dict[str, float] = {}  # per request queue: seconds of work waiting
         self.quirks = quirks
         self.schema = schema
         self._gpm = any(k in profile.gpu_model for k in ("H100", "H200", "B200"))  # GPM needs Hopper or newer
@@ -177,7 +178,8 @@ class SimulatedNode:
         if seconds > 0 and "host_network" not in self.quirks:
             facts.update(net_tx_bps=round(tx / seconds, 1), net_rx_bps=round(rx / seconds, 1))
         if w.listen_ports:
-            load = self.diurnal(w, self._last - self._start) if w.pattern is Pattern.LLM_SERVING else 1.0
+            follows = w.pattern is Pattern.LLM_SERVING or w.request_gpu_s > 0  # clients come and go with the day
+            load = self.diurnal(w, self._last - self._start) if follows else 1.0
             peers = max(1, round(w.peers * load))
             facts.update(
                 listen_ports=list(w.listen_ports),
@@ -306,6 +308,8 @@ class SimulatedNode:
     def _drive(self, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> realistic.Traffic:
         """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north tx, north rx, read, write)
         bytes/s."""
+        if w.pattern is Pattern.INFERENCE and w.request_gpu_s > 0:
+            return realistic.compute_service(self, w, t, gpus)
         if w.pattern in _REALISTIC:
             fabric, tx, rx, read, write = _REALISTIC[w.pattern](self, w, t, gpus)
             if w.save_to_network:  # checkpoints to NFS / object storage leave by the front end
@@ -347,6 +351,14 @@ class SimulatedNode:
         if t >= until and self.rng.random() < rate:
             until = self._episode_until[key] = t + self.rng.uniform(*seconds)
         return t < until
+
+    def queue(self, key: str, arrived: float) -> float:
+        """Add ``arrived`` seconds of work to queue ``key`` and serve one second of it: the share of this second
+        spent working (0-1). Work left over waits for the next second, as requests do behind a busy worker."""
+        waiting = self._backlog.get(key, 0.0) + arrived
+        served = min(1.0, waiting)
+        self._backlog[key] = waiting - served
+        return served
 
     def _training(self, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> tuple[float, float, float, float]:
         """GPUs in lockstep at the job's level; gradient all-reduce over NVLink (or PCIe) and, for multi-node

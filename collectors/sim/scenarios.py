@@ -15,6 +15,10 @@
   front end; LoRA fine-tuning with small saves; notebooks whose bursts are minutes apart; batch scoring reading its
   input; small online models. Nodes have md RAID checkpoint volumes and RDMA-capable front-end NICs, processes
   named ``python3`` or cut at 15 characters, and two agents in five predate schema 2 (no process facts).
+* ``services``: the realistic fleet with online services that do not look like LLM chat on half of its nodes:
+  compute-bound APIs (image generation, speech recognition, embeddings and reranking, vision behind Triton), small
+  LLMs served as one replica per PCIe card, FP8 tensor-parallel LLM serving at moderate load
+  (``service_spec``). Its processes are named ``python3`` with no program, so only behaviour tells them apart.
 
 Levels, noise, checkpoint periods, diurnal phases and stalls are drawn per seed, so two seeds give two fleets.
 """
@@ -32,7 +36,7 @@ from collectors.sim.profiles import PROFILES
 from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.sim.workloads import Background, draw_background
 
-SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
+SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic", "services")
 PEAK_PHASE = math.pi / 2  # sin() at its maximum: online inference starts at its daily peak
 
 
@@ -48,6 +52,7 @@ class Job:
     misplaced: bool = False
     multi_node: bool = False
     params: dict[str, object] = field(default_factory=dict)
+    kind: str = ""  # a service of SERVICE_KINDS, its parameters drawn by service_spec
 
 
 def training(gpus: int, name: str, misplaced: bool = False, **params: object) -> Job:
@@ -292,19 +297,26 @@ def build_scenario(scenario: str, nodes: int, seed: int = 0, names: bool = True)
     quiet = random.Random(f"{scenario}:{seed}:background")
     out = []
     counts: dict[str, int] = {}
-    layout = realistic_layout(nodes, rng) if scenario == "realistic" else _layout(scenario, nodes, rng)
+    if scenario == "services":
+        layout = services_layout(nodes, rng)
+    elif scenario == "realistic":
+        layout = realistic_layout(nodes, rng)
+    else:
+        layout = _layout(scenario, nodes, rng)
     for profile, jobs in layout:
         counts[profile] = counts.get(profile, 0) + 1
         next_gpu = 0
         specs = []
         for job in jobs:
             spec = _spec(job, tuple(range(next_gpu, next_gpu + job.gpus)), scenario, rng)
-            spec = realistic_spec(spec, rng) if scenario in ("realistic", "hard") else spec
+            spec = realistic_spec(spec, rng) if scenario in ("realistic", "hard", "services") else spec
+            if job.kind:
+                spec = service_spec(spec, job.kind, rng)
             specs.append(spec if names else replace(spec, hint="python3", program=None))
             next_gpu += job.gpus
         misplaced = frozenset(s.id for s, j in zip(specs, jobs, strict=True) if j.misplaced)
         quirks, schema = frozenset[str](), 2
-        if scenario == "realistic":
+        if scenario in ("realistic", "services"):
             quirks = frozenset(q for q, share in (("md_raid", 0.3), ("roce_frontend", 0.25)) if rng.random() < share)
             schema = 1 if rng.random() < 0.4 else 2
             if quiet.random() < 0.3:  # Slurm jobs, host-network pods: no network namespace of their own
@@ -449,3 +461,81 @@ def realistic_spec(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
     # and forgotten; whatever it holds stays held.
     hint = rng.choice(("python3", "sleep", "pt_main_thread"))
     return replace(spec, hint=hint, mem_fraction=rng.uniform(0.05, 0.9))
+
+
+# ------------------------------------------------------------------------------------ online services
+
+# Per kind (collectors/sim/workloads.py states what each rests on; every figure an estimate): GPU seconds per
+# request, bytes in and out per request, the share of its GPUs busy at the daily peak, memory held (weights and
+# the caching allocator's activations), power per unit of utilisation, tensor and DRAM activity per unit of it,
+# and the ports its server listens on.
+SERVICE_KINDS: dict[str, dict[str, tuple[float, float] | tuple[int, ...]]] = {
+    # diffusers behind FastAPI or ComfyUI (8188): SDXL, 30 steps at 1024x1024; a prompt in, a PNG out
+    "image": {"gpu_s": (3.0, 10.0), "in": (1e3, 4e3), "out": (1e6, 2e6), "peak": (0.3, 0.85),
+              "mem": (0.2, 0.45), "power": (0.82, 0.95), "tensor": (0.5, 0.7), "dram": (0.25, 0.4),
+              "ports": (8000, 8188)},
+    # Whisper large behind Triton (8000 HTTP, 8001 gRPC) or a FastAPI worker: a 30 s chunk of compressed audio in
+    "speech": {"gpu_s": (0.5, 2.0), "in": (0.2e6, 1e6), "out": (1e3, 4e3), "peak": (0.3, 0.85),
+               "mem": (0.1, 0.3), "power": (0.75, 0.9), "tensor": (0.4, 0.6), "dram": (0.3, 0.5),
+               "ports": (8000, 8001)},
+    # text-embeddings-inference (80 in its container) for embeddings or reranking: dynamic batches of short texts
+    "embed": {"gpu_s": (0.02, 0.08), "in": (2e3, 20e3), "out": (4e3, 30e3), "peak": (0.3, 0.85),
+              "mem": (0.05, 0.25), "power": (0.78, 0.92), "tensor": (0.45, 0.65), "dram": (0.3, 0.45),
+              "ports": (80, 3000)},
+    # a CNN or ViT behind Triton: an image of 50-300 KB in, labels or boxes out
+    "vision": {"gpu_s": (0.01, 0.05), "in": (50e3, 300e3), "out": (1e3, 5e3), "peak": (0.3, 0.85),
+               "mem": (0.05, 0.2), "power": (0.8, 0.95), "tensor": (0.45, 0.65), "dram": (0.3, 0.45),
+               "ports": (8000, 8001)},
+}  # fmt: skip
+
+
+def service(gpus: int, name: str, kind: str, misplaced: bool = False) -> Job:
+    """An online service of SERVICE_KINDS, or an LLM served as ``llm-replicas`` (one engine per GPU) or
+    ``llm-tp`` (one tensor-parallel engine at moderate load, FP8 weights)."""
+    pattern = Pattern.LLM_SERVING if kind.startswith("llm") else Pattern.INFERENCE
+    return Job(pattern, gpus, name, "python3", 0.9 if kind.startswith("llm") else None, misplaced, kind=kind)
+
+
+def service_spec(spec: WorkloadSpec, kind: str, rng: random.Random) -> WorkloadSpec:
+    """The service's parameters, drawn per seed after the realistic ones."""
+    gpus = len(spec.gpus)
+    if kind == "llm-replicas":  # an 8B model per L4 or L40S: a few requests in flight per replica
+        return replace(spec, replicas=gpus, rps_peak=gpus * rng.uniform(0.1, 1.5), request_s=rng.uniform(3, 15))
+    if kind == "llm-tp":  # 70B in FP8 over 4 H100s at moderate load
+        return replace(spec, replicas=1, rps_peak=rng.uniform(0.1, 1.0), request_s=rng.uniform(4, 20))
+    k = SERVICE_KINDS[kind]
+
+    def draw(key: str) -> float:
+        low, high = k[key]
+        return rng.uniform(low, high)
+
+    gpu_s = draw("gpu_s")
+    ports = k["ports"]
+    return replace(
+        spec, request_gpu_s=gpu_s, rps_peak=draw("peak") / gpu_s * gpus, request_bytes=(draw("in"), draw("out")),
+        mem_fraction=draw("mem"), power_intensity=draw("power"), tensor_share=draw("tensor"),
+        dram_share=draw("dram"), listen_ports=(int(ports[rng.randrange(len(ports))]),), peers=rng.randint(3, 40),
+        diurnal_phase=rng.uniform(0, 2 * math.pi),
+    )  # fmt: skip
+
+
+_SERVICES: Layout = [
+    ("l40s", [service(4, "image-gen-api", "image"), service(2, "asr-api", "speech"), service(2, "embed-api", "embed")]),
+    ("h100", [service(8, "image-gen-api", "image")]),
+    ("l4", [service(8, "small-llm-replicas", "llm-replicas")]),
+    ("l40s", [service(4, "llm-replicas", "llm-replicas"), service(4, "rerank-api", "embed")]),
+    ("h100", [service(4, "llm-fp8-tp4", "llm-tp"), service(4, "chat-fp8-tp4", "llm-tp")]),
+    ("l4", [service(4, "asr-api", "speech"), service(4, "vision-api", "vision")]),
+    ("a100", [service(4, "vision-api", "vision"), service(2, "embed-api", "embed"), service(2, "asr-api", "speech")]),
+    ("h200", [service(4, "llm-fp8-tp4", "llm-tp"), service(4, "image-gen-api", "image")]),
+]
+
+
+def services_layout(nodes: int, rng: random.Random) -> Layout:
+    """Half the nodes online services (``_SERVICES``), half the realistic fleet."""
+    if nodes < 1:
+        raise ValueError("a fleet needs at least one node")
+    return [
+        (_SERVICES if i % 2 == 0 else _REALISTIC)[rng.randrange(len(_SERVICES if i % 2 == 0 else _REALISTIC))]
+        for i in range(nodes)
+    ] + _SPARE[: max(1, nodes // 10)]

@@ -27,6 +27,8 @@ class Node(Protocol):
 
     def diurnal(self, w: WorkloadSpec, t: float) -> float: ...
 
+    def queue(self, key: str, arrived: float) -> float: ...
+
 
 class Pattern(StrEnum):
     """Ground-truth workload patterns; the values match the optimizer's class names where one exists."""
@@ -87,6 +89,9 @@ class WorkloadSpec:
     input_from_disk: bool = False  # batch: input staged on local disks rather than read over the front end
     tp: int = 1  # offline LLM generation: tensor-parallel degree of each replica
     chunk_s: float = 0.0  # offline LLM generation: seconds per chunk of prompts (0: one never-ending chunk)
+    replicas: int = 1  # LLM serving: engines behind one load balancer, each on len(gpus) / replicas GPUs
+    request_gpu_s: float = 0.0  # compute-bound online service: GPU seconds of dense work per request (0: not one)
+    request_bytes: tuple[float, float] = (0.0, 0.0)  # compute-bound online service: bytes in and out per request
     speed: float = 1.0  # how fast its GPUs serve its load against those it was sized on (collectors/sim/speed.py)
 
 

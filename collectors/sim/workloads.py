@@ -8,6 +8,23 @@ Each model states the assumption it rests on, from how the real systems work; no
   so memory sits near 90 % and flat whatever the load. Decode is memory-bound: tensor pipes are lightly used and
   the board draws well under its limit. Text is small on the wire: a few KB per request. Tensor-parallel engines
   all-reduce activations every forward pass, so their GPUs move in lockstep and NVLink bytes follow the batch.
+  Small models are served as data-parallel replicas instead (``replicas``: one engine per GPU behind a load
+  balancer, as vLLM or SGLang run an 8B model on L4 or L40S cards without NVLink): each replica steps only while
+  its own requests are in flight, so each GPU's load comes and goes on its own and nothing crosses PCIe between
+  them. Quantised large models (FP8 weights on Hopper, tensor-parallel over 4 GPUs) halve the bytes read per token
+  but still read every weight per step: decode stays memory-bound and the engine's behaviour is the same; at
+  moderate load (a few requests in flight) the engine idles between them.
+* Compute-bound online services (``request_gpu_s``): an image API (diffusers pipelines behind FastAPI, ComfyUI),
+  speech recognition (Whisper behind Triton or a FastAPI worker), an embedding or reranking API
+  (text-embeddings-inference), a vision model behind Triton. One worker per GPU takes requests from a queue
+  (Triton's instance group, one uvicorn worker per device, ComfyUI's prompt queue): a request runs dense kernels
+  (a UNet's or an encoder's matmuls) for its GPU time, near the power limit, and the GPU idles until the next
+  one; requests that arrive meanwhile wait. An image takes seconds (SDXL at 1024x1024 and 30 steps: 3-5 s on an
+  H100, twice that on an L40S, all estimates), a 30 s audio chunk about a second, an embedding batch tens of
+  milliseconds, so at 1 Hz the first two read as runs of full seconds between idle ones and the last as a level
+  that follows arrivals. Weights and the caching allocator's activations stay resident between requests (flat
+  memory). What crosses the front end is the requests and responses: a prompt in and a PNG of 1-2 MB out, audio
+  (0.2-1 MB compressed) in and text out, text in and vectors (a few KB as JSON) out.
 * Training starved by its input pipeline: every rank waits for its batch, so all GPUs drop to ~0 together and
   compute together; a step repeats with a fixed period (seen at 1 Hz when the step is longer than ~2 s, flat at
   the duty cycle when shorter). Input streams in over the front-end NIC from NFS or object storage.
@@ -86,17 +103,46 @@ def _decode(
 
 
 def llm_serving(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
-    """A continuous-batching server: busy whenever a request is in flight, flat preallocated memory."""
+    """A continuous-batching server (or ``replicas`` of it behind a load balancer, each with its share of the
+    requests): busy whenever a request is in flight, flat preallocated memory."""
     p, rng = node.profile, node.rng
     arrivals = w.rps_peak * node.diurnal(w, t)
-    in_flight = _poisson(node, arrivals * w.request_s / w.speed)  # slower GPUs hold each request longer
-    fill = min(1.0, in_flight / 64)  # share of the engine's batch slots in use
-    busy = in_flight > 0
-    level = 86 + 12 * (1 - math.exp(-in_flight / 6)) + rng.gauss(0, 1.0) if busy else rng.choice((0.0, 0.0, 1.0))
+    replicas = max(1, min(w.replicas, len(w.gpus)))
+    width = len(w.gpus) // replicas
     mem = w.mem_fraction * p.memory_mib
-    _decode(node, [gpus[g] for g in w.gpus], busy, level, fill, mem, len(w.gpus) > 1, 0.05 * GB)
+    for r in range(replicas):
+        # slower GPUs hold each request longer
+        in_flight = _poisson(node, arrivals / replicas * w.request_s / w.speed)
+        fill = min(1.0, in_flight / 64)  # share of the engine's batch slots in use
+        busy = in_flight > 0
+        level = 86 + 12 * (1 - math.exp(-in_flight / 6)) + rng.gauss(0, 1.0) if busy else rng.choice((0.0, 0.0, 1.0))
+        group = [gpus[g] for g in w.gpus[r * width : (r + 1) * width]]
+        _decode(node, group, busy, level, fill, mem, width > 1, 0.05 * GB)
     # Prompts in, streamed tokens out (server-sent events): tens of KB per request.
     return 0.0, arrivals * 40e3 * node.jitter(0.2), arrivals * 12e3 * node.jitter(0.2), 0.0, 0.05 * MB
+
+
+def compute_service(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:
+    """One worker per GPU, each working through its share of the requests one at a time: dense kernels for
+    ``request_gpu_s`` per request, idle between requests."""
+    p, rng = node.profile, node.rng
+    arrivals = w.rps_peak * node.diurnal(w, t) / len(w.gpus)  # the load balancer spreads requests evenly
+    requests = 0
+    for g in w.gpus:
+        state = gpus[g]
+        arrived = _poisson(node, arrivals)
+        requests += arrived
+        work = sum(w.request_gpu_s / w.speed * node.jitter(0.2) for _ in range(arrived))
+        busy = node.queue(f"{w.id}:{g}", work)
+        state.util = busy * (95 + rng.gauss(0, 1.5)) if busy > 0 else rng.choice((0.0, 0.0, 1.0))
+        state.mem_mib = w.mem_fraction * p.memory_mib * (1 + rng.gauss(0, 0.0005))
+        state.intensity = w.power_intensity
+        state.tensor_share, state.dram_share = w.tensor_share, w.dram_share
+        state.pcie_bps = (w.request_bytes[0] + w.request_bytes[1]) * arrived + 0.01 * GB * busy
+        state.nvlink_bps = 0.0
+    into, out = w.request_bytes
+    # the front end carries the requests and their responses, and the worker's access log goes to disk
+    return 0.0, out * requests + 2e3, into * requests + 2e3, 0.0, 0.02 * MB
 
 
 def loader_bound_training(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic:

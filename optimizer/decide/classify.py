@@ -30,6 +30,12 @@ What the rules assume about real systems:
 * Batch inference exchanges nothing between its GPUs: independent replicas, each dipping on its own when its next
   input is late, where data-parallel training's ranks wait for each other every step. It writes its results as it
   goes (steadily), where training writes in checkpoint bursts.
+* An online service works when its requests come: whatever the model (an LLM decoding, a diffusion pipeline
+  drawing an image at the power limit, Whisper transcribing a chunk, an encoder embedding text), a worker runs
+  while a request is in flight and idles until the next, and requests from many clients arrive at random, so
+  its runs of work start often and after idle gaps as irregular as the arrivals. A notebook's cells come minutes
+  apart; a training step repeats. Power and tensor activity say what shape the work is (compute- or
+  memory-bound), not whether it is served: they weigh little between serving and training.
 * Process names are hints: ``comm`` is cut at 15 characters and is ``python3`` for most Python programs; the
   command line's program (schema 2) is better, but an engine such as vLLM also runs offline batches.
 """
@@ -48,6 +54,13 @@ MIN_WINDOWS = 3
 FULL_CONFIDENCE_WINDOWS = 6
 UNSURE_MARGIN = 0.7  # nats between the two best classes below which the answer is "unknown"
 UNSEEN_CONFIDENCE = 0.55  # at most, for a class nothing only it does was seen in: under the planner's 0.6
+# Work that starts this often a minute (distinct seconds at which one of its GPUs goes from idle to busy), after
+# idle gaps this irregular (their coefficient of variation), is requests arriving: a person running notebook
+# cells starts one every minute or few (the simulator's cells: 0.2-0.6 a minute), and a step loop's gaps repeat
+# (coefficient near 0), where gaps between independent arrivals are exponential (coefficient 1).
+REQUEST_STARTS_PER_MIN = 1.5
+REQUEST_GAP_CV = 0.5
+PARTIAL_BATCH_LEVEL = 95.0  # % busy, below which a memory-bound engine's batch is not full
 
 TR, INF, BAT, NB = (
     WorkloadClass.TRAINING,
@@ -185,6 +198,12 @@ def _level(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.zero_seconds >= 0.4 and f.busy_level >= 30 and f.busy_seconds >= 5 and f.period_s is None:
         line = f"idle {f.zero_seconds:.0%} of seconds, bursts at {f.busy_level:.0f} % in between"
         led.add(line, N=2.0, I=0.3, B=-1.0)
+    if _requests(f):
+        line = (
+            f"work starts {f.starts_per_min:.1f} times a minute after irregular idle gaps (variation {f.gap_cv:.0%}),"
+            f" runs of {f.run_s:.0f} s, no step period: load that follows requests"
+        )
+        led.add(line, I=2.0, N=-1.5, T=-0.5, B=-0.5)
     if f.period_s is not None:
         led.add(
             f"load repeats every {f.period_s} s (autocorrelation {f.period_strength:.2f}): a training step",
@@ -200,7 +219,8 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.tensor_share is not None and f.dram_share is not None:
         if f.tensor_share >= 0.4:
             # Embedding and scoring batches are dense too; offline LLM generation, like serving, is not.
-            led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.5, I=-0.8)
+            # Image, speech, embedding and vision services run dense kernels too: only LLM decode is not.
+            led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.5, I=-0.3)
         elif f.tensor_share <= 0.32 and f.dram_share >= 0.55:
             led.add(
                 f"memory-bound: DRAM {f.dram_share:.0%}, tensor pipes {f.tensor_share:.0%} of busy time (decode)",
@@ -208,10 +228,20 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
                 B=0.4,
                 T=-1.0,
             )
+    decode = (f.intensity is not None and f.intensity <= 0.68) or (
+        f.tensor_share is not None and f.dram_share is not None and f.tensor_share <= 0.32 and f.dram_share >= 0.55
+    )
+    if decode and f.mean_util >= 70 and f.busy_level < PARTIAL_BATCH_LEVEL:
+        # A continuous-batching engine reads 86 % with one request in flight and ~98 % with its batch full (the
+        # simulator's model of vLLM and SGLang, an estimate); an offline batch keeps its batch full while prompts
+        # remain.
+        line = f"decoding at {f.busy_level:.0f} % while busy: a batch partly filled, following the requests in flight"
+        led.add(line, I=1.0, B=-0.5)
     if f.intensity is None:
         return
     if f.intensity >= 0.78:
-        led.add(f"draws {f.intensity:.0%} of the power its utilisation allows (compute-bound)", T=1.0, B=0.5, I=-0.8)
+        line = f"draws {f.intensity:.0%} of the power its utilisation allows (compute-bound)"
+        led.add(line, T=1.0, B=0.5, I=-0.3)
     elif f.intensity <= 0.68:
         led.add(f"draws only {f.intensity:.0%} of the power its utilisation allows (memory-bound)", I=1.0, T=-1.2)
 
@@ -221,7 +251,9 @@ def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.gpu_link_bps >= 20e9 or f.east_west_bps >= 1e9:
         line = f"{_gbps(f.gpu_link_bps)} per GPU over NVLink/PCIe and {_gbps(f.east_west_bps)} on the fabric"
         led.add(f"{line}: gradient synchronisation", T=2.0, I=-0.3, B=-1.0)
-    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8:
+    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8 and f.lockstep is None:
+        # Where its GPUs' load could be correlated, that says it better (_together): load moving as one is
+        # collectives however few bytes they carry (tensor-parallel decode at a small batch), apart is replicas.
         # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work.
         led.add(
             f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
@@ -347,7 +379,7 @@ def classify(f: WorkloadFeatures) -> Classification:
     if led.scores[best] - led.scores[second] < UNSURE_MARGIN or led.scores[best] < 1.0:
         sides = [f"{c.value}: {'; '.join(r for _, r in sorted(led.reasons[c], key=lambda wr: -wr[0])[:2]) or '—'}"
                  for c in (best, second)]  # fmt: skip
-        return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *sides))
+        return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *sides, _deciders(f)))
     reasons = tuple(r for _, r in sorted(led.reasons[best], key=lambda wr: -wr[0]))
     confidence = round(share * sufficiency, 2)
     if not _defining(best, f):
@@ -407,6 +439,7 @@ def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
             or (own_traffic and f.egress_bps >= 20e3)
             or (f.diurnal_ratio is not None and f.diurnal_ratio >= 4)
             or (f.mean_util < 70 and f.busy_cv >= 0.15 and f.period_s is None)
+            or _requests(f)
             or _matches(program, SERVING_NAMES)
         )
     if c is BAT:
@@ -421,6 +454,17 @@ def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
     return (f.zero_seconds >= 0.4 and f.busy_seconds >= 5) or _matches(f.program or f.hint, NOTEBOOK_NAMES)
 
 
+def _requests(f: WorkloadFeatures) -> bool:
+    """Whether its runs of work start as requests arrive: often, after irregular gaps, with no step period."""
+    return (
+        f.starts_per_min is not None
+        and f.gap_cv is not None
+        and f.period_s is None
+        and f.starts_per_min >= REQUEST_STARTS_PER_MIN
+        and f.gap_cv >= REQUEST_GAP_CV
+    )
+
+
 def _answering(f: WorkloadFeatures) -> bool:
     """Whether a near-idle workload still serves clients: a service at its quietest hour, not an allocation to
     reclaim. A browser on a notebook's port is one client; a service has several connected (schema 2), or traffic
@@ -432,6 +476,22 @@ def _answering(f: WorkloadFeatures) -> bool:
     own = f.own_network or (f.front_baseline_bps is not None and f.node_share >= 0.75)
     worked = f.zero_seconds < 0.995
     return own and worked and f.egress_bps >= 20e3
+
+
+def _deciders(f: WorkloadFeatures) -> str:
+    """What an undecided workload lacks that would decide it, most telling first."""
+    missing = []
+    if f.inbound_connections is None:
+        missing.append("its clients (an agent with process facts, schema 2, reads its listening ports)")
+    if not f.program and (not f.hint or f.hint.lower() in GENERIC_NAMES):
+        missing.append("the program on its command line")
+    if f.diurnal_ratio is None:
+        missing.append(f"12 h of history for a daily cycle (has {f.history_hours:.0f} h)")
+    if f.intensity is None and f.tensor_share is None:
+        missing.append("power or profiling (DCGM, GPM) in a busy window")
+    if f.starts_per_min is None and f.zero_seconds >= 0.05:
+        missing.append("load each second (points a scrape apart hide when work starts)")
+    return "would decide it: " + ("; ".join(missing) if missing else "more windows of the same signals")
 
 
 def _headline(c: WorkloadClass, f: WorkloadFeatures) -> str:

@@ -109,6 +109,13 @@ class WorkloadFeatures:
     # one of them saved, and which one node-level disks cannot tell.
     shared_bursts: float = 0.0
     lockstep: float | None = None  # correlation of its GPUs' second-to-second load; None with one GPU or idle
+    # Runs of work between idle seconds, per GPU, where every window was sampled each second: how often work
+    # starts (distinct seconds a minute at which one of its GPUs goes from idle to busy), how long a run lasts,
+    # and how regular the idle gaps between runs are (their coefficient of variation: ~1 for requests arriving
+    # at random, ~0 for a step loop). None where the series are sparse or too few gaps were seen.
+    starts_per_min: float | None = None
+    run_s: float | None = None
+    gap_cv: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -246,6 +253,7 @@ class _Acc:
     shares: list[float] = field(default_factory=list)  # its part of its node's GPU work, per window
     per_gpu: dict[int, array[float]] = field(default_factory=dict)  # per-second load of each GPU, on its first node
     first_node: str | None = None
+    sparse: bool = False  # a window's series was read points a scrape apart, not each second
 
 
 def _profile(devices: Layout, index: int) -> str | None:
@@ -321,6 +329,8 @@ def _fold_window(
             centre = math.fsum(levels) / len(levels) if levels else 0.0
             acc.centred.extend([v - centre for v in levels])
             _keep_recent(acc.centred)
+        else:
+            acc.sparse = True
     if util >= 5:
         # GPM's activities are shares of time, like utilisation: their ratio holds at any load with work in it
         pairs = [(g.tensor_active, g.dram_active) for g in gpus]
@@ -426,6 +436,8 @@ def _fold_run(
         if _dense(rows[0][0], seconds):
             _extend(acc.centred, levels - levels.mean(axis=1, keepdims=True))
             _keep_recent(acc.centred)
+        else:
+            acc.sparse = True
     power, tensor, dram = digests[:, :, 6], digests[:, :, 7], digests[:, :, 8]
     with np.errstate(invalid="ignore", divide="ignore"):
         both = ~np.isnan(tensor) & ~np.isnan(dram)
@@ -648,6 +660,39 @@ def node_baseline(windows: Sequence[WindowDigest], reference: Baseline | None) -
     return reference if reference is not None else Baseline()
 
 
+RUN_BUSY, RUN_IDLE = 5.0, 2.0  # % a second is busy at or above, idle below (as zero_seconds counts)
+MIN_GAPS = 5  # idle gaps between runs before their regularity is read
+
+
+def work_runs(series: Sequence[Sequence[float]]) -> tuple[float, float, float | None] | None:
+    """(starts a minute, mean run in seconds, the idle gaps' coefficient of variation) of per-second load, one
+    series per GPU over the same seconds; starts at the same second on several GPUs count once (one cell, one
+    collective step). None without any start."""
+    starts: set[int] = set()
+    runs: list[int] = []
+    gaps: list[int] = []
+    seconds = 0
+    for values in series:
+        s = np.asarray(values, dtype=np.float64)
+        seconds = max(seconds, len(s))
+        if len(s) < 2:
+            continue
+        busy, idle = s >= RUN_BUSY, s < RUN_IDLE
+        began = np.flatnonzero(busy[1:] & idle[:-1]) + 1
+        ended = np.flatnonzero(idle[1:] & busy[:-1]) + 1
+        starts.update(began.tolist())
+        # each run ends at the first end after its start (or with the series); each gap at the next start
+        closing = np.append(ended, len(s))[np.searchsorted(ended, began)]
+        runs.extend((closing - began).tolist())
+        following = np.searchsorted(began, ended)
+        closed = following < len(began)
+        gaps.extend((began[following[closed]] - ended[closed]).tolist())
+    if not starts or seconds < 60:
+        return None
+    gap_cv = _cv(gaps) if len(gaps) >= MIN_GAPS else None
+    return len(starts) / seconds * 60, _mean(runs), gap_cv
+
+
 def gpu_lockstep(per_gpu: Mapping[int, Sequence[float]]) -> float | None:
     """How closely its GPUs' per-second loads move together: the mean correlation of each GPU with the mean of the
     others. Only where the load varies by a few points or more: at a flat 99 % every GPU looks alike, and noise
@@ -850,6 +895,9 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
     gpus = max(sum(len(p.gpus) for p in placements), 1)
     per_gpu = len(placements) / gpus
     period, strength = step_period(acc.centred)
+    runs = None
+    if not acc.sparse:
+        runs = work_runs(list(acc.per_gpu.values()) if acc.per_gpu else [acc.load])
     return WorkloadFeatures(
         id=wid,
         name=acc.name,
@@ -902,4 +950,7 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
         write_bps=_median(acc.writes) * per_gpu,
         shared_bursts=acc.shared_bursts,
         lockstep=gpu_lockstep(acc.per_gpu),
+        starts_per_min=runs[0] if runs else None,
+        run_s=runs[1] if runs else None,
+        gap_cv=runs[2] if runs else None,
     )
