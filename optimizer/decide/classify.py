@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from agent.protocol import WorkloadClass
 from optimizer.decide.features import WorkloadFeatures
+from optimizer.decide.shape import shape_reading
 
 MIN_WINDOWS = 3
 FULL_CONFIDENCE_WINDOWS = 6
@@ -61,6 +62,7 @@ UNSEEN_CONFIDENCE = 0.55  # at most, for a class nothing only it does was seen i
 REQUEST_STARTS_PER_MIN = 1.5
 REQUEST_GAP_CV = 0.5
 PARTIAL_BATCH_LEVEL = 95.0  # % busy, below which a memory-bound engine's batch is not full
+DECODE_SHARE = 0.55  # memory-bound share of GPU time (optimizer/decide/shape.py) from which the work is decode
 
 TR, INF, BAT, NB = (
     WorkloadClass.TRAINING,
@@ -228,14 +230,15 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
                 B=0.4,
                 T=-1.0,
             )
-    decode = (f.intensity is not None and f.intensity <= 0.68) or (
-        f.tensor_share is not None and f.dram_share is not None and f.tensor_share <= 0.32 and f.dram_share >= 0.55
-    )
-    if decode and f.mean_util >= 70 and f.busy_level < PARTIAL_BATCH_LEVEL:
+    shape = shape_reading(f)
+    if shape is not None and shape[0] >= DECODE_SHARE and f.mean_util >= 70 and f.busy_level < PARTIAL_BATCH_LEVEL:
         # A continuous-batching engine reads 86 % with one request in flight and ~98 % with its batch full (the
         # simulator's model of vLLM and SGLang, an estimate); an offline batch keeps its batch full while prompts
         # remain.
-        line = f"decoding at {f.busy_level:.0f} % while busy: a batch partly filled, following the requests in flight"
+        line = (
+            f"memory-bound ({shape[1]}) at {f.busy_level:.0f} % while busy: a decode batch partly filled, following"
+            " the requests in flight"
+        )
         led.add(line, I=1.0, B=-0.5)
     if f.intensity is None:
         return

@@ -113,6 +113,7 @@ class WorkloadFeatures:
     # starts (distinct seconds a minute at which one of its GPUs goes from idle to busy), how long a run lasts,
     # and how regular the idle gaps between runs are (their coefficient of variation: ~1 for requests arriving
     # at random, ~0 for a step loop). None where the series are sparse or too few gaps were seen.
+    per_second: bool = True  # every window's series was sampled each second (an agent's), not a scrape apart
     starts_per_min: float | None = None
     run_s: float | None = None
     gap_cv: float | None = None
@@ -950,6 +951,7 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
         write_bps=_median(acc.writes) * per_gpu,
         shared_bursts=acc.shared_bursts,
         lockstep=gpu_lockstep(acc.per_gpu),
+        per_second=not acc.sparse,
         starts_per_min=runs[0] if runs else None,
         run_s=runs[1] if runs else None,
         gap_cv=runs[2] if runs else None,

@@ -3,7 +3,9 @@ decode) rather than tensor compute (optimizer/decide/performance.py says what th
 
 The evidence, best first (each an estimate of how the hardware behaves, stated beside its anchors):
 
-* GPM (Hopper and newer): DRAM-bandwidth activity against tensor-pipe activity. A GEMM-bound workload (vision,
+* GPM (Hopper and newer, read by the agent) or DCGM's profiling fields (any data-centre GPU, read from
+  dcgm-exporter through Prometheus: ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` and ``DCGM_FI_PROF_DRAM_ACTIVE``, the same
+  counters): DRAM-bandwidth activity against tensor-pipe activity. A GEMM-bound workload (vision,
   encoders, dense training) keeps the tensor pipes busy most of its busy time and streams DRAM at a third or so
   of peak; LLM decode reads every weight and the KV cache per token, so DRAM runs near peak while the tensor
   pipes idle between reads. DRAM's share of the two, ``dram / (dram + tensor)``, reads about 0.35 for the
@@ -40,13 +42,27 @@ def _llm_engine(name: str | None) -> bool:
     return any(re.search(rf"(^|[^a-z]){re.escape(e)}", lowered) for e in LLM_ENGINES)
 
 
-def measured_shape(f: WorkloadFeatures) -> float | None:
-    """The memory-bound share of the workload's GPU time, 0-1 in steps of 0.05; None when nothing tells."""
+def shape_reading(f: WorkloadFeatures) -> tuple[float, str] | None:
+    """The memory-bound share of the workload's GPU time as measured (0-1), with what it was read from; None
+    where neither profiling counters nor power were read in windows with work."""
     tensor, dram = f.shape_tensor, f.shape_dram
     if tensor is not None and dram is not None and tensor + dram > 0:
-        share = _ramp(dram / (dram + tensor), GPM_COMPUTE, GPM_MEMORY)
-    elif f.intensity is not None:
-        share = _ramp(f.intensity, POWER_COMPUTE, POWER_MEMORY)
+        # Series a scrape apart come from Prometheus, whose profiling figures are dcgm-exporter's DCGM_FI_PROF_*;
+        # an agent's per-second windows carry GPM's.
+        source = "GPM" if f.per_second else "DCGM profiling"
+        what = f"{source}: DRAM {dram:.0%}, tensor pipes {tensor:.0%} of busy time"
+        return _ramp(dram / (dram + tensor), GPM_COMPUTE, GPM_MEMORY), what
+    if f.intensity is not None:
+        what = f"power: {f.intensity:.0%} of what its utilisation allows"
+        return _ramp(f.intensity, POWER_COMPUTE, POWER_MEMORY), what
+    return None
+
+
+def measured_shape(f: WorkloadFeatures) -> float | None:
+    """The memory-bound share of the workload's GPU time, 0-1 in steps of 0.05; None when nothing tells."""
+    reading = shape_reading(f)
+    if reading is not None:
+        share = reading[0]
     elif _llm_engine(f.program) or _llm_engine(f.hint):
         share = 1.0
     else:
