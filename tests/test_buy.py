@@ -69,8 +69,11 @@ def test_add_plans_onto_the_new_nodes_and_bad_additions_fail_clearly(tmp_path: P
         timeout=60,
         check=True,
     )
-    plan = json.loads(result.stdout)
-    assert sorted(r["to_node"] for r in plan["recommendations"]) == ["new-h100-001", "new-h100-002"]
+    out = json.loads(result.stdout)
+    assert sorted(r["to_node"] for r in out["plan"]["recommendations"]) == ["new-h100-001", "new-h100-002"]
+    # the added nodes named beside the plan (deliberate bug: the JSON gave the plan alone, so a program had to
+    # guess which nodes were new)
+    assert out["added_nodes"] == [{"name": f"new-h100-00{i}", "hardware": "h100", "gpus": 8} for i in (1, 2)]
     result = subprocess.run([FLEETFIT, "plan", str(fleet), "--buy"], capture_output=True, timeout=120, check=True)
     assert "3 node(s) of 8 × H100 80GB SXM" in result.stdout.decode() and "pays back in" in result.stdout.decode()
     result = subprocess.run(

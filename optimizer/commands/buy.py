@@ -1,6 +1,7 @@
 """``fleetfit plan --add/--buy``: what-if additions to a snapshot, and the plan's purchase section in words.
 
-``fleetfit plan FLEET.json --add "l40s x8 = 4"`` plans as if four 8-GPU L40S nodes had been added.
+``fleetfit plan FLEET.json --add "l40s x8 = 4"`` plans as if four 8-GPU L40S nodes had been added, and names them
+(``new-l40s-001``…) above the table, or in ``added_nodes`` beside the plan in JSON.
 ``fleetfit plan FLEET.json --buy`` gives the plan's purchase question its own time limit and always prints the
 answer, "nothing" included: which nodes to buy for the moves blocked for want of capacity, what they cost and
 unlock a month, and their payback (optimizer/plan/purchases.py, where the rule is).
@@ -74,11 +75,33 @@ def plan_and_buy(
     if sum(a.nodes for a in parsed) > MAX_ADDED:
         raise BuyError(f"--add: at most {MAX_ADDED} nodes in all")
     bigger = with_additions(snapshot, parsed)
+    added = bigger.nodes[len(snapshot.nodes) :]
     if buy:
         settings = settings.model_copy(update={"buy": True, "buy_time_limit": settings.time_limit})
     plan = plan_snapshot(bigger, catalog, settings)
     if fmt == "json":
         body = plan.model_dump(mode="json", by_alias=True)
-        # --buy has always printed {"plan": ..., "purchases": [...]}; the plan carries the same list
-        return json.dumps({"plan": body, "purchases": body["purchases"] or []} if buy else body, indent=2)
-    return render_table(plan, every_answer=buy)
+        out: dict[str, object] = {"plan": body}
+        if added:  # beside the plan, which stays a protocol Plan
+            out["added_nodes"] = [{"name": n.name, "hardware": n.hardware, "gpus": n.gpus} for n in added]
+        if buy:  # --buy has always printed {"plan": ..., "purchases": [...]}; the plan carries the same list
+            out["purchases"] = body["purchases"] or []
+        return json.dumps(out if len(out) > 1 else body, indent=2)
+    lines = [added_text(parsed, [n.name for n in added])] if added else []
+    return "\n".join([*lines, render_table(plan, every_answer=buy)])
+
+
+SHOWN = 6  # added nodes named one by one; more are shown as the first and the last
+
+
+def added_text(additions: list[Addition], names: list[str]) -> str:
+    """A line per ``--add``, ``added for this plan: 4 node(s) of 8 × L40S 48GB (new-l40s-001, …)``: the nodes
+    it put in the snapshot, by the names the plan's actions use."""
+    parts = []
+    start = 0
+    for a in additions:
+        mine = names[start : start + a.nodes]
+        start += a.nodes
+        shown = ", ".join(mine) if len(mine) <= SHOWN else f"{mine[0]}, {mine[1]}, …, {mine[-1]}"
+        parts.append(f"added for this plan: {a.nodes} node(s) of {a.gpus} × {a.hardware.name} ({shown})")
+    return "\n".join(parts)
