@@ -309,6 +309,13 @@ async def test_buttons_change_state_with_a_token_and_are_refused_without(tmp_pat
         await browser.press_enter()
         await _until(browser, f"{first}.querySelector('.state').textContent === 'acknowledged'")
         assert optimizer.lifecycle.get(rec_id).state == "acknowledged"  # type: ignore[union-attr]
+        # acknowledged by mistake: reopen takes it back to new (deliberate bug: no reopen button on an
+        # acknowledged action, or the lifecycle refusing acknowledged -> new), and it can be acknowledged again
+        await browser.js(f"{first}.querySelector('button[data-action=reopen]').click()")
+        await _until(browser, f"{first}.querySelector('.state').textContent === 'new'")
+        assert optimizer.lifecycle.get(rec_id).state == "new"  # type: ignore[union-attr]
+        await browser.js(f"{first}.querySelector('button[data-action=ack]').click()")
+        await _until(browser, f"{first}.querySelector('.state').textContent === 'acknowledged'")
         # dismiss, then reopen: the same lifecycle as the CLI's
         await browser.js(f"{first}.querySelector('button[data-action=dismiss]').click()")
         await _until(browser, f"{first}.querySelector('.state').textContent === 'dismissed'")

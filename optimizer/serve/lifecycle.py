@@ -41,7 +41,12 @@ class RecState(StrEnum):
 OPEN = (RecState.NEW, RecState.ACKNOWLEDGED)
 UNATTRIBUTED_OWNER = "(unattributed)"  # optimizer.serve.report.UNATTRIBUTED, as the ledger stores it
 UNSEEN_EXPIRY_S = 3600.0  # an open move whose workload no plan has seen or classified for this long expires
-CHANGEABLE = {RecState.ACKNOWLEDGED: OPEN, RecState.DISMISSED: OPEN, RecState.NEW: (RecState.DISMISSED,)}
+# reopening takes back an acknowledgement made by mistake as well as a dismissal
+CHANGEABLE = {
+    RecState.ACKNOWLEDGED: OPEN,
+    RecState.DISMISSED: OPEN,
+    RecState.NEW: (RecState.DISMISSED, RecState.ACKNOWLEDGED),
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS recommendations (
@@ -224,7 +229,7 @@ class Lifecycle:
         return out
 
     def set_state(self, rec_id: str, state: RecState, now: float | None = None) -> Tracked:
-        """A person's decision: acknowledge or dismiss (or reopen a dismissed one as acknowledged)."""
+        """A person's decision: acknowledge or dismiss, or reopen (a dismissed or acknowledged one back to new)."""
         current = self.get(rec_id)
         if current is None:
             raise LifecycleError(f"no recommendation {rec_id}")
@@ -237,7 +242,7 @@ class Lifecycle:
                 "UPDATE recommendations SET state = ?, changed = ?, decided = ?, decided_by = NULL WHERE id = ?",
                 (state, at, at, rec_id),
             )
-            self._mark_waiting(current.site)  # what waits on a dismissed action cannot go ahead as planned
+            self._mark_waiting(current.site)  # what waits for a dismissed action cannot go ahead as planned
         updated = self.get(rec_id)
         assert updated is not None
         return updated

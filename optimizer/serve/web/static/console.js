@@ -25,7 +25,7 @@
   var labels = { ack: "Acknowledge", dismiss: "Dismiss", reopen: "Reopen" };
   function allowed(state) {
     if (state === "new") { return ["ack", "dismiss"]; }
-    if (state === "acknowledged") { return ["dismiss"]; }
+    if (state === "acknowledged") { return ["dismiss", "reopen"]; }
     if (state === "dismissed") { return ["reopen"]; }
     return [];
   }
