@@ -127,7 +127,7 @@ def _console(base: str) -> Listing:
     page = _get(f"{base}/recommendations")
     body = page[page.index('<table id="recommendations"') :]
     rows = [_cells(r) for r in re.findall(r"<tr>(.*?)</tr>", body[: body.index("</table>")], re.S)]
-    actions = [(int(r[0]), r[4], _money(r[7]), r[2]) for r in rows if r]
+    actions = [(int(r[0]), r[4], _money(r[7]), f"waits for {r[2]}" if r[2] else "") for r in rows if r]
     summary = re.search(r'<p id="summary">\d+ action\(s\) shown, in \d+ wave\(s\), (.+?) in all\.', page)
     assert summary
     return Listing(actions, html.unescape(summary.group(1)))
@@ -146,7 +146,12 @@ def _cli(run: DemoRun) -> Listing:
         waits = line[at["WAITS FOR"] : at["ID"]].strip()
         saving = line[at["SAVING/MONTH"] : at["RISK"]]
         actions.append(
-            (int(line[: at["WAVE"]]), line[at["ACTION"] :], _money(saving.strip()), f"after {waits}" if waits else "")
+            (
+                int(line[: at["WAVE"]]),
+                line[at["ACTION"] :],
+                _money(saving.strip()),
+                f"waits for {waits}" if waits else "",
+            )
         )
     return Listing(actions, total.group(1))
 
@@ -192,7 +197,7 @@ def _chat(kind: str, body: dict[str, Any]) -> Listing:
     else:
         numbers = {m["id"]: m["number"] for m in body["firing"]}
         for m in body["firing"]:
-            waits = f"after {', '.join(f'#{numbers[i]}' for i in m['after'])}" if m["after"] else ""
+            waits = f"waits for {', '.join(f'#{numbers[i]}' for i in m['after'])}" if m["after"] else ""
             actions.append((m["number"], m["action"], round(m["monthly_savings_usd"]), waits))
         by_kind = body["savings_by_kind"]
         parts = ", ".join(f"{k.replace('_', '-')} ${v:,.0f}" for k, v in by_kind.items())
@@ -216,7 +221,7 @@ def test_the_plan_reads_the_same_in_the_terminal_console_chat_api_and_cli(demo: 
     # the demo's story: every kind of action, in two waves, the second waiting on the first
     assert {a[1].split(" ", 1)[0] for a in terminal.actions} == {"move", "reclaim", "right-size"}
     assert [a[0] for a in terminal.actions] == list(range(1, len(terminal.actions) + 1))
-    assert any(a[3].startswith("after #") for a in terminal.actions)
+    assert any(a[3].startswith("waits for #") for a in terminal.actions)
     assert re.fullmatch(r"\$[\d,]+/month \(move \$[\d,]+, reclaim \$[\d,]+, right-size \$[\d,]+\)", terminal.total)
     assert abs(_money(terminal.total) - sum(a[2] for a in terminal.actions)) <= len(terminal.actions)  # rounding
     seen = {"console": _console(demo.base), "recommendations": _cli(demo)}
@@ -224,14 +229,12 @@ def test_the_plan_reads_the_same_in_the_terminal_console_chat_api_and_cli(demo: 
     api = json.loads(_get(f"{demo.base}/api/v1/recommendations"))
     numbers = {r["id"]: r["number"] for r in api}
     seen["api"] = Listing(
-        sorted(
-            (r["number"], r["action"], round(r["monthly_savings_usd"]), r["waits"].replace("after ", "after ", 1))
-            for r in api
-        ),
+        sorted((r["number"], r["action"], round(r["monthly_savings_usd"]), r["waits"]) for r in api),
         terminal.total,
     )
     assert all(
-        r["waits"] == (f"after {', '.join(f'#{numbers[i]}' for i in r['after'])}" if r["after"] else "") for r in api
+        r["waits"] == (f"waits for {', '.join(f'#{numbers[i]}' for i in r['after'])}" if r["after"] else "")
+        for r in api
     )
     for where, listing in seen.items():
         assert listing.actions == terminal.actions, where

@@ -250,7 +250,7 @@ def test_plan_command_lists_actions_wave_by_wave_with_the_bound() -> None:
         ("right-size", "rerank-api"),
         ("move", "vision-ddp"),
     }
-    assert "  wave 3:" in out and "      after #4\n" in out
+    assert "  wave 3:" in out and "      waits for #4\n" in out
     # the header's total is the one total, by kind; the bound line says which part of it the bound is on
     total = re.search(r"saving \$([\d,]+)/month \(move \$([\d,]+), reclaim \$([\d,]+), right-size \$([\d,]+)\)", out)
     assert total, out

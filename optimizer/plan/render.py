@@ -99,21 +99,29 @@ def numbered(recs: Iterable[Recommendation]) -> dict[str, int]:
     return {r.id: i for i, r in enumerate(sorted(recs, key=order_key), 1)}
 
 
+WAITS_FOR = "waits for"  # the one name for what an action must wait for, in every listing (the JSON field: after)
+
+
 def waits(r: Recommendation, number: Mapping[str, int]) -> str:
-    """What the action waits for: ``after #1, #2`` (an action not listed is named by its id), ``together with
-    #3`` for a swap, and the dismissed actions it cannot go ahead without; "" when it waits for nothing."""
+    """What the action waits for: ``waits for #1, #2`` (an action not listed is named by its id), the dismissed
+    actions it cannot go ahead without (``waits for dismissed #4``), and ``together with #3`` for a swap; "" when
+    it waits for nothing."""
 
     def refs(ids: list[str]) -> str:
         return ", ".join(f"#{number[i]}" if i in number else i for i in ids)
 
-    parts = []
-    if r.after:
-        parts.append(f"after {refs(r.after)}")
+    waited = [refs(r.after)] if r.after else []
+    if r.blocked_by:
+        waited.append(f"dismissed {refs(r.blocked_by)}")
+    parts = [f"{WAITS_FOR} {', '.join(waited)}"] if waited else []
     if r.swap:
         parts.append(f"together with {refs(r.swap)}")
-    if r.blocked_by:
-        parts.append(f"waits on dismissed {refs(r.blocked_by)}")
     return "; ".join(parts)
+
+
+def waits_cell(r: Recommendation, number: Mapping[str, int]) -> str:
+    """:func:`waits` under a column headed "waits for": ``#1, #2``."""
+    return waits(r, number).removeprefix(f"{WAITS_FOR} ")
 
 
 def savings_by_kind(recs: Iterable[Recommendation]) -> dict[str, float]:
@@ -167,7 +175,7 @@ def render_listing(rows: list[tuple[str, str, Recommendation]]) -> str:
             [
                 str(number[r.id]) if r.id in number else "–",
                 str(r.wave or 1) if r.id in number else "–",
-                waits(r, number).removeprefix("after ") if r.id in number else "",
+                waits_cell(r, number) if r.id in number else "",
                 r.id,
                 state,
                 f"${r.monthly_savings_usd:,.0f}",
@@ -228,13 +236,33 @@ def render_table(plan: Plan, every_answer: bool = False) -> str:
         lines.append("")
         lines.append(render_purchases(plan.purchases))
     s = plan.solver
-    lines.append(
-        f"solver: {s.status}, objective ${s.objective:,.0f}, bound ${s.best_bound:,.0f}, "
-        f"gap {s.gap:.2%}, {s.solve_seconds:.2f} s"
-    )
+    lines.append(solver_text(plan))
     if s.savings_usd is not None and s.bound_savings_usd is not None:
         lines.append(bound_text(plan))
     return "\n".join(lines)
+
+
+def solver_text(plan: Plan) -> str:
+    """The solver's line. CP-SAT minimises the placement's monthly cost (one-off move costs included) less a credit
+    for keeping the last plan's open actions (optimizer/plan/model.py); the report gives the cost without that
+    credit, and the bound is on the credited figure. So an OPTIMAL plan's cost sits above the bound by the credit
+    alone: that difference is no gap, and saying "OPTIMAL, gap 2 %" contradicts itself."""
+    s = plan.solver
+    head = f"solver: {s.status} in {s.solve_seconds:.2f} s"
+    if s.status == "OPTIMAL":
+        text = f"{head}: proven the cheapest placement within the move limit (${s.objective:,.0f}/month"
+        credit = s.objective - s.best_bound
+        if credit >= 0.5:  # whole dollars, as printed
+            text += f", counting a ${credit:,.0f} credit for keeping the last plan's open actions"
+        return text + ")"
+    if s.status == "FEASIBLE" and s.best_bound > 0:
+        return (
+            f"{head}: stopped before proving it the cheapest; ${s.objective:,.0f}/month, at most {s.gap:.2%} above "
+            f"the least any placement could cost (${s.best_bound:,.0f}, the solver's own bound when it stopped)"
+        )
+    if s.status == "FEASIBLE":
+        return f"{head}: stopped before proving it the cheapest; ${s.objective:,.0f}/month"
+    return f"{head}: no placement found; every workload stays where it is"
 
 
 def render_purchases(purchases: list[Purchase] | None) -> str:

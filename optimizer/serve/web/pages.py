@@ -28,7 +28,7 @@ from optimizer.plan.render import (
     order_key,
     projected_load,
     total_text,
-    waits,
+    waits_cell,
     waves_of,
 )
 from optimizer.serve.lifecycle import OPEN, Lifecycle, RecState, Tracked
@@ -357,7 +357,7 @@ class Console:
                 [
                     str(number[r.id]) if r.id in number else "–",
                     str(r.wave) if r.id in number and r.wave is not None else "–",
-                    esc(waits(r, number)) if r.id in number else "",
+                    esc(waits_cell(r, number)) if r.id in number else "",
                     esc(site),
                     f"{esc(kind_word(r.kind))} {workload_link(r.workload, r.workload_name, site)}: {esc(change(r))}",
                     esc(owner_of.get(r.id, UNATTRIBUTED)),
@@ -374,12 +374,24 @@ class Console:
             _token_box(),
             f'<p id="summary">{len(selected)} action(s) shown, in {waves_of(recs)} wave(s), '
             f"{esc(_totals(selected))}. The actions of a wave can be carried out in parallel; one that "
-            "names another (after #2) waits for it. Acknowledge an action you will carry out, dismiss one you will "
-            "not; the state lasts across plans.</p>",
+            "waits for another (#2 under waits for) starts once that one is done. Acknowledge an action you will "
+            "carry out, dismiss one you will not; the state lasts across plans.</p>",
             '<p id="status" role="status" aria-live="polite"></p>',
             table(
                 "Recommended actions in the order to carry them out",
-                ["#", "wave", "after", "site", "action", "owner", "class", "saving/month", "risk", "state", "decide"],
+                [
+                    "#",
+                    "wave",
+                    "waits for",
+                    "site",
+                    "action",
+                    "owner",
+                    "class",
+                    "saving/month",
+                    "risk",
+                    "state",
+                    "decide",
+                ],
                 rows,
                 "recommendations",
                 numeric=(0, 1, 7),
@@ -677,7 +689,7 @@ def _buttons(r: Recommendation, state: str, n: int) -> str:
         allowed.append(("ack", "Acknowledge"))
     if state in (RecState.NEW.value, RecState.ACKNOWLEDGED.value):
         allowed.append(("dismiss", "Dismiss"))
-    if state == RecState.DISMISSED.value:
+    if state in (RecState.ACKNOWLEDGED.value, RecState.DISMISSED.value):  # reopening undoes either
         allowed.append(("reopen", "Reopen"))
     return "".join(
         f'<button type="button" class="decide" data-id="{esc(r.id)}" data-action="{a}" '
