@@ -702,7 +702,7 @@ url_env = "OPS_WEBHOOK"
     result = _alerts_test(
         "ops", config, {"OPS_WEBHOOK": f"http://127.0.0.1:{port}/workflows/s3cr3t-token", "PATH": "/usr/bin:/bin"}
     )
-    assert result.returncode == 2 and "not accepted" in result.stderr
+    assert result.returncode == 1 and "not accepted" in result.stderr  # a receiver that refused: data, not usage
     assert "s3cr3t-token" not in result.stderr and f"127.0.0.1:{port}" not in result.stderr
 
 

@@ -114,13 +114,13 @@ def test_a_catalog_nested_too_deep_or_carrying_learned_corrections_is_refused(tm
 
 
 def test_a_snapshot_nested_too_deep_is_refused_in_one_line(tmp_path: Path) -> None:
-    """20,000 arrays deep where nodes go: one line naming the file, the CLI's bad-input status (2). Deliberate bug
+    """20,000 arrays deep where nodes go: one line naming the file, the CLI's data-error status (1). Deliberate bug
     caught: the file read by a recursive parser with no bound of its own (a RecursionError's traceback)."""
     path = tmp_path / "fleet.json"
     path.write_text('{"nodes":' + "[" * 20_000 + "]" * 20_000 + "}")
     result = subprocess.run([FLEETFIT, "plan", str(path)], capture_output=True, timeout=60, check=False)
     lines = result.stderr.decode().strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1
+    assert result.returncode == 1 and len(lines) == 1
     assert lines[0].startswith(f"fleetfit: {path}: ") and "recursion limit" in lines[0]
 
 

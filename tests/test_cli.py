@@ -211,12 +211,12 @@ def test_plan_from_a_snapshot_and_refuse_a_broken_one(tmp_path: Path) -> None:
     raw["workloads"][0]["nodes"] = ["nowhere"]
     broken.write_text(json.dumps(raw))
     result = subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=False)
-    assert result.returncode == 2 and b"unknown node nowhere" in result.stderr
+    assert result.returncode == 1 and b"unknown node nowhere" in result.stderr
     raw = json.loads(example.read_text())
     raw["workloads"][1]["gpus"] = 7  # 7 + 4 on an 8-GPU node
     broken.write_text(json.dumps(raw))
     result = subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=False)
-    assert result.returncode == 2 and b"more GPUs in use than installed on l4-01" in result.stderr
+    assert result.returncode == 1 and b"more GPUs in use than installed on l4-01" in result.stderr
 
 
 def test_version_descriptions_and_a_group_without_its_verb() -> None:
@@ -253,7 +253,7 @@ def test_classify_says_why_a_recording_gave_nothing_and_what_a_class_needs(tmp_p
     )  # fmt: skip
     (tmp_path / "cpu.jsonl").write_text(no_gpu.model_dump_json(by_alias=True) + "\n")
     done = _classify(tmp_path / "cpu.jsonl")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.returncode == 1 and done.stderr.count("\n") == 1
     assert "saw no GPU (NVML unavailable" in done.stderr and "simulate --record" not in done.stderr
     once = subprocess.run(
         [FLEETFIT, "agent", "--once", "--jsonl", "--simulate", "h100x8", "--window", "1"],

@@ -62,6 +62,15 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
 ]  # fmt: skip
 
 
+# What the command read was refused (a file's contents, a missing file, a config, the environment, a server): exit
+# status 1. Everything else above is the command line itself: 2, as argparse's own errors (README, Exit status).
+DATA_ERRORS = {
+    "classify-binary", "config-binary", "catalog-binary", "optimizer-catalog-binary", "plan-file-typo",
+    "broker-unreachable", "broker-password-file-missing", "webhook-env-bad", "webhook-file-missing",
+    "env-override-bad", "classify-empty", "classify-not-windows",
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("bad-input")
@@ -73,14 +82,16 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
-@pytest.mark.parametrize(("args", "env", "names"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("case", "args", "env", "names"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_one_clear_line_and_a_failure(
-    inputs: Path, args: list[str], env: dict[str, str], names: str
+    inputs: Path, case: str, args: list[str], env: dict[str, str], names: str
 ) -> None:
+    """Deliberate bug caught by the status: every refusal exiting 2, so a script cannot tell a bad file (fix the
+    data) from a bad command line (fix the script)."""
     argv = [FLEETFIT, *(a.replace("{tmp}", str(inputs)) for a in args)]
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FLEETFIT_")} | env
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=environ, check=False)
-    assert done.returncode != 0, done.stdout
+    assert done.returncode == (1 if case in DATA_ERRORS else 2), (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
     ours = [line for line in done.stderr.splitlines() if line.startswith("fleetfit")]
     assert len(ours) == 1 and names in ours[0], done.stderr

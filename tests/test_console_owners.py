@@ -157,9 +157,9 @@ def test_report_sums_gpu_hours_money_and_savings_per_owner(tmp_path: Path) -> No
 
 
 def test_report_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
-    for args, words in (
-        (["--since", "yesterday"], b"--since 'yesterday'"),
-        (["--state-dir", str(tmp_path / "none")], b"no showback yet"),
+    for args, words, code in (
+        (["--since", "yesterday"], b"--since 'yesterday'", 2),  # the command line: a usage error
+        (["--state-dir", str(tmp_path / "none")], b"no showback yet", 1),  # what it read: a data error
     ):
         result = subprocess.run(
             [FLEETFIT, "report", "--state-dir", str(tmp_path / "none"), *args],
@@ -167,7 +167,7 @@ def test_report_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
             timeout=60,
             check=False,
         )
-        assert result.returncode == 2 and words in result.stderr and len(result.stderr.splitlines()) == 1
+        assert result.returncode == code and words in result.stderr and len(result.stderr.splitlines()) == 1
 
 
 def test_ledger_does_not_charge_the_time_the_optimizer_was_down(tmp_path: Path) -> None:

@@ -81,14 +81,14 @@ def test_cli_lists_and_changes_states(tmp_path: Path, plan: Plan) -> None:
     everything = subprocess.run([*base, "--all", "--format", "csv"], capture_output=True, check=True, timeout=60)
     assert len(list(csv.DictReader(io.StringIO(everything.stdout.decode())))) == 3
     bad = subprocess.run([*base, "ack", "0000"], capture_output=True, check=False, timeout=60)
-    assert bad.returncode == 2 and b"no recommendation 0000" in bad.stderr
+    assert bad.returncode == 1 and b"no recommendation 0000" in bad.stderr
     missing = subprocess.run(
         [FLEETFIT, "recommendations", "--state-dir", str(tmp_path / "none")],
         capture_output=True,
         check=False,
         timeout=60,
     )
-    assert missing.returncode == 2 and b"no recommendations yet" in missing.stderr
+    assert missing.returncode == 1 and b"no recommendations yet" in missing.stderr
 
 
 def test_a_move_whose_workload_is_not_seen_stays_open_for_an_hour(tmp_path: Path, plan: Plan) -> None:

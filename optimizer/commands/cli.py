@@ -59,9 +59,15 @@ def _setup_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
-def _fail(message: str) -> int:
-    print(f"fleetfit: {message}", file=sys.stderr)
-    return 2
+def _fail(message: str, code: int = cliargs.DATA) -> int:
+    """One line on stderr, in the product's words, and the exit status: ``DATA`` (1) for what the command read,
+    ``USAGE`` (2) for the command line itself (cliargs.py)."""
+    print(f"fleetfit: {cliargs.in_words(message)}", file=sys.stderr)
+    return code
+
+
+def _usage(message: str) -> int:
+    return _fail(message, cliargs.USAGE)
 
 
 # ------------------------------------------------------------------------------------------ agent
@@ -81,8 +87,8 @@ def _cmd_agent(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     try:
         collectors = node_collectors(config.agent, args.simulate, args.simulate_pids)
-    except ValueError as exc:
-        return _fail(str(exc))
+    except ValueError as exc:  # --simulate's spec
+        return _usage(str(exc))
     if args.once:
         # a session per run (the clock's seconds), so that windows from several runs appended to one file are
         # not duplicates of each other when `classify` reads them back
@@ -196,11 +202,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from optimizer.plan.render import render_json, render_table
 
     if args.nodes < 8:
-        return _fail("--nodes: the demo fleet needs at least 8 nodes")
+        return _usage("--nodes: the demo fleet needs at least 8 nodes")
     try:
         webhooks = cliargs.webhooks(args.alert_webhook, args.alert_webhook_file, os.environ)
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), cliargs.DATA if isinstance(exc, cliargs.DataError) else cliargs.USAGE)
     options = DemoOptions(
         nodes=args.nodes,
         duration=args.duration,
@@ -295,12 +301,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _fail(f"{args.fleet}: more GPUs in use than installed on {', '.join(over)}")
     settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves, buy=not args.no_buy)
     if args.add or args.buy:
-        from optimizer.commands.buy import plan_and_buy
+        from optimizer.commands.buy import BuyError, plan_and_buy
 
         try:
             print(plan_and_buy(snapshot, catalog, settings, args.add, args.buy, args.format))
-        except ValueError as exc:
-            return _fail(str(exc))
+        except BuyError as exc:  # --add's value
+            return _usage(str(exc))
         return 0
     plan = plan_snapshot(snapshot, catalog, settings)
     print(render_json(plan) if args.format == "json" else render_table(plan))
@@ -364,7 +370,7 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
             lifecycle = Lifecycle.in_state_dir(state_dir)
             if args.action:
                 if not args.id:
-                    return _fail(f"recommendations {args.action}: which recommendation? give its id")
+                    return _usage(f"recommendations {args.action}: which recommendation? give its id")
                 target = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
                 try:
                     tracked = lifecycle.set_state(args.id, target[args.action])
@@ -470,12 +476,15 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     try:
         since = parse_since(args.since)
+    except ValueError as exc:
+        return _usage(str(exc))
+    try:
         config = load_config(OptimizerConfig, args.config) if args.config or args.post or not args.state_dir else None
         state_dir = _state_dir(args, config.optimizer.state_dir if config else Path("."))
         _say_state_dir(state_dir)
         if args.post:
             return _post_report(state_dir, since, args.by, args.post, config)
-        print(run_report(state_dir, since, args.by, args.format))
+        print(run_report(state_dir, since, args.by, args.format, wide=args.wide))
     except (ValueError, ConfigError, FileNotFoundError) as exc:
         return _fail(str(exc))
     except sqlite3.Error as exc:
@@ -492,7 +501,7 @@ def _post_report(state_dir: Path, since: float, by: str, name: str, config: Opti
     receivers = {r.name: r for r in config.alerts.receivers} if config else {}
     if name not in receivers:
         known = ", ".join(sorted(receivers)) or "none configured (give --config)"
-        return _fail(f"report --post: no receiver {name!r} (receivers: {known})")
+        return _usage(f"report --post: no receiver {name!r} (receivers: {known})")
     receiver = receivers[name]
     url = receiver.url().get_secret_value()
     parts = urlsplit(url)
@@ -541,7 +550,7 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     receivers = {r.name: r for r in settings.receivers}
     if args.receiver not in receivers:
         known = ", ".join(sorted(receivers)) or "none configured"
-        return _fail(f"alerts test: no receiver {args.receiver!r} (receivers: {known})")
+        return _usage(f"alerts test: no receiver {args.receiver!r} (receivers: {known})")
     receiver = receivers[args.receiver]
     try:
         url = receiver.url().get_secret_value()
@@ -569,14 +578,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from collectors.sim.scrape import ExporterServer, drive
 
     if not (args.broker or args.dcgm_exporter is not None or args.dcgm_history):
-        return _fail("simulate: give --broker URL, --dcgm-exporter PORT or --dcgm-history FILE (or several)")
+        return _usage("simulate: give --broker URL, --dcgm-exporter PORT or --dcgm-history FILE (or several)")
     try:
         mqtt = None
         if args.broker:
             mqtt = cliargs.broker_settings(args.broker, args.mqtt_protocol, args.broker_password_file, os.environ)
         nodes = build_scenario(args.scenario, args.nodes, args.seed)
-    except ValueError as exc:
-        return _fail(str(exc))
+    except ValueError as exc:  # --broker, --scenario, --nodes; a password file that cannot be read is DATA
+        return _fail(str(exc), cliargs.DATA if isinstance(exc, cliargs.DataError) else cliargs.USAGE)
     exporter = ExporterOptions(
         fields=args.dcgm_fields,
         hostname_label=args.dcgm_hostname_label,
@@ -674,7 +683,7 @@ def _dcgm_history(args: argparse.Namespace, nodes: list[ScenarioNode], exporter:
             fmt=args.dcgm_history_format, seed=args.seed, jobs=args.dcgm_history_jobs or os.cpu_count() or 1,
         )  # fmt: skip
     except ValueError as exc:
-        return _fail(f"--dcgm-history: {exc}")
+        return _usage(f"--dcgm-history: {exc}")
     except OSError as exc:
         return _fail(f"--dcgm-history {args.dcgm_history}: {exc.strerror}")
     print(
@@ -785,10 +794,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Find AI workloads on the wrong GPU hardware, and say where they should go. `fleetfit demo` "
         "shows it on a simulated fleet; `fleetfit COMMAND --help` describes each command.",
     )
-    parser.add_argument("--version", action="version", version=f"fleetfit {_version()}")
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity (stderr)"
-    )
+    _add_global_options(parser, default="info")
     sub = parser.add_subparsers(dest="command", required=True)
     scenarios = ", ".join(SCENARIOS)
 
@@ -925,6 +931,11 @@ def build_parser() -> argparse.ArgumentParser:
         "optimizer watched; replayed history is not charged) to each workload's owner, site or hardware.",
     )
     p.add_argument("--by", choices=["owner", "site", "hardware"], default="owner", help="group by (default owner)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="the table with every column, empty ones included (by default it fits 120 columns)",
+    )
     p.add_argument("--since", default="7d", help="7d, 24h, 90m, 2w or a date YYYY-MM-DD (UTC; default 7d)")
     p.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format")
     p.add_argument("--config", type=Path, help="the optimizer's config (for its state directory)")
@@ -1052,7 +1063,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_exporter_arguments(p)
     p.set_defaults(func=_cmd_simulate)
+    _global_options_everywhere(parser)
     return parser
+
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def _add_global_options(p: argparse.ArgumentParser, default: str | None) -> None:
+    """``--version`` and ``--log-level``. On a command (``default`` None) they leave the value the line gave
+    before the command in place unless given again after it."""
+    g = p if default is not None else p.add_argument_group("options of every command")
+    own = p._option_string_actions
+    if "--version" not in own:
+        g.add_argument("--version", action="version", version=f"fleetfit {_version()}")
+    if "--log-level" not in own:
+        level = default if default is not None else argparse.SUPPRESS
+        g.add_argument("--log-level", default=level, choices=LOG_LEVELS, help="log verbosity (stderr; default info)")
+
+
+def _global_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Global options anywhere on the line (`fleetfit plan X --log-level debug`), on every command and every
+    command's verb; a command with an option of the same name keeps its own."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in dict.fromkeys(action.choices.values()):  # aliases map to the same parser
+                _add_global_options(command, default=None)
+                _global_options_everywhere(command)
 
 
 def _add_exporter_arguments(p: argparse.ArgumentParser) -> None:

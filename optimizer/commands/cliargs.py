@@ -1,6 +1,9 @@
 """Command-line values checked where they are parsed, and secrets read from the environment or files.
 
-Every bad value ends the command with one line that names its option, and exit status 2; never a traceback.
+Every bad value ends the command with one line that names its option, never a traceback. The exit status says
+whose mistake it was, as argparse and grep do: 2 (``USAGE``) for the command line itself (an unknown option, a
+value out of range, an argument missing), 1 (``DATA``) for what the command read (a file's contents or a file
+that is not there, a config, the optimizer's state, a server that refused).
 """
 
 from __future__ import annotations
@@ -22,6 +25,52 @@ WEBHOOK_KINDS = ("slack", "mattermost", "teams", "generic")
 WEBHOOK_ENV = "FLEETFIT_ALERT_WEBHOOK"
 BROKER_PASSWORD_ENV = "FLEETFIT_BROKER_PASSWORD"
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,62})?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62})?)*\.?")
+
+
+DATA = 1
+USAGE = 2
+
+
+class DataError(ValueError):
+    """A value the command read (a file, the environment) was refused: exit status ``DATA``, not ``USAGE``."""
+
+
+# pydantic's phrasing, as the product says it (the location before it already names the key)
+_PHRASES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"^Value error, "), ""),
+    (re.compile(r"^Assertion failed, "), ""),
+    (re.compile(r"^Field required$"), "missing"),
+    (re.compile(r"^Extra inputs are not permitted$"), "not a known key"),
+    (re.compile(r"^Input should be a valid integer.*$"), "expected a whole number"),
+    (re.compile(r"^Input should be a finite number$"), "expected a finite number"),
+    (re.compile(r"^Input should be a valid number.*$"), "expected a number"),
+    (re.compile(r"^Input should be a valid string$"), "expected text"),
+    (re.compile(r"^Input should be a valid boolean.*$"), "expected true or false"),
+    (re.compile(r"^Input should be a valid (list|array)$"), "expected a list"),
+    (re.compile(r"^Input should be a valid dictionary.*$"), "expected a table (an object)"),
+    (re.compile(r"^Input should be greater than or equal to "), "must be at least "),
+    (re.compile(r"^Input should be greater than "), "must be above "),
+    (re.compile(r"^Input should be less than or equal to "), "must be at most "),
+    (re.compile(r"^Input should be less than "), "must be below "),
+    (re.compile(r"^Input should be (a valid )?"), "expected "),
+    (re.compile(r"^String should have at most "), "at most "),
+    (re.compile(r"^String should have at least "), "at least "),
+    (re.compile(r"^List should have at most "), "at most "),
+    (re.compile(r"^Invalid JSON$"), "not valid JSON"),
+]
+_ERRNO = re.compile(r"\[Errno \d+\] ([^:\]]+)(: '[^']*')?")
+
+
+def in_words(message: str) -> str:
+    """An error line in the product's words: no pydantic phrasing ("Value error, ", "Input should be …"), no
+    ``[Errno 2]`` (the path it repeats is already named before it)."""
+    parts = _ERRNO.sub(lambda m: m.group(1), message).split(": ")
+    for i, part in enumerate(parts):
+        for pattern, words in _PHRASES:
+            if pattern.search(part):
+                parts[i] = pattern.sub(words, part, count=1)
+                break
+    return ": ".join(parts)
 
 
 class Parser(argparse.ArgumentParser):
@@ -125,7 +174,7 @@ def webhook(spec: str) -> tuple[str, str]:
 def webhooks(given: list[tuple[str, str]], file: Path | None, environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """Webhooks from ``--alert-webhook`` (readable by every user in the process list, so warned about),
     ``--alert-webhook-file`` (one KIND=URL per line) and ``FLEETFIT_ALERT_WEBHOOK`` (KIND=URL, space-separated).
-    ValueError names the source of a bad entry."""
+    DataError names the source of a bad entry."""
     if given:
         print(
             f"fleetfit: warning: --alert-webhook shows the webhook URL to every user of this machine (ps); "
@@ -139,7 +188,7 @@ def webhooks(given: list[tuple[str, str]], file: Path | None, environ: Mapping[s
             text = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else "not a text file"
-            raise ValueError(f"--alert-webhook-file {file}: {reason}") from None
+            raise DataError(f"--alert-webhook-file {file}: {reason}") from None
         lines = [line.strip() for line in text.splitlines()]
         sources.append((f"--alert-webhook-file {file}", [line for line in lines if line and not line.startswith("#")]))
     if environ.get(WEBHOOK_ENV, "").strip():
@@ -149,7 +198,7 @@ def webhooks(given: list[tuple[str, str]], file: Path | None, environ: Mapping[s
             try:
                 out.append(webhook(spec))
             except argparse.ArgumentTypeError as exc:
-                raise ValueError(f"{where}: {exc}") from None
+                raise DataError(f"{where}: {exc}") from None
     return out
 
 
@@ -196,7 +245,7 @@ def broker_settings(
         try:
             password = read_secret(password_file)
         except ValueError as exc:
-            raise ValueError(f"--broker-password-file: {exc}") from None
+            raise DataError(f"--broker-password-file: {exc}") from None
     elif environ.get(BROKER_PASSWORD_ENV):
         password = SecretStr(environ[BROKER_PASSWORD_ENV])
     return MqttSettings(

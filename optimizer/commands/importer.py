@@ -125,8 +125,9 @@ def _headers(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _fail(message: str, code: int = 1) -> int:
-    print(f"fleetfit: {message}", file=sys.stderr)
+def _fail(message: str, code: int = cliargs.DATA) -> int:
+    """One line in the product's words; ``DATA`` (1) or ``USAGE`` (2), as every command (cliargs.py)."""
+    print(f"fleetfit: {cliargs.in_words(message)}", file=sys.stderr)
     return code
 
 
@@ -159,12 +160,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         catalog = load_catalog(args.catalog)
         headers = _headers(args.header)
-    except CatalogError as exc:
-        return _fail(str(exc), 2)
-    except ValueError as exc:
-        return _fail(str(exc), 2)
+    except CatalogError as exc:  # the catalog file's contents
+        return _fail(str(exc))
+    except ValueError as exc:  # --header
+        return _fail(str(exc), cliargs.USAGE)
     if args.basic_auth_user and args.bearer_token_file:
-        return _fail("give --bearer-token-file or --basic-auth-user, not both", 2)
+        return _fail("give --bearer-token-file or --basic-auth-user, not both", cliargs.USAGE)
     endpoint = Endpoint(
         url=args.url,
         bearer_token_file=args.bearer_token_file,
@@ -179,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     step = auto_step(args.since, args.step)
     window = args.window if args.window is not None else auto_window(args.since, step)
     if window < 2 * step:
-        return _fail(f"--window {window:g} s holds fewer than two points at a step of {step:g} s", 2)
+        return _fail(f"--window {window:g} s holds fewer than two points at a step of {step:g} s", cliargs.USAGE)
     settings = ReadSettings(
         site=args.site,
         node_label=args.node_label,
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     except PrometheusError as exc:
         return _fail(str(exc))
     except ValueError as exc:  # a site name or selector the protocol refuses
-        return _fail(str(exc), 2)
+        return _fail(str(exc), cliargs.USAGE)
     print(_summary(report, snapshot), file=sys.stderr)
     if args.format == "json":
         print(json.dumps(snapshot.model_dump(mode="json", by_alias=True, exclude_none=True), indent=1))

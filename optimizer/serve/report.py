@@ -347,35 +347,95 @@ class Ledger:
 _CLASSES = ("training", "inference", "batch_inference", "interactive", "idle", "unknown")
 
 
-def render_table(rows: list[Showback], by: By, unit: str = "GPU-h") -> str:
-    """Aligned columns for people; classes nobody ran are left out (CSV and JSON keep every column)."""
-    kinds = sorted({k for r in rows for k in r.wasted_usd})
-    classes = [c for c in _CLASSES if any(r.gpus.get(c) for r in rows)]
-    headers = [by.upper(), "WORKLOADS", *(f"{c.upper()} {unit}" for c in classes), "$ HELD", "$ WASTED"]
-    headers += [f"WASTED {k.upper()}" for k in kinds] + ["OPEN SAVINGS $/MONTH"]
-    body = []
-    for r in rows:
-        body.append(
+# Short headers a person reads; CSV and JSON keep the protocol's names. "IDLE GPU-h" is time held by workloads
+# classed idle, "IDLE $" the money wasted by idle allocations (finding kinds, docs/console.md).
+CLASS_HEADERS = {
+    "training": "TRAIN",
+    "inference": "INFER",
+    "batch_inference": "BATCH",
+    "interactive": "INTERACTIVE",
+    "idle": "IDLE",
+    "unknown": "UNKNOWN",
+}
+KIND_HEADERS = {
+    "serving_on_training_hardware": "SERVE-ON-TRAIN $",
+    "training_without_nvlink": "NO-NVLINK $",
+    "multi_node_training_without_rdma": "NO-RDMA $",
+    "oversized_gpu_memory": "OVERSIZED $",
+    "idle_allocation": "IDLE $",
+    "uncatalogued_hardware": "UNCATALOGUED $",
+    "projection_missed": "OFF-PROJECTION $",
+}
+TABLE_WIDTH = 120  # columns of a terminal the table fits by default; --wide has no limit
+KEY_WIDTH = 28  # an owner, site or hardware name longer than this is cut (with …) to fit
+
+
+def _kind_header(kind: str) -> str:
+    return KIND_HEADERS.get(kind, kind.upper().replace("_", "-")[:16] + " $")
+
+
+def render_table(
+    rows: list[Showback], by: By, unit: str = "GPU-h", wide: bool = False, width: int = TABLE_WIDTH
+) -> str:
+    """Aligned columns for people. By default the table fits ``width`` columns: columns with nothing in them are
+    left out, then the waste by finding kind and the GPU-hours of the smallest classes until it fits (a line
+    under it names them). ``wide`` shows every column. CSV and JSON keep every column either way."""
+    kinds = (
+        sorted({k for r in rows for k in r.wasted_usd})
+        if not wide
+        else sorted({*KIND_HEADERS, *(k for r in rows for k in r.wasted_usd)})
+    )
+    # (header, cells, (group, amount)): too wide, the waste kinds (group 0) go first, then the classes, least first
+    optional: list[tuple[str, list[str], tuple[int, float]]] = []
+    for c in _CLASSES:
+        cells = [f"{r.gpus.get(c, 0.0):,.1f}" for r in rows]
+        optional.append(
+            (f"{CLASS_HEADERS.get(c, c.upper())} {unit}", cells, (1, sum(r.gpus.get(c, 0.0) for r in rows)))
+        )
+    for k in kinds:
+        cells = [f"{r.wasted_usd.get(k, 0.0):,.2f}" for r in rows]
+        optional.append((_kind_header(k), cells, (0, sum(r.wasted_usd.get(k, 0.0) for r in rows))))
+    if not wide:  # a column whose every cell reads zero says nothing
+        optional = [o for o in optional if any(c.strip("0.,") for c in o[1])]
+    left_out: list[str] = []
+
+    def build() -> list[str]:
+        shown = {h for h, _, _ in optional} - set(left_out)
+        keep = [o for o in optional if o[0] in shown]
+        classes = [o for o in keep if o[2][0] == 1]
+        wastes = [o for o in keep if o[2][0] == 0]
+        headers = [by.upper(), "WORKLOADS", *(h for h, _, _ in classes), "HELD $", "WASTED $"]
+        headers += [h for h, _, _ in wastes] + ["SAVINGS $/MONTH"]
+        body = [
             [
-                r.key,
+                r.key if wide else (r.key if len(r.key) <= KEY_WIDTH else r.key[: KEY_WIDTH - 1] + "…"),
                 str(r.workloads),
-                *(f"{r.gpus.get(c, 0.0):,.1f}" for c in classes),
+                *(cells[i] for _, cells, _ in classes),
                 f"{r.held_usd:,.2f}",
                 f"{r.wasted_total:,.2f}",
-                *(f"{r.wasted_usd.get(k, 0.0):,.2f}" for k in kinds),
+                *(cells[i] for _, cells, _ in wastes),
                 f"{r.open_savings_usd_month:,.0f}",
             ]
-        )
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
-    # the first column is text (left-aligned), the rest are amounts (right-aligned, so digits line up)
-    lines = [
-        "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths, strict=True)))
-    ]
-    for b in body:
-        lines.append(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(b, widths, strict=True)))
-        )
-    return "\n".join(line.rstrip() for line in lines)
+            for i, r in enumerate(rows)
+        ]
+        widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(headers)]
+        # the first column is text (left-aligned), the rest are amounts (right-aligned, so digits line up)
+        return [
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+            ).rstrip()
+            for line in [headers, *body]
+        ]
+
+    lines = build()
+    for header, _, _ in sorted(optional, key=lambda o: o[2]):
+        if wide or max(len(line) for line in lines) <= width:
+            break
+        left_out.append(header)
+        lines = build()
+    if left_out:
+        lines.append(f"(left out to fit {width} columns: {', '.join(left_out)}; --wide shows every column)")
+    return "\n".join(lines)
 
 
 def _cell(text: str) -> str:
@@ -425,8 +485,8 @@ def parse_since(text: str, now: float | None = None) -> float:
         raise ValueError(f"--since {text!r}: use 7d, 24h, 90m, 2w or a date YYYY-MM-DD") from None
 
 
-def run_report(state_dir: Path, since: float, by: By, fmt: str) -> str:
-    """The report as text, from the optimizer's state directory."""
+def run_report(state_dir: Path, since: float, by: By, fmt: str, wide: bool = False) -> str:
+    """The report as text, from the optimizer's state directory; ``wide``: the table with every column."""
     from optimizer.serve.lifecycle import DB_NAME
 
     path = state_dir / DB_NAME
@@ -449,7 +509,7 @@ def run_report(state_dir: Path, since: float, by: By, fmt: str) -> str:
         f"GPU use and waste per {by} since {start} UTC, over the {duration(covered)} the optimizer watched "
         "(time it was down and replayed history are not charged)"
     )
-    return head + "\n" + render_table(rows, by)
+    return head + "\n" + render_table(rows, by, wide=wide)
 
 
 def duration(seconds: float) -> str:
