@@ -48,8 +48,8 @@ def features(gpus: int = 1, **fields: Any) -> WorkloadFeatures:
     return replace(base, **fields)
 
 
-REQUESTS = {"starts_per_min": 4.0, "gap_cv": 0.9, "run_s": 5.0}
-DECODE = {"mean_util": 90.0, "busy_level": 90.0, "intensity": 0.6}
+REQUESTS: dict[str, Any] = {"starts_per_min": 4.0, "gap_cv": 0.9, "run_s": 5.0}
+DECODE: dict[str, Any] = {"mean_util": 90.0, "busy_level": 90.0, "intensity": 0.6}
 Row = tuple[str, dict[str, Any], str, object, object, WorkloadClass]
 ROWS: list[Row] = [
     # requests: starts at >= 1.5 a minute after idle gaps varying >= 50 %, no step period
