@@ -44,6 +44,7 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("demo-duration-0", ["demo", "--duration", "0"], {}, "--duration"),
     ("demo-duration-neg", ["demo", "--duration", "-5"], {}, "--duration"),
     ("simulate-duration-neg", ["simulate", "--broker", BROKER, "--duration", "-1"], {}, "--duration"),
+    ("simulate-site-bad", ["simulate", "--broker", BROKER, "--site", "bad site"], {}, "--site"),
     ("broker-unreachable", ["simulate", "--broker", BROKER, "--nodes", "2", "--publish-interval", "1", "--duration", "2"], {},
      "--broker"),
     ("broker-no-scheme-colon", ["simulate", "--broker", "mqtt//host", "--duration", "0.5"], {}, "--broker"),

@@ -1033,7 +1033,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--scenario", default="mixed", choices=SCENARIOS, metavar="NAME", help=f"one of: {scenarios}")
     p.add_argument("--seed", type=int, default=0, help="random seed: two seeds give two fleets (default 0)")
-    p.add_argument("--site", default="sim", help="the site the nodes report under (default sim)")
+    p.add_argument("--site", default="sim", type=cliargs.ident, help="the site the nodes report under (default sim)")
     p.add_argument(
         "--time-scale", type=cliargs.positive_float, default=1.0, help="simulated seconds per real second (default 1)"
     )

@@ -134,6 +134,18 @@ def non_negative_int(text: str) -> int:
     return int(number(int, at_least=0)(text))
 
 
+_IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # agent.protocol.Ident: a site's or a node's name
+
+
+def ident(text: str) -> str:
+    """A site's name, as the protocol accepts it (it is a topic level)."""
+    if not _IDENT.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128"
+        )
+    return text
+
+
 def pid_list(text: str) -> list[int]:
     """Process ids separated by commas: ``4242,4243``."""
     try:
