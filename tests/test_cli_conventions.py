@@ -142,7 +142,8 @@ def test_the_solver_line_never_calls_an_optimal_plan_a_gap() -> None:
     (optimizer/plan/model.py adds it back). Deliberate bug caught: "OPTIMAL, …, gap 2.25 %"."""
     line = next(x for x in render_plan(_plan("OPTIMAL", 10_000.0, 9_775.0)).splitlines() if x.startswith("solver"))
     assert "gap" not in line and "%" not in line and "proven the cheapest" in line
-    assert "$225 credit for keeping the last plan's open actions" in line
+    assert "cost $10,000 (a month's running cost plus the moves' one-off costs)" in line
+    assert "$9,775, takes off a $225 credit for keeping the last plan's open actions" in line
     stopped = render_plan(_plan("FEASIBLE", 10_000.0, 9_775.0))
     assert "at most 2.25% above the least any placement could cost ($9,775" in stopped
 

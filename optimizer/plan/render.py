@@ -242,26 +242,33 @@ def render_table(plan: Plan, every_answer: bool = False) -> str:
     return "\n".join(lines)
 
 
+COST_TERMS = "a month's running cost plus the moves' one-off costs"  # the model's objective (optimizer/plan/model.py)
+
+
 def solver_text(plan: Plan) -> str:
-    """The solver's line. CP-SAT minimises the placement's monthly cost (one-off move costs included) less a credit
-    for keeping the last plan's open actions (optimizer/plan/model.py); the report gives the cost without that
-    credit, and the bound is on the credited figure. So an OPTIMAL plan's cost sits above the bound by the credit
-    alone: that difference is no gap, and saying "OPTIMAL, gap 2 %" contradicts itself."""
+    """The solver's line. CP-SAT minimises the placement's cost (a month's running cost plus the moves' one-off
+    costs) less a credit for keeping the last plan's open actions (optimizer/plan/model.py); the report gives the
+    cost without that credit, and the bound is on the credited figure. So an OPTIMAL plan's cost sits above the
+    bound by the credit alone: that difference is no gap, and "OPTIMAL, gap 2.25 %" contradicts itself."""
     s = plan.solver
     head = f"solver: {s.status} in {s.solve_seconds:.2f} s"
+    cost = f"${s.objective:,.0f} ({COST_TERMS})"
     if s.status == "OPTIMAL":
-        text = f"{head}: proven the cheapest placement within the move limit (${s.objective:,.0f}/month"
+        text = f"{head}: proven the cheapest placement within the move limit; cost {cost}"
         credit = s.objective - s.best_bound
         if credit >= 0.5:  # whole dollars, as printed
-            text += f", counting a ${credit:,.0f} credit for keeping the last plan's open actions"
-        return text + ")"
+            text += (
+                f"; the solver's own figure, ${s.best_bound:,.0f}, takes off a ${credit:,.0f} credit for keeping "
+                "the last plan's open actions"
+            )
+        return text
     if s.status == "FEASIBLE" and s.best_bound > 0:
         return (
-            f"{head}: stopped before proving it the cheapest; ${s.objective:,.0f}/month, at most {s.gap:.2%} above "
-            f"the least any placement could cost (${s.best_bound:,.0f}, the solver's own bound when it stopped)"
+            f"{head}: stopped before proving it the cheapest; cost {cost}, at most {s.gap:.2%} above the least any "
+            f"placement could cost (${s.best_bound:,.0f}, the solver's bound when it stopped)"
         )
     if s.status == "FEASIBLE":
-        return f"{head}: stopped before proving it the cheapest; ${s.objective:,.0f}/month"
+        return f"{head}: stopped before proving it the cheapest; cost {cost}"
     return f"{head}: no placement found; every workload stays where it is"
 
 
