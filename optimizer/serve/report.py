@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from agent.protocol import Finding, NodeStatus, Plan, WorkloadRef, WorkloadView
+from agent.protocol import Finding, NodeStatus, Plan, WorkloadClass, WorkloadRef, WorkloadView
 from optimizer.decide.catalog import Catalog
 from optimizer.decide.snapshot import hardware_of
 from optimizer.ingest.fleet import Fleet
@@ -124,6 +124,8 @@ class Showback:
     open_savings_usd_month: float = 0.0
     workloads: int = 0
     offline: int = 0  # of ``workloads`` (the console's): on nodes all offline, holding and wasting nothing now
+    # of ``held_usd``: held by workloads with no class, for which no move can be recommended until one is known
+    unknown_usd: float = 0.0
 
     @property
     def wasted_total(self) -> float:
@@ -135,6 +137,7 @@ class Showback:
             "workloads": self.workloads,
             "gpus_by_class": {k: round(v, 3) for k, v in sorted(self.gpus.items())},
             "held_usd": round(self.held_usd, 2),
+            "unknown_held_usd": round(self.unknown_usd, 2),
             "wasted_usd_by_kind": {k: round(v, 2) for k, v in sorted(self.wasted_usd.items())},
             "wasted_usd": round(self.wasted_total, 2),
             "open_savings_usd_month": round(self.open_savings_usd_month, 2),
@@ -187,6 +190,8 @@ def live_showback(
                 continue
             row.gpus[w.workload_class.value] = row.gpus.get(w.workload_class.value, 0.0) + w.gpus * share
             row.held_usd += w.gpus * share * price(w.hardware)
+            if w.workload_class is WorkloadClass.UNKNOWN:
+                row.unknown_usd += w.gpus * share * price(w.hardware)
             where[w.id] = row
         for f in plan.findings:
             if f.wasted_usd_per_hour > 0 and (hit := where.get(f.workload)) is not None:
@@ -300,6 +305,8 @@ class Ledger:
             row = rows.setdefault(key, Showback(key))
             row.gpus[cls] = row.gpus.get(cls, 0.0) + gpu_hours
             row.held_usd += held
+            if cls == WorkloadClass.UNKNOWN.value:
+                row.unknown_usd += held
             if kind:
                 row.wasted_usd[kind] = row.wasted_usd.get(kind, 0.0) + wasted
         open_rows = (
@@ -509,7 +516,20 @@ def run_report(state_dir: Path, since: float, by: By, fmt: str, wide: bool = Fal
         f"GPU use and waste per {by} since {start} UTC, over the {duration(covered)} the optimizer watched "
         "(time it was down and replayed history are not charged)"
     )
-    return head + "\n" + render_table(rows, by, wide=wide)
+    return head + unclassified(rows, "GPU-h") + "\n" + render_table(rows, by, wide=wide)
+
+
+def unclassified(rows: list[Showback], unit: str) -> str:
+    """What unclassified workloads held, for the report's first line (empty where none did): their waste is
+    invisible, since no move is recommended for a workload whose class is unknown."""
+    gpus = sum(r.gpus.get(WorkloadClass.UNKNOWN.value, 0.0) for r in rows)
+    if gpus <= 0:
+        return ""
+    usd = sum(r.unknown_usd for r in rows)
+    return (
+        f"; unclassified: {gpus:,.1f} {unit} held by workloads with no class, US$ {usd:,.2f}, for which no move is "
+        "recommended until their class is known (each says what would decide it)"
+    )
 
 
 def duration(seconds: float) -> str:

@@ -251,6 +251,14 @@ class Console:
                 f'<p id="offline">{view.offline:,} node(s) offline: what they hold is not counted as wasted now, '
                 "their problems come last, and showback does not charge them.</p>"
             )
+        unclassified = next((c for c in view.classes if c.name == WorkloadClass.UNKNOWN.value), None)
+        if unclassified is not None and unclassified.gpus:
+            # no move is recommended for a workload whose class is unknown: what it wastes stays out of sight
+            body.append(
+                f'<p id="unclassified">{unclassified.workloads:,} workload(s) on {unclassified.gpus:,} GPU(s) have no '
+                f"class, holding {money(unclassified.held_usd, 2)}/hour: no move is recommended for them until their "
+                "class is known (each workload's page says what would decide it).</p>"
+            )
         if findings:
             top = "".join(
                 f"<li>{workload_link(f.workload, f.workload_name, site)} on {esc(', '.join(f.nodes))} "

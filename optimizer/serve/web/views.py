@@ -32,6 +32,7 @@ class ClassRow:
     workloads: int = 0
     gpus: int = 0
     util_weighted: float = 0.0  # Σ mean utilisation × GPUs
+    held_usd: float = 0.0  # per hour, at the catalog's price of its hardware
 
     @property
     def mean_util(self) -> float:
@@ -94,6 +95,7 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) ->
             row_c.util_weighted += w.mean_util * w.gpus
             if w.hardware in by_hw:
                 by_hw[w.hardware].in_use += w.gpus
+                row_c.held_usd += w.gpus * by_hw[w.hardware].price
         for f in plan.findings:
             if on_line(plan.site, f.nodes, out.online):  # an offline node wastes nothing now
                 out.waste_by_kind[f.kind.value] = out.waste_by_kind.get(f.kind.value, 0.0) + f.wasted_usd_per_hour
