@@ -240,7 +240,9 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
             " the requests in flight"
         )
         led.add(line, I=1.0, B=-0.5)
-    if f.intensity is None:
+    if f.intensity is None or (f.tensor_share is not None and f.dram_share is not None):
+        # GPM (or DCGM's profiling fields) measured the shape above; power measures the same thing less directly,
+        # and counting both would weigh one fact twice
         return
     if f.intensity >= 0.78:
         line = f"draws {f.intensity:.0%} of the power its utilisation allows (compute-bound)"
