@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 HABANA_VENDOR_ID = 0x1DA3
 HLML_TEMPERATURE_ON_AIP = 0
 HLML_ERROR_DRIVER_NOT_LOADED = 9
+HOLDERS_DENIED = (
+    "other users' /proc/PID/fd cannot be read: their Gaudi work is not attributed; grant CAP_DAC_READ_SEARCH and "
+    "CAP_SYS_PTRACE (systemd/fleetfit-agent.service.d/attribution.conf.example)"
+)
 # PCI device ids → the product names the catalog knows (pci.ids: 1da3:1020 Gaudi2, 1da3:1060/1063 Gaudi3).
 _PRODUCTS = {0x1020: "Intel Gaudi 2", 0x1060: "Intel Gaudi 3", 0x1063: "Intel Gaudi 3"}
 
@@ -84,6 +88,7 @@ class GaudiCollector:
         self._reinit_delay = RESCAN_S
         self._reinit_at = 0.0
         self.inits = 1  # HLML initialisations, the first included
+        self.holders_denied = 0  # processes whose descriptors the last scan was refused (EACCES: no rights)
         self._unavailable = waiting_for
         self._signature: tuple[Any, ...] = ()
         self.generation = 0  # bumped whenever the inventory changes
@@ -147,7 +152,7 @@ class GaudiCollector:
             gpu_unavailable=self._unavailable[:300] if self._unavailable else None,
             driver_version=_text(driver)[:32] if driver else None,
             gpu_failures=[GpuFailure(index=i, error=e) for i, e in sorted(self._failures.items())],
-            attribution_warning=self._pids.warning(),
+            attribution_warning=self._pids.warning() or (HOLDERS_DENIED if self.holders_denied else None),
         )
 
     def _reopen(self) -> None:
@@ -241,20 +246,33 @@ class GaudiCollector:
             pids = [p for p in os.listdir(self._proc) if p.isdigit()]
         except OSError:
             return out
+        denied = 0
         for pid in pids:
             fd_dir = self._proc / pid / "fd"
             try:
                 fds = os.listdir(fd_dir)
-            except OSError:  # gone, or not ours to read
+            except PermissionError:  # another user's, without CAP_DAC_READ_SEARCH
+                denied += 1
+                continue
+            except OSError:  # gone
                 continue
             for fd in fds:
                 try:
                     target = os.readlink(fd_dir / fd)
+                except PermissionError:  # another user's, without CAP_SYS_PTRACE
+                    denied += 1
+                    break
                 except OSError:
                     continue
                 if (index := by_node.get(target)) is not None:
                     out.setdefault(index, []).append(int(pid))
                     break
+        if denied and not self.holders_denied:  # said once per episode, and the birth says it from now on
+            log.warning("Gaudi holders: %d process(es) refused: %s", denied, HOLDERS_DENIED)
+            self.generation += 1
+        elif self.holders_denied and not denied:
+            self.generation += 1
+        self.holders_denied = denied
         return out
 
     def workloads(self) -> list[WorkloadRef]:
@@ -266,6 +284,11 @@ class GaudiCollector:
             gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", len(self._failures)),
             counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),
             counter("fleetfit_agent_gpu_library_inits_total", "Initialisations of the GPU library.", self.inits),
+            gauge(
+                "fleetfit_agent_gpu_holders_denied",
+                "Processes whose /proc/PID/fd the last Gaudi holder scan could not read (no CAP_SYS_PTRACE).",
+                self.holders_denied,
+            ),
         ]
 
     def close(self) -> None:

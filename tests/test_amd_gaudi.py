@@ -289,6 +289,36 @@ def test_gaudi_processes_are_the_holders_of_its_device_node(tmp_path: Path) -> N
     assert (w.id, w.gpus) == ("k8s/0a1b2c3d-0000-4000-8000-000000000001", [1])
 
 
+def test_holders_the_agent_may_not_read_are_said_once_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another user's /proc/PID/fd refused (EACCES: the kernel's answer to an agent without CAP_DAC_READ_SEARCH,
+    stood in for here since the tests run as root): one warning naming the drop-in that grants the rights, a gauge,
+    and the birth's attribution_warning, instead of Gaudi work left unattributed in silence.
+
+    Deliberate bug it catches: PermissionError swallowed with the other OSErrors (the scan skipped it silently)."""
+    _proc(tmp_path, 500, "/kubepods/burstable/pod0a1b2c3d-0000-4000-8000-000000000001/abc", "/dev/accel/accel1")
+    _proc(tmp_path, 600, "/system.slice/slurmstepd.scope/job_7/step_0", "/dev/accel/accel0")
+    listdir = os.listdir
+
+    def refused(path: str | os.PathLike[str]) -> list[str]:
+        if str(path) == str(tmp_path / "600" / "fd"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listdir(path)
+
+    monkeypatch.setattr("collectors.gaudi.os.listdir", refused)
+    collector = open_gaudi_collector(make_fake_hlml([FakeGaudi(minor=0), FakeGaudi(minor=1)]), Attributor(tmp_path))
+    assert collector is not None
+    with caplog.at_level(logging.WARNING, logger="collectors.gaudi"):
+        (w,) = collector.workloads()
+        collector.workloads()
+    assert w.gpus == [1]  # the readable one is attributed all the same
+    (record,) = caplog.records
+    assert "attribution.conf.example" in record.getMessage()
+    assert "fleetfit_agent_gpu_holders_denied 1\n" in render(collector.metrics())
+    assert "CAP_SYS_PTRACE" in (collector.inventory().attribution_warning or "") and collector.generation == 1
+
+
 def test_a_gaudi_driver_loaded_after_boot_is_picked_up(tmp_path: Path) -> None:
     clock = Clock()
     hlml = make_fake_hlml([FakeGaudi(minor=0), FakeGaudi(minor=1)], init_error=DRIVER_NOT_LOADED_HLML)
