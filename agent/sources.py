@@ -85,10 +85,10 @@ def _open_vendor(vendor: int, attributor: Attributor) -> Collector | str:
     if vendor == AMD_VENDOR_ID:
         from collectors.amd import open_amd_collector
 
-        return open_amd_collector(attributor=attributor) or "amdsmi found no AMD GPU (see the log)"
+        return open_amd_collector(attributor=attributor) or "amdsmi not installed, not started or found no GPU (log above)"
     from collectors.gaudi import open_gaudi_collector
 
-    return open_gaudi_collector(attributor=attributor) or "HLML found no Gaudi (see the log)"
+    return open_gaudi_collector(attributor=attributor) or "HLML not installed, not started or found no Gaudi (log above)"
 
 
 def _answers(c: Collector) -> bool:
