@@ -85,10 +85,12 @@ def _open_vendor(vendor: int, attributor: Attributor) -> Collector | str:
     if vendor == AMD_VENDOR_ID:
         from collectors.amd import open_amd_collector
 
-        return open_amd_collector(attributor=attributor) or "amdsmi not installed, not started or found no GPU (log above)"
+        found = open_amd_collector(attributor=attributor)
+        return found or "amdsmi not installed, not started or found no GPU (log above)"
     from collectors.gaudi import open_gaudi_collector
 
-    return open_gaudi_collector(attributor=attributor) or "HLML not installed, not started or found no Gaudi (log above)"
+    gaudi = open_gaudi_collector(attributor=attributor)
+    return gaudi or "HLML not installed, not started or found no Gaudi (log above)"
 
 
 def _answers(c: Collector) -> bool:
