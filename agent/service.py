@@ -61,7 +61,8 @@ def open_spool(settings: AgentSettings) -> WindowQueue:
             directory,
             exc.strerror or exc,
         )
-        return MemoryQueue(settings.spool_max_windows, keep_sent=360)
+        # the same bound in bytes as the spool it stands in for
+        return MemoryQueue(settings.spool_max_windows, keep_sent=360, max_bytes=int(settings.spool_max_mb * 2**20))
 
 
 class Agent:

@@ -222,3 +222,16 @@ async def test_outage_then_kill_9_then_restart_loses_no_completed_window(tmp_pat
         await asyncio.wait_for(second.wait(), 20)
         collector.cancel()
         broker.stop()
+
+
+def test_an_unusable_spool_directory_keeps_spool_max_mb_in_memory(tmp_path: Path) -> None:
+    """The memory queue an agent falls back to when its spool directory cannot be used holds ``spool_max_mb``,
+    not its own default (bug: open_spool built the MemoryQueue without max_bytes: 256 MiB whatever was set)."""
+    from agent.config import AgentSettings
+    from agent.service import open_spool
+    from agent.spool import MemoryQueue
+
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state directory should be")
+    queue = open_spool(AgentSettings(state_dir=blocker, spool_max_mb=1))
+    assert isinstance(queue, MemoryQueue) and queue.max_bytes == 2**20
