@@ -82,6 +82,9 @@ def test_a_compute_bound_service_idle_between_requests_is_served_not_a_notebook(
     result = classify(f)
     assert result.workload_class is INF, result
     assert any("load that follows requests" in e for e in result.evidence), result.evidence
+    # the headline says what a planner projects with: compute-bound, and measured from power (0.88 -> share 0.06)
+    assert result.evidence[0].startswith("online service:"), result.evidence
+    assert "compute-bound (power: 88% of what its utilisation allows)" in result.evidence[0], result.evidence
     # the same bursts minutes apart are a person running cells
     cells = classify(replace(f, starts_per_min=0.4, run_s=17.0))
     assert cells.workload_class is NB, cells

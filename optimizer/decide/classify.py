@@ -63,6 +63,7 @@ REQUEST_STARTS_PER_MIN = 1.5
 REQUEST_GAP_CV = 0.5
 PARTIAL_BATCH_LEVEL = 95.0  # % busy, below which a memory-bound engine's batch is not full
 DECODE_SHARE = 0.55  # memory-bound share of GPU time (optimizer/decide/shape.py) from which the work is decode
+COMPUTE_SHARE = 0.35  # and up to which it is dense compute (an image, speech or encoder model), for the headline
 
 TR, INF, BAT, NB = (
     WorkloadClass.TRAINING,
@@ -503,9 +504,15 @@ def _headline(c: WorkloadClass, f: WorkloadFeatures) -> str:
     """What kind of workload this is, in a capacity planner's words, with its level and what it lacks."""
     level = f"{f.mean_util:.0f} % busy"
     if c is INF:
-        kind = "continuous-batching server" if f.mean_util >= 70 else "online service"
+        shape = shape_reading(f)
+        dense = shape is not None and shape[0] <= COMPUTE_SHARE
+        kind = "continuous-batching server" if f.mean_util >= 70 and not dense else "online service"
         lacks = "" if f.period_s is not None else ", no step period"
-        return f"{kind}: {level}, {f.mem_fraction:.0%} of GPU memory{lacks}"
+        bound = ""
+        if shape is not None and (dense or shape[0] >= DECODE_SHARE):
+            # what the planner projects its load on other hardware with (optimizer/decide/performance.py)
+            bound = f", {'compute' if dense else 'memory'}-bound ({shape[1]})"
+        return f"{kind}: {level}, {f.mem_fraction:.0%} of GPU memory{lacks}{bound}"
     if c is TR:
         step = f", a step every {f.period_s} s" if f.period_s is not None else ""
         kind = "distributed training" if f.multi_node else f"training on {f.gpus} GPU(s)"
