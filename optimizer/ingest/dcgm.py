@@ -251,9 +251,13 @@ def add_series(
     if not 0 <= gpu <= MAX_GPU_INDEX or (instance is not None and not 0 <= instance <= 64):
         tally.skip("gpu_label")
         return
-    kept = [(t, v) for t, v in zip(times, values, strict=True) if 0 <= v <= FLOAT32_MAX]
-    if len(kept) < len(times):
-        tally.skip("value_out_of_range")
+    if values and min(values) >= 0 and max(values) <= FLOAT32_MAX:  # every honest series: no copy
+        kept_times, kept_values = times, values
+    else:
+        kept = [(t, v) for t, v in zip(times, values, strict=True) if 0 <= v <= FLOAT32_MAX]
+        if len(kept) < len(times):
+            tally.skip("value_out_of_range")
+        kept_times, kept_values = [t for t, _ in kept], [v for _, v in kept]
     device = into.devices.get((gpu, instance))
     if device is None:
         device = into.devices[(gpu, instance)] = Device(gpu, instance)
@@ -262,7 +266,6 @@ def add_series(
     if instance is not None:
         device.profile = _clean(labels.get("GPU_I_PROFILE"), 32) or device.profile
     into.driver = _clean(labels.get("DCGM_FI_DRIVER_VERSION"), 32) or into.driver
-    kept_times, kept_values = [t for t, _ in kept], [v for _, v in kept]
     device.metrics.setdefault(name, _Points()).merge(kept_times, kept_values)
     if name in (GPU_UTIL, FB_USED, GR_ENGINE):
         holder = workload_of(labels, pods, tally)
@@ -366,20 +369,37 @@ def _cut(times: list[float], bounds: list[float]) -> list[int]:
 
 
 def _util_stats(values: list[float], cut: list[int]) -> list[list[float] | None]:
-    """Each window's utilisation summary; windows of the same number of points at once, as arrays (mean, p95 as
-    ``Stats.of`` ranks it, max, population deviation), the rest one by one."""
-    counts = {b - a for a, b in pairwise(cut)}
-    windows = len(cut) - 1
-    if len(counts) == 1 and (n := counts.pop()) >= 2 and windows >= 4:
-        block = np.asarray(values[cut[0] : cut[-1]], dtype=np.float64).reshape(windows, n)
+    """Each window's utilisation summary: the windows with the same number of points (most of them: a point a
+    scrape) at once as arrays (mean, p95 as ``Stats.of`` ranks it, max, population deviation), the rest one by one."""
+    out: list[list[float] | None] = [None] * (len(cut) - 1)
+    by_count: dict[int, list[int]] = defaultdict(list)
+    for j, (a, b) in enumerate(pairwise(cut)):
+        by_count[b - a].append(j)
+    data = np.asarray(values, dtype=np.float64)
+    for n, js in by_count.items():
+        if n < 2 or len(js) < 4:
+            for j in js:
+                out[j] = _stats(values[cut[j] : cut[j + 1]])
+            continue
+        starts = np.asarray([cut[j] for j in js])
+        block = data[starts[:, None] + np.arange(n)]
         ordered = np.sort(block, axis=1)
-        rank = max(0, math.ceil(0.95 * n) - 1)
         top = ordered[:, -1]
         # a mean of equal values can land a bit above them in floating point: never above the window's max
         mean = np.minimum(block.mean(axis=1), top)
-        rows = np.stack([mean, ordered[:, rank], top, block.std(axis=1)], axis=1)
-        return [[float(x) for x in row] for row in rows.tolist()]
-    return [_stats(values[a:b]) for a, b in pairwise(cut)]
+        rank = max(0, math.ceil(0.95 * n) - 1)
+        rows = np.stack([mean, ordered[:, rank], top, block.std(axis=1)], axis=1).tolist()
+        for j, row in zip(js, rows, strict=True):
+            out[j] = row
+    return out
+
+
+def _summaries(values: list[float], cut: list[int]) -> list[list[float] | None]:
+    """Each window's summary of a figure; one value (what the server summed up for the window) is its own."""
+    return [
+        [values[a], values[a], values[a], 0.0] if b - a == 1 else _stats(values[a:b]) if b > a else None
+        for a, b in pairwise(cut)
+    ]
 
 
 def windows(node: NodeSeries, site: str, start: float, end: float, length: float) -> list[dict[str, object]]:
@@ -411,7 +431,7 @@ def windows(node: NodeSeries, site: str, start: float, end: float, length: float
                 continue
             target, scale = spec
             values = points.values if scale == 1.0 else [v * scale for v in points.values]
-            if target in PERCENT:
+            if target in PERCENT and max(values) > 100.0:
                 values = [min(v, 100.0) for v in values]
             fields[target] = (values, _cut(points.times, bounds))
         source = fields.pop("util", None) or fields.get("gr_engine")
@@ -424,6 +444,7 @@ def windows(node: NodeSeries, site: str, start: float, end: float, length: float
             fields["nvlink_tx_bps"] = fields["nvlink_rx_bps"] = ([v / 2 for v in total[0]], total[1])
         util, util_cut = source
         util_stats = _util_stats(util, util_cut)
+        summaries = [(name, _summaries(values, cut)) for name, (values, cut) in fields.items()]
         claims = [(holder, _cut(times, bounds)) for holder, times in device.holders.items()]
         memory = device.metrics.get(FB_USED)
         memory_cut = _cut(memory.times, bounds) if memory is not None else None
@@ -435,9 +456,10 @@ def windows(node: NodeSeries, site: str, start: float, end: float, length: float
             samples[j] = max(samples[j], b - a)
             # dcgm-exporter writes utilisation as whole percentages: nothing to round for the wire
             gpu: dict[str, object] = {"index": at, "util": util_stats[j], "util_series": util[a : min(b, a + 3600)]}
-            for name, (values, cut) in fields.items():
-                if cut[j] < cut[j + 1]:
-                    gpu[name] = _stats(values[cut[j] : cut[j + 1]])
+            for name, per_window in summaries:
+                summary = per_window[j]
+                if summary is not None:
+                    gpu[name] = summary
             gpus[j].append(gpu)
             claimed = False
             for holder, cut in claims:

@@ -166,11 +166,12 @@ def _finite(values: Sequence[tuple[float, str]]) -> tuple[list[float], list[floa
 
 
 def _finite_floats(labels: dict[str, str], values: list[tuple[float, float]]) -> Series | None:
-    if all(math.isfinite(v) for _, v in values):
-        times, out = [t for t, _ in values], [v for _, v in values]
-    else:
-        times = [t for t, v in values if math.isfinite(v)]
-        out = [v for _, v in values if math.isfinite(v)]
+    times = [t for t, _ in values]
+    out = [v for _, v in values]
+    # a sum is finite only when every term is (a NaN or an infinity carries through), or overflows: then look closer
+    if not (math.isfinite(sum(out)) and math.isfinite(sum(times))):
+        kept = [(t, v) for t, v in values if math.isfinite(t) and math.isfinite(v)]
+        times, out = [t for t, _ in kept], [v for _, v in kept]
     return Series(labels, times, out) if times else None
 
 
