@@ -37,6 +37,12 @@ CATALOG = load_catalog()
         ("Tesla T4", "t4", 16),
         ("Tesla V100-SXM2-32GB", "v100", 32),
         ("AMD Instinct MI300X", "mi300x", 192),
+        ("AMD Instinct MI250X / MI250", "mi250x", 64),  # libdrm's amdgpu.ids spelling
+        ("NVIDIA GeForce RTX 4090", "rtx4090", 24),
+        ("NVIDIA RTX 6000 Ada Generation", "rtx6000_ada", 48),
+        ("NVIDIA RTX A6000", "rtx_a6000", 48),
+        ("AMD Instinct MI300A", "mi300a", 128),
+        ("AMD Instinct MI355X", "mi355x", 288),
     ],
 )
 def test_reported_names_match_exactly(reported: str, key: str, memory_gib: int) -> None:
@@ -73,6 +79,27 @@ def test_what_the_tools_report_per_device_is_what_the_entry_describes(
 ) -> None:
     entry = CATALOG.lookup(reported, pci_id)
     assert entry is not None and (entry.key, entry.memory_gib) == (key, memory_gib)
+
+
+def test_inventory_checks_know_a_gpu_by_its_pci_id_when_its_name_is_unhelpful(tmp_path: Path) -> None:
+    """Deliberate bug caught: inventory checks looking the model up by name only. An MI300A (128 GB) named by its
+    bus address claiming 200 GiB would pass as an unknown model (cap 512 GiB), and a node the CMDB lists as RTX
+    4090s would be flagged and replanned although its PCI ids say RTX 4090."""
+    from optimizer.decide.inventory import SiteInventories, inventory_check, read_inventory
+
+    def birth(pci_id: str, memory_mib: int) -> Birth:
+        gpu = GpuInfo(index=0, uuid="GPU-0", model="GPU 0000:17:00.0", memory_mib=memory_mib, pci_device_id=pci_id)
+        return Birth(node="n1", site="s1", session=1, agent_version="t", hostname="n1", timestamp=1.0, gpus=[gpu])
+
+    check = inventory_check(CATALOG, 16)
+    why = check(birth("0x74a01002", 200 * 1024))
+    assert why is not None and "more than its 137626" in why  # 128 GiB x 1.05 = 137,625.6 MiB
+    assert check(birth("0x74a01002", 128 * 1024)) is None
+    csv = tmp_path / "inventory.csv"
+    csv.write_text("node,hardware,gpus\nn1,rtx4090,1\n")
+    inventories = SiteInventories({"s1": read_inventory(csv, CATALOG)})
+    assert inventories.reconcile("s1", birth("0x268410de", 24 * 1024))[1] is None
+    assert inventories.reconcile("s1", birth("0x26b110de", 48 * 1024))[1] is not None  # an RTX 6000 Ada is not
 
 
 def test_an_mi250x_die_costs_and_moves_data_as_half_its_module() -> None:

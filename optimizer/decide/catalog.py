@@ -25,9 +25,10 @@ _VENDOR_WORDS = frozenset({"nvidia", "tesla", "amd", "intel", "habana"})
 
 
 def normalise_name(reported: str) -> str:
-    """A GPU name compared without case, vendor words, "-" versus " ", or a MIG slice suffix."""
+    """A GPU name compared without case, vendor words, "-" versus " ", spaces around "/", or a MIG slice suffix."""
     base = reported.split(" MIG ", 1)[0]
-    words = base.lower().replace("-", " ").replace("_", " ").split()
+    # libdrm's amdgpu.ids spells it "MI250X / MI250", amdsmi's market name "MI250X/MI250"
+    words = base.lower().replace("-", " ").replace("_", " ").replace("/", " / ").split()
     while words and words[0] in _VENDOR_WORDS:
         words.pop(0)
     return " ".join(words)
@@ -110,6 +111,12 @@ class GpuType(BaseModel):
         if bad:
             raise ValueError(f"pci_ids {', '.join(bad)}: expected 0x followed by 8 hex digits (device, vendor)")
         return self
+
+    def reported_as(self, reported_name: str, pci_id: str | None = None) -> bool:
+        """Whether a GPU the vendor tool reports so is this model: by PCI id, else by name as ``Catalog.lookup``."""
+        if pci_id and pci_id.lower() in {p.lower() for p in self.pci_ids}:
+            return True
+        return normalise_name(reported_name) in {normalise_name(m) for m in self.match}
 
     @property
     def memory_gib(self) -> float:

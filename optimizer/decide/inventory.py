@@ -41,7 +41,7 @@ def inventory_check(catalog: Catalog, max_gpus_per_node: int) -> Callable[[Birth
             return "MIG instances without their GPU"
         memory = {g.index: g.memory_mib for g in physical}
         for g in birth.gpus:
-            hardware = catalog.lookup(g.model)
+            hardware = catalog.lookup(g.model, g.pci_device_id)
             cap = hardware.memory_gib * 1024 * MEMORY_SLACK if hardware is not None else MAX_MEMORY_MIB
             if g.parent is not None:
                 cap = memory.get(g.parent, cap)
@@ -85,7 +85,14 @@ class SiteInventories:
             return birth, "not in the site inventory"
         physical = [g for g in birth.gpus if g.parent is None]
         claimed = {g.model for g in physical}
-        wrong = sorted(m for m in claimed if m not in listed.hardware.match and m != listed.hardware.name)
+        hardware = listed.hardware
+        wrong = sorted(
+            {
+                g.model
+                for g in physical
+                if g.model != hardware.name and not hardware.reported_as(g.model, g.pci_device_id)
+            }
+        )
         if len(physical) <= listed.gpus and not wrong:
             return birth, None
         why = f"claims {len(physical)} × {', '.join(sorted(claimed)) or 'no GPU'}; the inventory lists " + (
