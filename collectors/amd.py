@@ -406,9 +406,14 @@ class AmdGpuCollector:
                 if not isinstance(info, dict):
                     continue
                 pid = info.get("pid")
+                vram = _vram(info)
+                if vram == 0:
+                    # some amdsmi releases list every GPU user under each GPU, with 0 bytes where it holds none:
+                    # kept, a one-GPU job would be attributed to all of them
+                    continue
                 listed.append(pid)
                 if isinstance(pid, int):
-                    memory[(d.index, pid)] = _vram(info)
+                    memory[(d.index, pid)] = vram
             pids.append((d.index, listed))
         return self._pids.workloads(pids, memory)
 

@@ -8,6 +8,10 @@ links the GPU lacks; process memory in bytes. ``amdsmi_get_gpu_process_list`` re
 6.2; before, it returned process handles that ``amdsmi_get_gpu_process_info`` turns into that dict
 (``process_api="handles"``).
 
+Some amdsmi releases (``processes_everywhere=True``) list every process that holds any GPU under each GPU, with
+0 bytes of VRAM (and of ``mem``) on the devices it does not use; a process not allowed to read others' KFD entries
+gets an empty list.
+
 What real nodes do that a plain list of GPUs does not show:
 
 * A GPU in a compute partition mode (DPX, QPX, CPX) is several devices, one per partition, each with the GPU's
@@ -115,7 +119,10 @@ def partitions(gpu: FakeAmdGpu, mode: str, count: int, bus: int, busy: list[int]
 
 
 def make_fake_amdsmi(
-    gpus: list[FakeAmdGpu], init_error: int | None = None, process_api: str = "dicts"
+    gpus: list[FakeAmdGpu],
+    init_error: int | None = None,
+    process_api: str = "dicts",
+    processes_everywhere: bool = False,
 ) -> types.ModuleType:
     m = types.ModuleType("fake_amdsmi")
     m.AmdSmiException = AmdSmiException  # type: ignore[attr-defined]
@@ -209,28 +216,35 @@ def make_fake_amdsmi(
         "driver_date": "2015/01/01 00:00",
     }
 
-    def process(g: FakeAmdGpu, n: int, pid: int) -> dict[str, Any]:
-        vram = g.vram_bytes.get(pid, (n + 1) * 2**30)
+    def process(g: FakeAmdGpu, pid: int) -> dict[str, Any]:
+        held = pid in g.pids
+        vram = g.vram_bytes.get(pid, (g.pids.index(pid) + 1) * 2**30) if held else 0
+        gtt = 2**20 if held else 0
         return {
             "name": "python3",
             "pid": pid,
-            "mem": vram + 2**20,
+            "mem": vram + gtt,
             "engine_usage": {"gfx": 0, "enc": 0},
-            "memory_usage": {"gtt_mem": 2**20, "cpu_mem": 0, "vram_mem": vram},
+            "memory_usage": {"gtt_mem": gtt, "cpu_mem": 0, "vram_mem": vram},
             "cu_occupancy": "N/A",
         }
+
+    def listed_pids(g: FakeAmdGpu) -> list[int]:
+        if not processes_everywhere:
+            return list(g.pids)
+        return list(dict.fromkeys(p for other in state["gpus"] for p in other.pids))
 
     def process_list(h: Any) -> list[Any]:
         g = gpu_of("procs", h)
         if process_api == "handles":
-            return [amdsmi_process_handle_t(p) for p in g.pids]
-        return [process(g, n, p) for n, p in enumerate(g.pids)]
+            return [amdsmi_process_handle_t(p) for p in listed_pids(g)]
+        return [process(g, p) for p in listed_pids(g)]
 
     def process_info(h: Any, p: Any) -> dict[str, Any]:
         g = gpu_of("procs", h)
         if not isinstance(p, amdsmi_process_handle_t):
             raise AmdSmiParameterException(p)
-        info = process(g, g.pids.index(p.pid_), p.pid_)
+        info = process(g, p.pid_)
         del info["memory_usage"], info["cu_occupancy"]  # amdsmi before ROCm 6.2: "mem" only
         return info
 

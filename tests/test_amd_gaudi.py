@@ -114,6 +114,19 @@ def test_amd_tenants_of_a_gpu_split_it_by_the_vram_each_holds(tmp_path: Path) ->
     assert tenancy(refs, lay, memory) == {"slurm/9": {0: 0.25}, "slurm/10": {0: 0.75}}  # not half each
 
 
+@pytest.mark.parametrize("process_api", ["dicts", "handles"])
+def test_an_amd_job_on_one_gpu_is_not_put_on_every_gpu_that_lists_it(tmp_path: Path, process_api: str) -> None:
+    """Deliberate bug caught: keeping every process an amdsmi that lists each process under every GPU returns, 0
+    bytes of VRAM or not: the one-GPU job 9 would be attributed GPUs 0 and 1, and so would job 10."""
+    _proc(tmp_path, 300, "/system.slice/slurmstepd.scope/job_9/step_0")
+    _proc(tmp_path, 301, "/system.slice/slurmstepd.scope/job_10/step_0")
+    gpus = [FakeAmdGpu(pids=[300]), FakeAmdGpu(pids=[301])]
+    smi = make_fake_amdsmi(gpus, process_api=process_api, processes_everywhere=True)
+    collector = open_amd_collector(smi, Attributor(tmp_path))
+    assert collector is not None
+    assert {(w.id, tuple(w.gpus)) for w in collector.workloads()} == {("slurm/9", (0,)), ("slurm/10", (1,))}
+
+
 def test_amd_power_is_read_when_only_the_power_cap_cannot_be(tmp_path: Path) -> None:
     # amdsmi_get_power_info fails as a whole when hwmon's power1_cap cannot be read (some VMs), power read or not
     smi = make_fake_amdsmi([FakeAmdGpu(unsupported={"power_cap"})])
