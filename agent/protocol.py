@@ -92,6 +92,8 @@ MAX_DISK_BYTES = 2**60
 # connections to a workload's ports, and their peers: every TCP socket holds kernel memory (an estimate: 2 KiB
 # or more), so 2**32 of them would need 8 TiB
 MAX_CONNECTIONS = 2**32
+# a GPU's power limit in W: 10 kW, over 7x the largest accelerator's (1,400 W: AMD MI355X datasheet)
+MAX_POWER_LIMIT_W = 10_000
 # a workload's GPUs across nodes and a plan's actions and waves: 100,000 GPUs, the largest single clusters built
 MAX_FLEET_GPUS = 100_000
 PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active")
@@ -483,6 +485,12 @@ class GpuWindow(_Model):
     )
     remapped_rows: int | None = Field(
         strict=True, default=None, ge=0, le=MAX_COUNTER, description="rows remapped for uncorrectable errors"
+    )
+    power_limit_w: Quantity | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_POWER_LIMIT_W,
+        description="the power limit the GPU enforced at the window's end, W (an operator or the BMC may lower it)",
     )
     lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 

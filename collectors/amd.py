@@ -49,6 +49,10 @@ from collectors.pids import PidResolver
 
 log = logging.getLogger(__name__)
 
+# How often the power cap is read again: amd-smi set --power-cap or the BMC may change it at any time, and a
+# window (10 s by default) should carry the cap it ran under.
+POWER_LIMIT_S = 10.0
+
 AMD_VENDOR_ID = 0x1002
 AMDSMI_STATUS_DRIVER_NOT_LOADED = 34
 # Partition modes by the number of devices a GPU is listed as, where the GPU cannot say (AMD Instinct docs, "GPU
@@ -88,6 +92,8 @@ class _Device:
     primary: int  # index of the GPU's first partition: the device its GPU-wide readings are read from
     mode: str | None = None  # the GPU's partition mode (CPX...), None for a whole GPU
     links: int = 0  # xGMI links the GPU reports
+    power_limit_w: float | None = None
+    power_limit_next: float = float("-inf")  # when the power cap is read again
 
 
 class AmdGpuCollector:
@@ -224,6 +230,7 @@ class AmdGpuCollector:
                     memory_mib=int(_number(vram.get("vram_total")) or 0),
                     nvlink_links=d.links,
                     mig_profile=d.mode,
+                    power_limit_w=self._power_cap(h) if d.primary == d.index else None,
                     pci_device_id=_pci_id(asic),
                 )
             )
@@ -370,10 +377,22 @@ class AmdGpuCollector:
                 answered |= gpu is not None
                 gauges |= self._board(d, gpu or {})
                 counters = self._xgmi(d.address or str(d.index), gpu or {})
+            latest: dict[str, float] = {}
+            if d.primary == d.index:
+                if now >= d.power_limit_next:
+                    d.power_limit_w, d.power_limit_next = self._power_cap(d.handle), now + POWER_LIMIT_S
+                if d.power_limit_w is not None:
+                    latest["power_limit_w"] = d.power_limit_w
             if not answered:
                 self._silent.add(d.index)
-            out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters))
+            out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters, latest=latest))
         return out
+
+    def _power_cap(self, handle: Any) -> float | None:
+        """The socket power cap in force, W (amdsmi_get_power_cap_info gives µW on bare metal, amdsmi.h)."""
+        info = self._try("amdsmi_get_power_cap_info", handle)
+        cap = _number(info.get("power_cap")) if isinstance(info, dict) else None
+        return cap / 1e6 if cap else None
 
     def _board(self, d: _Device, metrics: dict[str, Any]) -> dict[str, float]:
         """Readings of the whole GPU. Power comes from gpu_metrics, as amdsmi_get_power_info's own does: that call

@@ -36,6 +36,10 @@ from collectors.pids import PidResolver
 
 log = logging.getLogger(__name__)
 
+# How often the power limit in force is read again: hl-smi or the BMC may change it at any time, and a window
+# (10 s by default) should carry the limit it ran under.
+POWER_LIMIT_S = 10.0
+
 HABANA_VENDOR_ID = 0x1DA3
 HLML_TEMPERATURE_ON_AIP = 0
 HLML_ERROR_DRIVER_NOT_LOADED = 9
@@ -84,6 +88,8 @@ class GaudiCollector:
         self._failures: dict[int, str] = {}
         self._minors: dict[int, Any] = {}
         self._silent: set[int] = set()  # devices none of whose readings answered at the last sample
+        self._limits: dict[int, float | None] = {}  # the power limit in force, W, per device
+        self._limits_next: dict[int, float] = {}  # when it is read again
         # HLML is initialised again for a fault that persists at 30 s, 60 s, 120 s... up to REINIT_MAX_S apart
         self._reinit_delay = RESCAN_S
         self._reinit_at = 0.0
@@ -133,7 +139,7 @@ class GaudiCollector:
             pci = self._try("hlmlDeviceGetPCIInfo", h)
             device_id = _device_id(getattr(pci, "pci_device_id", None))
             name = _PRODUCTS.get(device_id or 0) or _text(self._try("hlmlDeviceGetName", h) or "Intel Gaudi")
-            limit = self._try("hlmlDeviceGetPowerManagementDefaultLimit", h)
+            limit = self._power_limit(h) or self._try("hlmlDeviceGetPowerManagementDefaultLimit", h)
             gpus.append(
                 GpuInfo(
                     index=i,
@@ -142,7 +148,7 @@ class GaudiCollector:
                     memory_mib=int(mem.total // 2**20) if mem else 0,
                     pcie_gen=self._try("hlmlDeviceGetCurrPCIELinkGeneration", h) or None,
                     pcie_width=self._try("hlmlDeviceGetCurrPCIELinkWidth", h) or None,
-                    power_limit_w=limit / 1000 if limit else None,
+                    power_limit_w=_milliwatts(limit),
                     pci_device_id=f"0x{device_id:04x}{HABANA_VENDOR_ID:04x}" if device_id else None,
                 )
             )
@@ -230,10 +236,19 @@ class GaudiCollector:
                 gauges["power_w"] = power / 1000
             if (temp := self._try("hlmlDeviceGetTemperature", h, HLML_TEMPERATURE_ON_AIP)) is not None:
                 gauges["temp_c"] = float(temp)
+            latest: dict[str, float] = {}
+            if now >= self._limits_next.get(i, float("-inf")):
+                self._limits[i], self._limits_next[i] = _milliwatts(self._power_limit(h)), now + POWER_LIMIT_S
+            if (limit_w := self._limits.get(i)) is not None:
+                latest["power_limit_w"] = limit_w
             if not gauges:
                 self._silent.add(i)
-            out.append(Sample(Entity.GPU, str(i), gauges=gauges))
+            out.append(Sample(Entity.GPU, str(i), gauges=gauges, latest=latest))
         return out
+
+    def _power_limit(self, handle: Any) -> Any:
+        """The limit in force, mW; None where the binding has no call for it (pyhlml before it added one)."""
+        return self._try("hlmlDeviceGetPowerManagementLimit", handle)
 
     def _holders(self) -> dict[int, list[object]]:
         """PIDs holding each device node open, by device index (one pass over /proc per window)."""
@@ -293,6 +308,12 @@ class GaudiCollector:
 
     def close(self) -> None:
         self._try("hlmlShutdown")
+
+
+def _milliwatts(value: Any) -> float | None:
+    """W from HLML's mW; some pyhlml releases return the ctypes c_uint itself rather than its value."""
+    value = getattr(value, "value", value)
+    return value / 1000 if isinstance(value, int) and value > 0 else None
 
 
 def _device_id(value: Any) -> int | None:

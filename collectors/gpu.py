@@ -5,7 +5,8 @@ Signals per GPU — gauges: ``util`` and ``mem_util`` (%), ``mem_used_mib``, ``p
 counters: ``pcie_tx_bps`` / ``pcie_rx_bps`` (the cumulative PCIe byte fields, read in one batched
 ``nvmlDeviceGetFieldValues`` call; ``nvmlDeviceGetPcieThroughput`` is avoided because it samples for ~20 ms per
 call), ``nvlink_tx_bps`` / ``nvlink_rx_bps`` (cumulative NVLink KiB over the links that are up), ``xid_events``
-(from an event set); latest values: ``last_xid``, ``ecc_uncorrected``, ``remapped_rows``, ``lost``.
+(from an event set); latest values: ``last_xid``, ``ecc_uncorrected``, ``remapped_rows``, ``power_limit_w`` (the
+enforced limit, read every ``POWER_LIMIT_S``), ``lost``.
 
 What real drivers do, and what the collector does about it (docs/agent.md has the table):
 
@@ -82,6 +83,9 @@ NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
 MAX_EVENTS_PER_TICK = 64
 RESCAN_S = 30.0  # how often the GPU layout (driver, MIG, failed GPUs) is checked for changes
+# How often the enforced power limit is read again: an operator (nvidia-smi -pl) or the BMC may change it at any
+# time, and a window (10 s by default) should carry the limit it ran under.
+POWER_LIMIT_S = 10.0
 REINIT_MAX_S = 600.0  # the longest wait between re-initialisations of amdsmi or HLML for a fault that persists
 # nvmlValueType_t → (union member, width in bits, signed)
 _VALUE = {
@@ -171,6 +175,8 @@ class _Device:
     counters: dict[tuple[str, int], WrappingCounter] = field(default_factory=dict)
     samples_api: bool = True
     util_ts: int = 0  # timestamp (µs) of the newest utilisation sample read
+    power_limit_w: float | None = None
+    power_limit_next: float = float("-inf")  # when the limit is read again
 
 
 class NullGpuCollector:
@@ -470,7 +476,7 @@ class NvmlGpuCollector:
             h = d.handle
             mem = self._try("nvmlDeviceGetMemoryInfo", h)
             physical = d.parent is None
-            limit = self._try("nvmlDeviceGetPowerManagementLimit", h) if physical else None
+            limit = self._power_limit(h) if physical else None
             mig = self._try("nvmlDeviceGetMigMode", h) if physical else None
             name = _text(self._try("nvmlDeviceGetName", h) or "unknown")
             profile = name.rsplit(" MIG ", 1)[1] if not physical and " MIG " in name else None
@@ -488,7 +494,7 @@ class NvmlGpuCollector:
                     mig_mode=bool(mig and mig[0]),
                     parent=d.parent,
                     mig_profile=profile[:32] if profile else None,
-                    power_limit_w=limit / 1000 if limit else None,
+                    power_limit_w=limit,
                     pcie_source=d.pcie_source if physical else None,
                     pci_device_id=f"0x{int(device_id):08x}" if isinstance(device_id, int) else None,
                     nvswitch=d.nvswitch,
@@ -630,11 +636,23 @@ class NvmlGpuCollector:
             self._lost.discard(index)
         return mem, False
 
-    def _health(self, d: _Device) -> dict[str, float]:
+    def _power_limit(self, handle: Any) -> float | None:
+        """The limit the GPU enforces, W: the lowest of the management limit and any other (the BMC's, a
+        power-brake); drivers without the enforced-limit call give the management limit."""
+        limit = self._try("nvmlDeviceGetEnforcedPowerLimit", handle)
+        if not limit:
+            limit = self._try("nvmlDeviceGetPowerManagementLimit", handle)
+        return limit / 1000 if limit else None
+
+    def _health(self, d: _Device, now: float) -> dict[str, float]:
         latest: dict[str, float] = {}
         if d.index in self._last_xid:
             latest["last_xid"] = self._last_xid[d.index]
         if d.parent is None:
+            if now >= d.power_limit_next:
+                d.power_limit_w, d.power_limit_next = self._power_limit(d.handle), now + POWER_LIMIT_S
+            if d.power_limit_w is not None:
+                latest["power_limit_w"] = d.power_limit_w
             ecc = self._try(
                 "nvmlDeviceGetTotalEccErrors", d.handle, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
             )
@@ -685,7 +703,7 @@ class NvmlGpuCollector:
                         gauges[f"{name}_bps"] = gpm[f"{name}_mibps"] * 2**20
             counters = self._fields(d) if d.parent is None else {}
             counters["xid_events"] = self._xids.get(d.index, 0)
-            out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters, latest=self._health(d)))
+            out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters, latest=self._health(d, now)))
         return out
 
     # ------------------------------------------------------------------ attribution

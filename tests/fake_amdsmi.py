@@ -78,6 +78,7 @@ class FakeAmdGpu:
     gfx_activity: int | str = 87
     umc_activity: int | str = 40
     power_w: int | str = 640
+    power_cap_w: int = 750  # the socket power cap in force (amd-smi set --power-cap lowers it)
     hotspot_c: int | str = 71
     partition: str = "SPX"
     xgmi_kb: list[int | str] = field(default_factory=lambda: [0] * 7 + ["N/A"])
@@ -189,7 +190,20 @@ def make_fake_amdsmi(
         g = gpu_of("power", h)
         if "power_cap" in g.unsupported:  # hwmon's power1_cap unreadable: the call fails, power read or not
             raise AmdSmiLibraryException(API_FAILED)
-        return {"current_socket_power": g.power_w, "average_socket_power": "N/A", "power_limit": 750}
+        return {"current_socket_power": g.power_w, "average_socket_power": "N/A", "power_limit": g.power_cap_w}
+
+    def power_cap(h: Any) -> dict[str, Any]:
+        g = gpu_of("power", h)
+        if "power_cap" in g.unsupported:
+            raise AmdSmiLibraryException(API_FAILED)
+        uw = 10**6  # amdsmi_power_cap_info_t is in µW on bare metal (amdsmi.h)
+        return {
+            "power_cap": g.power_cap_w * uw,
+            "default_power_cap": 750 * uw,
+            "dpm_cap": 2100,
+            "min_power_cap": 0,
+            "max_power_cap": 750 * uw,
+        }
 
     m.amdsmi_init = init  # type: ignore[attr-defined]
     m.amdsmi_shut_down = shut_down  # type: ignore[attr-defined]
@@ -208,6 +222,7 @@ def make_fake_amdsmi(
         "mm_activity": "N/A",
     }
     m.amdsmi_get_power_info = power  # type: ignore[attr-defined]
+    m.amdsmi_get_power_cap_info = power_cap  # type: ignore[attr-defined]
     m.amdsmi_get_gpu_metrics_info = metrics  # type: ignore[attr-defined]
     m.amdsmi_get_gpu_compute_partition = lambda h: gpu_of("partition", h).partition  # type: ignore[attr-defined]
     m.amdsmi_get_gpu_driver_info = lambda h: {  # type: ignore[attr-defined]

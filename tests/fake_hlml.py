@@ -37,14 +37,20 @@ class FakeGaudi:
     aip: int = 93
     memory_util: int = 35
     power_mw: int = 480_000
+    limit_mw: int = 600_000  # the limit in force (hl-smi --power-limit lowers it); the default stays 600 W
     handle_error: int | None = None
     unsupported: set[str] = field(default_factory=set)
 
 
 def make_fake_hlml(
-    devices: list[FakeGaudi], library: bool = True, utilization: str = "aip+memory", init_error: int | None = None
+    devices: list[FakeGaudi],
+    library: bool = True,
+    utilization: str = "aip+memory",
+    init_error: int | None = None,
+    current_limit: bool = True,
 ) -> types.ModuleType:
-    """``utilization``: what the binding's utilisation call returns: "aip+memory", "aip" (a struct) or "int"."""
+    """``utilization``: what the binding's utilisation call returns: "aip+memory", "aip" (a struct) or "int".
+    ``current_limit``: the binding has ``hlmlDeviceGetPowerManagementLimit`` (older pyhlml has only the default)."""
     m = types.ModuleType("fake_pyhlml_main")
     m.HLMLError = HLMLError  # type: ignore[attr-defined]
     m.init_error = init_error  # type: ignore[attr-defined]
@@ -106,6 +112,8 @@ def make_fake_hlml(
     m.hlmlDeviceGetPowerUsage = lambda h: dev("power", h).power_mw  # type: ignore[attr-defined]
     m.hlmlDeviceGetTemperature = lambda h, sensor: 45 if dev("temp", h) else 0  # type: ignore[attr-defined]
     m.hlmlDeviceGetPowerManagementDefaultLimit = lambda h: 600_000 if dev("limit", h) else 0  # type: ignore[attr-defined]
+    if current_limit:
+        m.hlmlDeviceGetPowerManagementLimit = lambda h: dev("limit", h).limit_mw  # type: ignore[attr-defined]
     m.hlmlDeviceGetCurrPCIELinkGeneration = lambda h: 4 if dev("pcie", h) else 0  # type: ignore[attr-defined]
     m.hlmlDeviceGetCurrPCIELinkWidth = lambda h: 16 if dev("pcie", h) else 0  # type: ignore[attr-defined]
     m.hlmlGetDriverVersion = lambda: initialised() or b"1.18.0-ee698fb"  # type: ignore[attr-defined,func-returns-value]

@@ -52,6 +52,9 @@ class FakeGpu:
     util: int = 90
     mem_util: int = 40
     power_mw: int = 650_000
+    power_limit_mw: int = 700_000  # the management limit (nvidia-smi -pl)
+    # a lower limit set out of band (the BMC, a power-brake): the enforced limit is the lower of the two
+    external_cap_mw: int | None = None
     nvlink_links: int = 18  # links the GPU has; state queries past them are INVALID_ARGUMENT
     down_links: set[int] = field(default_factory=set)  # links whose state is 0 and whose counters fail
     failing_links: set[int] = field(default_factory=set)  # links up but whose counter read fails this tick
@@ -436,7 +439,10 @@ def make_fake_nvml(
     if samples_api:
         m.nvmlDeviceGetSamples = samples  # type: ignore[attr-defined]
     m.nvmlDeviceGetPowerUsage = physical("power", lambda h: h.power_mw)  # type: ignore[attr-defined]
-    m.nvmlDeviceGetPowerManagementLimit = physical("power_limit", lambda h: 700_000)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetPowerManagementLimit = physical("power_limit", lambda h: h.power_limit_mw)  # type: ignore[attr-defined]
+    m.nvmlDeviceGetEnforcedPowerLimit = physical(  # type: ignore[attr-defined]
+        "enforced_limit", lambda h: min(h.power_limit_mw, h.external_cap_mw or h.power_limit_mw)
+    )
     m.nvmlDeviceGetTemperature = physical("temp", lambda h: 61)  # type: ignore[attr-defined]
     m.nvmlDeviceGetClockInfo = physical("clock", lambda h: 1980)  # type: ignore[attr-defined]
     m.nvmlDeviceGetNvLinkState = nvlink_state  # type: ignore[attr-defined]

@@ -332,7 +332,7 @@ def digest(
             continue
         link = sum(map(_first, filter(None, _links(g))), 0.0)
         index, mem, power = g.index, g.mem_used_mib, g.power_w
-        limit = limits.get(index)
+        limit = g.power_limit_w or limits.get(index)  # the window's enforced limit, else the birth's
         series = g.util_series
         # a row of GpuRows, straight into the window's one list (no keyword matching, no boxed floats kept)
         flat += (

@@ -36,6 +36,7 @@ from agent.protocol import (
     MAX_COUNTER,
     MAX_GPU_INDEX,
     MAX_PAYLOAD_BYTES,
+    MAX_POWER_LIMIT_W,
     MAX_SAMPLES,
     PERCENT_FIELDS,
     DroppedField,
@@ -98,6 +99,7 @@ class WindowGpu(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     last_xid: _Count | None = None
     ecc_uncorrected: _Count | None = None
     remapped_rows: _Count | None = None
+    power_limit_w: Annotated[float, Meta(ge=0, le=MAX_POWER_LIMIT_W)] | None = None
     lost: bool = False
 
 

@@ -1,0 +1,116 @@
+"""What a fleet needs to know of a GPU's health and limits, read as real drivers report them: the power limit in
+force window by window (NVIDIA, AMD, Gaudi), and the power fraction the optimizer works out from it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fake_amdsmi import FakeAmdGpu, make_fake_amdsmi
+from fake_hlml import FakeGaudi, make_fake_hlml
+from fake_nvml import FakeGpu, make_fake_nvml
+
+from agent.protocol import Birth, GpuInfo, GpuWindow, Stats, Telemetry
+from agent.window import WindowBuilder
+from collectors.amd import open_amd_collector
+from collectors.attribution import Attributor
+from collectors.base import Sample
+from collectors.gaudi import open_gaudi_collector
+from collectors.gpu import POWER_LIMIT_S, NvmlGpuCollector, open_gpu_collector
+from optimizer.ingest.digest import digest
+from optimizer.ingest.window import as_window
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Sampled:
+    def sample(self) -> list[Sample]: ...
+
+
+def _window(collector: _Sampled, clock: Clock, seconds: int = 3) -> list[GpuWindow]:
+    """One window of ``seconds`` one-second samples, as the agent builds it."""
+    builder = WindowBuilder("n1", "s1", 1)
+    for t in range(seconds):
+        builder.add(collector.sample(), float(t))
+        clock.now += 1
+    return builder.close(0, 0.0, float(seconds), []).gpus
+
+
+def _nvml(gpus: list[FakeGpu], root: Path, clock: Clock) -> NvmlGpuCollector:
+    collector = open_gpu_collector(make_fake_nvml(gpus), Attributor(root, node="n1"), clock)
+    assert isinstance(collector, NvmlGpuCollector)
+    return collector
+
+
+# ---------------------------------------------------------------- power limit
+
+
+def test_the_nvidia_window_carries_the_enforced_limit_as_it_changes(tmp_path: Path) -> None:
+    """Deliberate bugs caught: reading the management limit (700 W) rather than the enforced one, which the BMC
+    holds at 400 W; and reading it at birth only, so the operator's later 500 W never reaches a window."""
+    gpu = FakeGpu(power_limit_mw=700_000, external_cap_mw=400_000)
+    clock = Clock()
+    collector = _nvml([gpu], tmp_path, clock)
+    assert collector.inventory().gpus[0].power_limit_w == 400
+    assert _window(collector, clock)[0].power_limit_w == 400
+    gpu.external_cap_mw, gpu.power_limit_mw = None, 500_000  # the BMC lets go; an operator sets 500 W
+    clock.now += POWER_LIMIT_S
+    assert _window(collector, clock)[0].power_limit_w == 500
+
+
+def test_a_driver_without_the_enforced_limit_gives_the_management_limit(tmp_path: Path) -> None:
+    gpu = FakeGpu(power_limit_mw=600_000, unsupported={"enforced_limit"})
+    clock = Clock()
+    assert _window(_nvml([gpu], tmp_path, clock), clock)[0].power_limit_w == 600
+
+
+def test_the_amd_window_carries_the_power_cap_in_force(tmp_path: Path) -> None:
+    """Deliberate bug caught: AMD's power cap never read (no limit in the birth or the window, so no power
+    fraction for any AMD GPU); amdsmi gives it in µW, so a unit slip reads 500,000,000 W or 0.0005 W."""
+    gpu = FakeAmdGpu(power_cap_w=500)
+    clock = Clock()
+    collector = open_amd_collector(make_fake_amdsmi([gpu]), Attributor(tmp_path), clock)
+    assert collector is not None
+    assert collector.inventory().gpus[0].power_limit_w == 500
+    assert _window(collector, clock)[0].power_limit_w == 500
+    gpu.power_cap_w = 450
+    clock.now += POWER_LIMIT_S
+    assert _window(collector, clock)[0].power_limit_w == 450
+
+
+def test_the_gaudi_window_carries_the_current_limit_not_the_default(tmp_path: Path) -> None:
+    """Deliberate bug caught: reading HLML's default limit (600 W) where the device runs at 450 W; a binding
+    without the current-limit call leaves the window without one rather than claiming the default."""
+    clock = Clock()
+    collector = open_gaudi_collector(make_fake_hlml([FakeGaudi(limit_mw=450_000)]), Attributor(tmp_path), clock)
+    assert collector is not None
+    assert collector.inventory().gpus[0].power_limit_w == 450
+    assert _window(collector, clock)[0].power_limit_w == 450
+    old = open_gaudi_collector(make_fake_hlml([FakeGaudi()], current_limit=False), Attributor(tmp_path), clock)
+    assert old is not None
+    assert old.inventory().gpus[0].power_limit_w == 600  # the birth says the default, as before
+    assert _window(old, clock)[0].power_limit_w is None
+
+
+def test_the_power_fraction_is_of_the_limit_the_window_ran_under() -> None:
+    """Deliberate bug caught: dividing by the birth's limit: 300 W of a 700 W birth limit is 0.43, but the GPU ran
+    capped at 400 W, where 300 W is 0.75 of what it could draw."""
+    birth = Birth(
+        node="n1", site="s1", session=1, agent_version="t", hostname="n1", timestamp=time.time(),
+        gpus=[GpuInfo(index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3", memory_mib=81_559, power_limit_w=700.0)],
+    )  # fmt: skip
+
+    def window(limit: float | None) -> Telemetry:
+        gpu = GpuWindow(index=0, util=Stats.of([50.0]), power_w=Stats.of([300.0]), power_limit_w=limit)
+        return Telemetry(node="n1", site="s1", session=1, seq=1, start=0.0, end=1.0, samples=1, gpus=[gpu])
+
+    (capped,) = digest(as_window(window(400.0)), birth).gpu_rows.views()
+    (uncapped,) = digest(as_window(window(None)), birth).gpu_rows.views()
+    assert capped.power_frac is not None and abs(capped.power_frac - 0.75) < 1e-6
+    assert uncapped.power_frac is not None and abs(uncapped.power_frac - 300 / 700) < 1e-6
