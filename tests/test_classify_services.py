@@ -103,8 +103,8 @@ def test_a_step_loop_idle_between_steps_is_not_taken_for_requests() -> None:
 def test_small_llm_replicas_and_fp8_tensor_parallel_serving_are_served() -> None:
     """An 8B model, one vLLM replica per L4 (no collectives: correlation 0.1), memory-bound at 92 % while busy;
     and a 70B FP8 model over 4 GPUs in lockstep exchanging 1.3 GB/s at a small batch. Both were unknown: the
-    replicas taken for batch (independent replicas and busy without gradient exchange counted twice), the
-    tensor-parallel engine's small exchange taken for no exchange. Catches either fix reverted."""
+    replicas taken for batch (a memory-bound engine below a full batch was not read), the tensor-parallel engine's
+    small exchange taken for no exchange. Catches either fix reverted."""
     replicas = features(
         gpus=8, mean_util=92.0, busy_level=92.0, busy_cv=0.04, lockstep=0.1, intensity=0.45, mem_fraction=0.88
     )
@@ -113,9 +113,8 @@ def test_small_llm_replicas_and_fp8_tensor_parallel_serving_are_served() -> None
         gpus=4, mean_util=80.0, busy_level=90.0, busy_cv=0.02, lockstep=0.99, gpu_link_bps=1.3e9, intensity=0.6
     )
     assert classify(tp).workload_class is INF, classify(tp)
-    # the busy-without-exchange rule (+1.0 for batch) stays silent where the correlation speaks
+    # the busy-without-exchange rule (+1.0 for batch) stays silent where the GPUs move as one
     assert weigh(tp)[BAT] <= weigh(replace(tp, lockstep=None))[BAT] - 1.0
-    assert weigh(replicas)[BAT] < weigh(replace(replicas, lockstep=None))[BAT] + 0.5
 
 
 def test_an_unknown_names_what_would_decide_it() -> None:

@@ -254,12 +254,13 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
 
 def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
     """Gradient synchronisation, input streams and client traffic."""
+    together = f.lockstep is not None and f.lockstep >= 0.7
     if f.gpu_link_bps >= 20e9 or f.east_west_bps >= 1e9:
         line = f"{_gbps(f.gpu_link_bps)} per GPU over NVLink/PCIe and {_gbps(f.east_west_bps)} on the fabric"
         led.add(f"{line}: gradient synchronisation", T=2.0, I=-0.3, B=-1.0)
-    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8 and f.lockstep is None:
-        # Where its GPUs' load could be correlated, that says it better (_together): load moving as one is
-        # collectives however few bytes they carry (tensor-parallel decode at a small batch), apart is replicas.
+    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8 and not together:
+        # GPUs whose load moves as one are in collectives however few bytes those carry (tensor-parallel decode at
+        # a small batch exchanges ~1 GB/s per GPU), so few bytes say nothing against them.
         # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work.
         led.add(
             f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
