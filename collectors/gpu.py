@@ -82,6 +82,9 @@ NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
 MAX_EVENTS_PER_TICK = 64
+# Errors other than TIMEOUT one tick's drain reads past before it gives up until the next tick: one GPU's error
+# must not hide the events the others raised, and a fault that answers every call must not cost 64 calls a tick.
+MAX_EVENT_ERRORS_PER_TICK = 4
 RESCAN_S = 30.0  # how often the GPU layout (driver, MIG, failed GPUs) is checked for changes
 # How often the enforced power limit is read again: an operator (nvidia-smi -pl) or the BMC may change it at any
 # time, and a window (10 s by default) should carry the limit it ran under.
@@ -602,15 +605,34 @@ class NvmlGpuCollector:
         return None
 
     def _drain_events(self) -> None:
-        """Count XID events since the last tick without blocking (timeout 0)."""
+        """Count XID events since the last tick without blocking.
+
+        Timeout 0 is a poll: NVML's reference for nvmlEventSetWait_v2 says it "returns immediately" when events
+        are ready and otherwise "sleeps till event arrives but not longer than specified timeout", so nothing
+        pending is NVML_ERROR_TIMEOUT at once, and waiting longer would only hold the sampling thread.
+        Any other error is read past (up to MAX_EVENT_ERRORS_PER_TICK): GPU_IS_LOST comes from the set as a
+        whole, so the set is made again without the GPUs that no longer answer, and the others' XIDs go on
+        being counted."""
         if self._events is None:
             return
+        errors = 0
         for _ in range(MAX_EVENTS_PER_TICK):
             try:
                 event = self._nvml.nvmlEventSetWait_v2(self._events, 0)
             except self._errors as exc:
                 self._note(exc)
-                return  # NVML_ERROR_TIMEOUT: nothing pending
+                code = _code(exc)
+                if code == NVML_ERROR_TIMEOUT:
+                    return  # nothing pending
+                errors += 1
+                if errors >= MAX_EVENT_ERRORS_PER_TICK:
+                    log.info("XID event set: %s, %d times this second; read again next second", _describe(exc), errors)
+                    return
+                if code == NVML_ERROR_GPU_IS_LOST:
+                    self._events_without_lost_gpus()
+                    if self._events is None:
+                        return
+                continue
             uuid = _text(self._try("nvmlDeviceGetUUID", event.device) or "")
             index = self._by_uuid.get(uuid)
             if index is None:
@@ -618,6 +640,17 @@ class NvmlGpuCollector:
             self._xids[index] = self._xids.get(index, 0) + 1
             self._last_xid[index] = int(event.eventData)
             log.warning("GPU %d reported XID %d", index, int(event.eventData))
+
+    def _events_without_lost_gpus(self) -> None:
+        """A new event set with every GPU that still answers: a lost GPU registered with the set makes each wait
+        fail. The GPU is registered again once a rescan finds it answering."""
+        self._try("nvmlEventSetFree", self._events)
+        self._events = None
+        self._registered.clear()
+        physical = [d for d in self._devices if d.parent is None]
+        self._register_events(physical)
+        unregistered = sorted(d.index for d in physical if d.uuid not in self._registered)
+        log.warning("XID events: GPU(s) %s no longer answer; events are read from the others", unregistered)
 
     def _memory(self, index: int, handle: Any) -> tuple[Any, bool]:
         """(memory info or None, lost): a GPU that fell off the bus is logged once and reported, not fatal."""

@@ -16,7 +16,9 @@ Four behaviours of the real stack that a changed value cannot model:
   driver upgrade that reloads the module does) every call, ``nvmlInit`` included, raises
   ``NVML_ERROR_LIB_RM_VERSION_MISMATCH``. Only a new process (a new fake) loads the new library.
 * XID events are queued in each event set the GPU is registered with when they happen (``m.xid_queue``);
-  ``nvmlEventSetFree`` drops what its set still holds, and a freed set cannot be waited on.
+  ``nvmlEventSetFree`` drops what its set still holds, and a freed set cannot be waited on. While a lost GPU is
+  registered with a set, every wait on it fails with ``GPU_IS_LOST`` (NVML's reference lists that error for the
+  wait as a whole); ``m.event_faults`` makes the next waits fail once each with other codes.
 * MPS clients are listed by the MPS process calls only; the compute process calls list the MPS server.
 * A call on a GPU that is slow to answer (a GPU falling off the bus, a driver in recovery) does not fail: it
   blocks, inside the C library, with the GIL released, as ctypes calls do. ``FakeGpu.delay_s`` makes every call on
@@ -384,8 +386,13 @@ def make_fake_nvml(
 
     def event_wait(s: FakeEventSet, timeout_ms: int) -> Any:
         system("event_wait")
+        m.wait_timeouts.append(timeout_ms)  # type: ignore[attr-defined]
         if s.freed:
             _raise(INVALID_ARGUMENT)
+        if m.event_faults:  # type: ignore[attr-defined]
+            _raise(m.event_faults.pop(0))  # type: ignore[attr-defined]
+        if any(g.lost for g in s.gpus):  # the set as a whole fails while a lost GPU is registered with it
+            _raise(GPU_IS_LOST)
         if not s.pending:
             _raise(pynvml.NVML_ERROR_TIMEOUT)
         gpu, xid = s.pending.pop(0)
@@ -458,6 +465,8 @@ def make_fake_nvml(
     m.nvmlEventSetFree = event_free  # type: ignore[attr-defined]
     m.nvmlDeviceRegisterEvents = event_register  # type: ignore[attr-defined]
     m.nvmlEventSetWait_v2 = event_wait  # type: ignore[attr-defined]
+    m.event_faults = []  # type: ignore[attr-defined]  # codes the next waits raise once each (an interrupt: UNKNOWN)
+    m.wait_timeouts = []  # type: ignore[attr-defined]
     m.nvmlDeviceGetTotalEccErrors = physical("ecc", lambda h: h.ecc_uncorrected)  # type: ignore[attr-defined]
     m.nvmlDeviceGetRemappedRows = physical("remapped", lambda h: (0, h.remapped_rows, 0, 0))  # type: ignore[attr-defined]
     m.nvmlGpmQueryDeviceSupport = gpm_support  # type: ignore[attr-defined]

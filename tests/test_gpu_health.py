@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pynvml
 from fake_amdsmi import FakeAmdGpu, make_fake_amdsmi
 from fake_hlml import FakeGaudi, make_fake_hlml
 from fake_nvml import FakeGpu, make_fake_nvml
@@ -33,13 +34,17 @@ class _Sampled:
     def sample(self) -> list[Sample]: ...
 
 
-def _window(collector: _Sampled, clock: Clock, seconds: int = 3) -> list[GpuWindow]:
-    """One window of ``seconds`` one-second samples, as the agent builds it."""
-    builder = WindowBuilder("n1", "s1", 1)
-    for t in range(seconds):
-        builder.add(collector.sample(), float(t))
+def _window(
+    collector: _Sampled, clock: Clock, seconds: int = 3, builder: WindowBuilder | None = None
+) -> list[GpuWindow]:
+    """One window of ``seconds`` one-second samples, as the agent builds it (``builder``: the agent's, kept from
+    window to window, so counts run on from the last one)."""
+    builder = builder or WindowBuilder("n1", "s1", 1)
+    start = clock.now
+    for _ in range(seconds):
+        builder.add(collector.sample(), clock.now)
         clock.now += 1
-    return builder.close(0, 0.0, float(seconds), []).gpus
+    return builder.close(0, start, clock.now, []).gpus
 
 
 def _nvml(gpus: list[FakeGpu], root: Path, clock: Clock) -> NvmlGpuCollector:
@@ -114,3 +119,36 @@ def test_the_power_fraction_is_of_the_limit_the_window_ran_under() -> None:
     (uncapped,) = digest(as_window(window(None)), birth).gpu_rows.views()
     assert capped.power_frac is not None and abs(capped.power_frac - 0.75) < 1e-6
     assert uncapped.power_frac is not None and abs(uncapped.power_frac - 300 / 700) < 1e-6
+
+
+# ---------------------------------------------------------------- XID events
+
+
+def test_a_lost_gpu_does_not_hide_the_other_gpus_xids(tmp_path: Path) -> None:
+    """Deliberate bug caught: the drain stopping at the first error that is not a timeout. A lost GPU makes every
+    wait on the set fail, so GPU 0's XID 79 would never be counted while GPU 1 stays lost."""
+    healthy, lost = FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")
+    nvml = make_fake_nvml([healthy, lost])
+    clock = Clock()
+    collector = open_gpu_collector(nvml, Attributor(tmp_path, node="n1"), clock)
+    lost.lost = True
+    builder = WindowBuilder("n1", "s1", 1)
+    _window(collector, clock, 1, builder)
+    nvml.xid_queue.append((healthy, 79))  # type: ignore[attr-defined]
+    gpus = {g.index: g for g in _window(collector, clock, 2, builder)}
+    assert (gpus[0].xid_events, gpus[0].last_xid) == (1, 79)
+    assert gpus[1].lost and set(nvml.wait_timeouts) == {0}  # type: ignore[attr-defined]  # a poll, never a block
+
+
+def test_one_failed_wait_does_not_leave_the_xids_behind_it_for_later(tmp_path: Path) -> None:
+    """Deliberate bug caught: returning at an interrupted wait (UNKNOWN): XID 48 would come a window late."""
+    gpu = FakeGpu()
+    nvml = make_fake_nvml([gpu])
+    clock = Clock()
+    collector = open_gpu_collector(nvml, Attributor(tmp_path, node="n1"), clock)
+    builder = WindowBuilder("n1", "s1", 1)
+    _window(collector, clock, 1, builder)
+    nvml.event_faults.append(pynvml.NVML_ERROR_UNKNOWN)  # type: ignore[attr-defined]
+    nvml.xid_queue.append((gpu, 48))  # type: ignore[attr-defined]
+    (window,) = _window(collector, clock, 1, builder)
+    assert (window.xid_events, window.last_xid) == (1, 48)
