@@ -705,7 +705,10 @@ class NvmlGpuCollector:
         out = []
         for d in self._devices:
             h = d.handle
+            was_lost = d.index in self._lost
             mem, lost = self._memory(d.index, h)
+            if was_lost and not lost and d.parent is None:
+                self._register_events([d])  # left out of the event set while it was lost
             if lost:
                 out.append(Sample(Entity.GPU, str(d.index), latest={"lost": 1}))
                 continue

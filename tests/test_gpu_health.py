@@ -126,7 +126,8 @@ def test_the_power_fraction_is_of_the_limit_the_window_ran_under() -> None:
 
 def test_a_lost_gpu_does_not_hide_the_other_gpus_xids(tmp_path: Path) -> None:
     """Deliberate bug caught: the drain stopping at the first error that is not a timeout. A lost GPU makes every
-    wait on the set fail, so GPU 0's XID 79 would never be counted while GPU 1 stays lost."""
+    wait on the set fail, so GPU 0's XID 79 would never be counted while GPU 1 stays lost; and the set made again
+    without GPU 1 must take it back when it answers, or its XID 31 would go unseen."""
     healthy, lost = FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b")
     nvml = make_fake_nvml([healthy, lost])
     clock = Clock()
@@ -138,6 +139,11 @@ def test_a_lost_gpu_does_not_hide_the_other_gpus_xids(tmp_path: Path) -> None:
     gpus = {g.index: g for g in _window(collector, clock, 2, builder)}
     assert (gpus[0].xid_events, gpus[0].last_xid) == (1, 79)
     assert gpus[1].lost and set(nvml.wait_timeouts) == {0}  # type: ignore[attr-defined]  # a poll, never a block
+    lost.lost = False  # back on the bus: its XIDs are counted again
+    _window(collector, clock, 1, builder)
+    nvml.xid_queue.append((lost, 31))  # type: ignore[attr-defined]
+    gpus = {g.index: g for g in _window(collector, clock, 1, builder)}
+    assert (gpus[1].xid_events, gpus[1].last_xid) == (1, 31)
 
 
 def test_one_failed_wait_does_not_leave_the_xids_behind_it_for_later(tmp_path: Path) -> None:
