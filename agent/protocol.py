@@ -492,6 +492,27 @@ class GpuWindow(_Model):
         le=MAX_POWER_LIMIT_W,
         description="the power limit the GPU enforced at the window's end, W (an operator or the BMC may lower it)",
     )
+    power_capped_pct: Percentages | None = Field(
+        default=None, description="seconds whose clocks the power cap or the power brake held down, % of the window"
+    )
+    thermal_slowdown_pct: Percentages | None = Field(
+        default=None, description="seconds whose clocks a thermal slowdown held down, % of the window"
+    )
+    hw_slowdown_pct: Percentages | None = Field(
+        default=None, description="seconds with the hardware slowdown asserted (heat, power brake), % of the window"
+    )
+    power_violation_pct: Stats | None = Field(
+        default=None, description="NVML's power violation time, % of each second (counts capping between samples)"
+    )
+    thermal_violation_pct: Stats | None = Field(
+        default=None, description="NVML's thermal violation time, % of each second"
+    )
+    row_remap_pending: int | None = Field(
+        strict=True, default=None, ge=0, le=1, description="1: a row remap waits for a GPU reset"
+    )
+    row_remap_failure: int | None = Field(
+        strict=True, default=None, ge=0, le=1, description="1: a row remap failed (the GPU needs service)"
+    )
     lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 
 

@@ -1,12 +1,14 @@
 """NVIDIA GPUs through NVML (nvidia-ml-py).
 
 Signals per GPU — gauges: ``util`` and ``mem_util`` (%), ``mem_used_mib``, ``power_w``, ``temp_c``,
-``sm_clock_mhz``, and on Hopper and newer ``sm_active`` / ``tensor_active`` / ``dram_active`` (GPM, %);
+``sm_clock_mhz``, ``power_capped_pct`` / ``thermal_slowdown_pct`` / ``hw_slowdown_pct`` (100 while the clock
+event reason holds), and on Hopper and newer ``sm_active`` / ``tensor_active`` / ``dram_active`` (GPM, %);
 counters: ``pcie_tx_bps`` / ``pcie_rx_bps`` (the cumulative PCIe byte fields, read in one batched
 ``nvmlDeviceGetFieldValues`` call; ``nvmlDeviceGetPcieThroughput`` is avoided because it samples for ~20 ms per
 call), ``nvlink_tx_bps`` / ``nvlink_rx_bps`` (cumulative NVLink KiB over the links that are up), ``xid_events``
-(from an event set); latest values: ``last_xid``, ``ecc_uncorrected``, ``remapped_rows``, ``power_limit_w`` (the
-enforced limit, read every ``POWER_LIMIT_S``), ``lost``.
+(from an event set), ``power_violation_pct`` / ``thermal_violation_pct`` (violation time in 10 ms units);
+latest values: ``last_xid``, ``ecc_uncorrected``, ``remapped_rows``, ``row_remap_pending``, ``row_remap_failure``,
+``power_limit_w`` (the enforced limit, read every ``POWER_LIMIT_S``), ``lost``.
 
 What real drivers do, and what the collector does about it (docs/agent.md has the table):
 
@@ -81,6 +83,20 @@ NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS since Blackwell (18 on Hopper)
+# Clock event ("throttle") reasons, nvml.h nvmlClocksEventReason*: those that cost a workload speed. Idle,
+# application clocks, sync boost and display clocks are not counted.
+CLOCKS_SW_POWER_CAP = 0x4
+CLOCKS_HW_SLOWDOWN = 0x8
+CLOCKS_SW_THERMAL = 0x20
+CLOCKS_HW_THERMAL = 0x40
+CLOCKS_HW_POWER_BRAKE = 0x80
+_CLOCK_EVENTS = (
+    ("power_capped_pct", CLOCKS_SW_POWER_CAP | CLOCKS_HW_POWER_BRAKE),
+    ("thermal_slowdown_pct", CLOCKS_SW_THERMAL | CLOCKS_HW_THERMAL),
+    ("hw_slowdown_pct", CLOCKS_HW_SLOWDOWN),
+)
+NVML_PERF_POLICY_POWER = 0
+NVML_PERF_POLICY_THERMAL = 1
 MAX_EVENTS_PER_TICK = 64
 # Errors other than TIMEOUT one tick's drain reads past before it gives up until the next tick: one GPU's error
 # must not hide the events the others raised, and a fault that answers every call must not cost 64 calls a tick.
@@ -641,6 +657,29 @@ class NvmlGpuCollector:
             self._last_xid[index] = int(event.eventData)
             log.warning("GPU %d reported XID %d", index, int(event.eventData))
 
+    def _clock_events(self, handle: Any) -> int | None:
+        """The clock event reasons bitmask: nvmlDeviceGetCurrentClocksEventReasons, named ...ThrottleReasons in
+        bindings before 12.535 (the older name is kept by the newer ones, deprecated)."""
+        name = "nvmlDeviceGetCurrentClocksEventReasons"
+        if not hasattr(self._nvml, name):
+            name = "nvmlDeviceGetCurrentClocksThrottleReasons"
+        reasons = self._try(name, handle)
+        return int(reasons) if isinstance(reasons, int) else None
+
+    def _violations(self, handle: Any) -> dict[str, int]:
+        """Cumulative power and thermal violation time, in units of 10 ms: as a rate per second, the share of
+        each second the GPU spent held below its clocks, %. Caught between samples, unlike the reasons."""
+        out: dict[str, int] = {}
+        for name, policy in (
+            ("power_violation_pct", NVML_PERF_POLICY_POWER),
+            ("thermal_violation_pct", NVML_PERF_POLICY_THERMAL),
+        ):
+            status = self._try("nvmlDeviceGetViolationStatus", handle, policy)
+            ns = getattr(status, "violationTime", None)
+            if isinstance(ns, int):
+                out[name] = ns // 10_000_000
+        return out
+
     def _events_without_lost_gpus(self) -> None:
         """A new event set with every GPU that still answers: a lost GPU registered with the set makes each wait
         fail. The GPU is registered again once a rescan finds it answering."""
@@ -693,7 +732,10 @@ class NvmlGpuCollector:
                 latest["ecc_uncorrected"] = int(ecc)
             rows = self._try("nvmlDeviceGetRemappedRows", d.handle)
             if rows is not None:
+                # (correctable, uncorrectable, pending, failure occurred): a pending remap needs a GPU reset
                 latest["remapped_rows"] = int(rows[1])
+                latest["row_remap_pending"] = int(bool(rows[2]))
+                latest["row_remap_failure"] = int(bool(rows[3]))
         return latest
 
     def sample(self) -> list[Sample]:
@@ -727,6 +769,9 @@ class NvmlGpuCollector:
                     gauges["temp_c"] = float(temp)
                 if (clock := self._try("nvmlDeviceGetClockInfo", h, NVML_CLOCK_SM)) is not None:
                     gauges["sm_clock_mhz"] = float(clock)
+                if (reasons := self._clock_events(h)) is not None:
+                    for name, bits in _CLOCK_EVENTS:
+                        gauges[name] = 100.0 if reasons & bits else 0.0
             if d.gpm is not None:
                 gpm = d.gpm.read()
                 if "gpm_util" in gpm and "util" not in gauges:  # MIG: NVML's utilisation is not supported
@@ -738,6 +783,8 @@ class NvmlGpuCollector:
                     if f"{name}_mibps" in gpm:
                         gauges[f"{name}_bps"] = gpm[f"{name}_mibps"] * 2**20
             counters = self._fields(d) if d.parent is None else {}
+            if d.parent is None:
+                counters |= self._violations(h)
             counters["xid_events"] = self._xids.get(d.index, 0)
             out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters, latest=self._health(d, now)))
         return out

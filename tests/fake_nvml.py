@@ -79,6 +79,10 @@ class FakeGpu:
     uuid: str = ""
     ecc_uncorrected: int = 0
     remapped_rows: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    clock_events: int = 0  # nvmlClocksEventReason* bits (0x4 power cap, 0x8 HW slowdown, 0x20/0x40 thermal...)
+    violation_ns: dict[int, int] = field(default_factory=dict)  # per perf policy (0 power, 1 thermal): ns held
     gpm: dict[int, float] = field(default_factory=dict)  # metric id -> value; empty: GPM unsupported
     mig: list[FakeGpu | None] = field(default_factory=list)  # MIG slots; empty: MIG off
     gpu_instance_id: int = 0
@@ -136,8 +140,12 @@ def make_fake_nvml(
     driver: str = "550.54.15",
     samples_api: bool = True,
     library: str | None = None,
+    clock_events_api: str = "events",
 ) -> types.ModuleType:
     """A module shaped like ``pynvml`` in a fresh process.
+
+    ``clock_events_api``: "events" (nvidia-ml-py 12.535 and newer: ``nvmlDeviceGetCurrentClocksEventReasons``
+    beside the old name) or "throttle" (older bindings: ``nvmlDeviceGetCurrentClocksThrottleReasons`` only).
 
     ``process_api``: "v3" (R510 and newer), "v2" (older drivers, and R535 from 535.98: no ``_v3`` symbol) or
     "none"; the MPS process calls follow the same symbols. ``library``: the version of libnvidia-ml.so on disk
@@ -468,7 +476,22 @@ def make_fake_nvml(
     m.event_faults = []  # type: ignore[attr-defined]  # codes the next waits raise once each (an interrupt: UNKNOWN)
     m.wait_timeouts = []  # type: ignore[attr-defined]
     m.nvmlDeviceGetTotalEccErrors = physical("ecc", lambda h: h.ecc_uncorrected)  # type: ignore[attr-defined]
-    m.nvmlDeviceGetRemappedRows = physical("remapped", lambda h: (0, h.remapped_rows, 0, 0))  # type: ignore[attr-defined]
+    m.nvmlDeviceGetRemappedRows = physical(  # type: ignore[attr-defined]
+        "remapped", lambda h: (0, h.remapped_rows, int(h.remap_pending), int(h.remap_failure))
+    )
+    # bindings before 12.535 have only the ...ThrottleReasons name (clock_events_api="throttle")
+    reasons = physical("clock_events", lambda h: h.clock_events)
+    m.nvmlDeviceGetCurrentClocksThrottleReasons = reasons  # type: ignore[attr-defined]
+    if clock_events_api == "events":
+        m.nvmlDeviceGetCurrentClocksEventReasons = reasons  # type: ignore[attr-defined]
+
+    def violation(h: FakeGpu, policy: int) -> Any:
+        guard("violation", h)
+        if h.is_mig_slice:
+            _raise(NOT_SUPPORTED)
+        return types.SimpleNamespace(referenceTime=0, violationTime=h.violation_ns.get(policy, 0))
+
+    m.nvmlDeviceGetViolationStatus = violation  # type: ignore[attr-defined]
     m.nvmlGpmQueryDeviceSupport = gpm_support  # type: ignore[attr-defined]
     m.nvmlGpmSampleAlloc = gpm_alloc  # type: ignore[attr-defined]
     m.nvmlGpmSampleFree = lambda s: None  # type: ignore[attr-defined]

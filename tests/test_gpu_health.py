@@ -158,3 +158,56 @@ def test_one_failed_wait_does_not_leave_the_xids_behind_it_for_later(tmp_path: P
     nvml.xid_queue.append((gpu, 48))  # type: ignore[attr-defined]
     (window,) = _window(collector, clock, 1, builder)
     assert (window.xid_events, window.last_xid) == (1, 48)
+
+
+# ---------------------------------------------------------------- throttling and row remapping
+
+
+def test_clock_events_violation_time_and_row_remaps_reach_the_window(tmp_path: Path) -> None:
+    """Deliberate bugs caught: the reasons read only under their new name (a binding before 12.535 has only
+    ...ThrottleReasons, so a power-capped GPU would read as unthrottled); violation time taken in the wrong unit
+    (ns over 1e9 reads 0.5 for half of each second, not 50 %); a pending row remap not carried."""
+    gpu = FakeGpu(clock_events=0x4 | 0x1, remap_pending=True)  # power cap, and idle (which costs nothing)
+    clock = Clock()
+    nvml = make_fake_nvml([gpu], clock_events_api="throttle")
+    collector = open_gpu_collector(nvml, Attributor(tmp_path, node="n1"), clock)
+    builder = WindowBuilder("n1", "s1", 1)
+    start = clock.now
+    for _ in range(4):
+        builder.add(collector.sample(), clock.now)
+        clock.now += 1
+        gpu.violation_ns[0] = gpu.violation_ns.get(0, 0) + 500_000_000  # held by the power cap half of each second
+    (window,) = builder.close(0, start, clock.now, []).gpus
+    assert window.power_capped_pct is not None and window.power_capped_pct.mean == 100
+    assert window.thermal_slowdown_pct is not None and window.thermal_slowdown_pct.mean == 0
+    assert window.power_violation_pct is not None and window.power_violation_pct.mean == 50
+    assert (window.row_remap_pending, window.row_remap_failure) == (1, 0)
+
+
+def test_load_seen_on_a_throttled_gpu_teaches_no_correction() -> None:
+    """Deliberate bug caught: periods on a power-capped GPU kept among what a move is judged by: its load there
+    says what the cap allowed, and would teach the planner that the hardware is slow."""
+    from agent.protocol import TopicKind, encode, node_topic
+    from agent.simulate import offline_windows, shift_to_now
+    from collectors.sim.scenarios import build_scenario
+    from optimizer.ingest.fleet import Fleet
+    from optimizer.serve.outcomes import _periods
+
+    node = build_scenario("mixed", 4, seed=3)[0]
+    birth, windows = offline_windows(node, 4, site="s")
+    windows = shift_to_now(windows)
+    ref = windows[0].workloads[0]
+    capped = Stats.of([100.0, 100.0])
+    held = windows[1].model_copy(
+        update={"gpus": [g.model_copy(update={"power_capped_pct": capped}) if g.index in ref.gpus else g
+                         for g in windows[1].gpus]}
+    )  # fmt: skip
+    windows[1] = held
+    fleet = Fleet("p")
+    fleet.ingest(node_topic("p", "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        fleet.ingest(node_topic("p", "s", node.name, TopicKind.TELEMETRY), encode(w))
+    record = fleet.record("s", node.name)
+    assert record is not None and [list(w.throttled) for w in record.windows][1] == sorted(ref.gpus)
+    periods = _periods(record, ref.id, windows[0].start - 1, windows[-1].end + 1)
+    assert [p.end for p in periods] == [w.end for w in windows if w is not held]

@@ -23,7 +23,7 @@ import msgspec
 
 from agent.protocol import FLOAT32_MAX, Birth, NicKind, NicRole, WorkloadRef
 from collectors.nic import DEFAULT_FABRIC_PATTERNS
-from optimizer.ingest.window import MAX, MEAN, P95, STD, Window, WindowWorkload
+from optimizer.ingest.window import MAX, MEAN, P95, STD, Window, WindowGpu, WindowWorkload
 
 _NONE = float("nan")  # an absent figure, in the packed arrays
 HEAD = 9  # a GPU's figures before its series: index, util_mean, ..., dram_active
@@ -202,6 +202,7 @@ class WindowDigest:
     read_bps: float = 0.0  # the node's disks, mean
     volatile: tuple[Volatile, ...] = ()
     write_bps: float = 0.0  # the node's disks, mean: a batch job's results written steadily show here
+    throttled: tuple[int, ...] = ()  # GPUs held below their clocks for THROTTLED_PCT of the window or more
 
 
 _MD = re.compile(r"^(md\d+|dm-\d+)$")
@@ -399,4 +400,24 @@ def digest(
         read_bps=sum(d.read_bps[MEAN] for d in disks if d.read_bps),
         volatile=tuple(volatile),
         write_bps=sum(d.write_bps[MEAN] for d in disks if d.write_bps),
+        throttled=tuple(g.index for g in window.gpus if _held_down(g)),
     )
+
+
+# An estimate: a GPU held below its clocks (power cap, power brake, heat) for a fifth of a window or more runs its
+# work measurably slower than its datasheet, so what it shows is not what the hardware can do.
+THROTTLED_PCT = 20.0
+
+
+def _held_down(g: WindowGpu) -> bool:
+    """Whether the GPU's clock event reasons or violation time say it was held down for THROTTLED_PCT or more."""
+    for stats in (
+        g.power_capped_pct,
+        g.thermal_slowdown_pct,
+        g.hw_slowdown_pct,
+        g.power_violation_pct,
+        g.thermal_violation_pct,
+    ):
+        if stats is not None and stats[MEAN] >= THROTTLED_PCT:
+            return True
+    return False

@@ -100,6 +100,13 @@ class WindowGpu(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     ecc_uncorrected: _Count | None = None
     remapped_rows: _Count | None = None
     power_limit_w: Annotated[float, Meta(ge=0, le=MAX_POWER_LIMIT_W)] | None = None
+    power_capped_pct: Percentages | None = None
+    thermal_slowdown_pct: Percentages | None = None
+    hw_slowdown_pct: Percentages | None = None
+    power_violation_pct: Stats | None = None
+    thermal_violation_pct: Stats | None = None
+    row_remap_pending: Annotated[int, Meta(ge=0, le=1)] | None = None
+    row_remap_failure: Annotated[int, Meta(ge=0, le=1)] | None = None
     lost: bool = False
 
 

@@ -328,8 +328,20 @@ def _on_hardware(fleet: Fleet, site: str, hardware: str, catalog: Catalog) -> li
 
 
 def _periods(record: NodeRecord, workload: str, since: float, until: float) -> list[_Period]:
-    """The workload's load on one node after ``since``: closed digests, else the windows so far."""
-    digests = [d for d in record.history.of(workload) if since + DIGEST_SECONDS <= d.end <= until]
+    """The workload's load on one node after ``since``: closed digests, else the windows so far. Time its GPUs
+    were held below their clocks (power cap, heat: ``WindowDigest.throttled``) is left out: load seen there says
+    what the throttle allowed, not how fast the hardware is, and would teach a correction against the hardware."""
+    held = [
+        (w.start, w.end)
+        for w in record.windows
+        if w.throttled and any(set(r.gpus) & set(w.throttled) for r in w.workloads if r.id == workload)
+    ]
+    digests = [
+        d
+        for d in record.history.of(workload)
+        if since + DIGEST_SECONDS <= d.end <= until
+        and not any(start < d.end and end > d.end - DIGEST_SECONDS for start, end in held)
+    ]
     if digests:
         return [_Period(d.end, DIGEST_SECONDS / 3600, d.mean_util, d.peak_p95) for d in digests]
     out = []
@@ -337,7 +349,7 @@ def _periods(record: NodeRecord, workload: str, since: float, until: float) -> l
         if w.start < since or w.end > until:
             continue
         ref = next((r for r in w.workloads if r.id == workload), None)
-        if ref is None:
+        if ref is None or set(ref.gpus) & set(w.throttled):
             continue
         rows = w.gpu_rows
         starts = rows.starts(set(ref.gpus))  # where its GPUs' rows start: index, util mean, util p95, ...
