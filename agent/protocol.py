@@ -303,6 +303,9 @@ class GpuInfo(_Model):
     )
     pci_device_id: str | None = Field(default=None, max_length=16, description='PCI vendor+device id, "0x233010de"')
     nvswitch: bool | None = Field(default=None, description="an NVSwitch at the far end of its NVLink links")
+    util_unavailable: str | None = Field(
+        default=None, max_length=120, description="why this GPU reports no utilisation (an A100 in MIG mode)"
+    )
 
 
 class GpuFailure(_Model):
@@ -512,6 +515,9 @@ class GpuWindow(_Model):
     )
     row_remap_failure: int | None = Field(
         strict=True, default=None, ge=0, le=1, description="1: a row remap failed (the GPU needs service)"
+    )
+    util_unavailable: int | None = Field(
+        strict=True, default=None, ge=0, le=1, description="1: no utilisation could be read (the birth says why)"
     )
     lost: bool = Field(default=False, description="the GPU stopped answering (fallen off the bus)")
 

@@ -98,6 +98,9 @@ _CLOCK_EVENTS = (
 NVML_PERF_POLICY_POWER = 0
 NVML_PERF_POLICY_THERMAL = 1
 MAX_EVENTS_PER_TICK = 64
+# NVML has no utilisation for a GPU in MIG mode or its instances (NOT_SUPPORTED), and GPM, which samples each
+# instance, exists from Hopper: an A100 or A30 in MIG mode reports memory and processes only.
+MIG_WITHOUT_GPM = "MIG mode without GPM (before Hopper): NVML reports no utilisation for the GPU or its instances"
 # Errors other than TIMEOUT one tick's drain reads past before it gives up until the next tick: one GPU's error
 # must not hide the events the others raised, and a fault that answers every call must not cost 64 calls a tick.
 MAX_EVENT_ERRORS_PER_TICK = 4
@@ -196,6 +199,7 @@ class _Device:
     util_ts: int = 0  # timestamp (µs) of the newest utilisation sample read
     power_limit_w: float | None = None
     power_limit_next: float = float("-inf")  # when the limit is read again
+    util_unavailable: str | None = None  # why this device reports no utilisation
 
 
 class NullGpuCollector:
@@ -411,8 +415,11 @@ class NvmlGpuCollector:
 
     def _mig_devices(self, parent: _Device, next_index: int, kept: dict[str, _Device]) -> list[_Device]:
         mode = self._try("nvmlDeviceGetMigMode", parent.handle)
+        parent.util_unavailable = None
         if not mode or not mode[0]:
             return []
+        if parent.gpm is None:
+            parent.util_unavailable = MIG_WITHOUT_GPM
         out: list[_Device] = []
         for slot in range(self._try("nvmlDeviceGetMaxMigDeviceCount", parent.handle) or 0):
             mig = self._try("nvmlDeviceGetMigDeviceHandleByIndex", parent.handle, slot)
@@ -429,6 +436,7 @@ class NvmlGpuCollector:
             instance = self._try("nvmlDeviceGetGpuInstanceId", mig)
             if parent.gpm is not None and instance is not None:
                 device.gpm = self._gpm_reader(parent.handle, int(instance), GPM_ACTIVITY)
+            device.util_unavailable = MIG_WITHOUT_GPM if device.gpm is None else None
             device.samples_api = False
             out.append(device)
         return out
@@ -517,6 +525,7 @@ class NvmlGpuCollector:
                     pcie_source=d.pcie_source if physical else None,
                     pci_device_id=f"0x{int(device_id):08x}" if isinstance(device_id, int) else None,
                     nvswitch=d.nvswitch,
+                    util_unavailable=d.util_unavailable,
                 )
             )
         cuda = self._try("nvmlSystemGetCudaDriverVersion") if self._unavailable is None else None
@@ -786,7 +795,10 @@ class NvmlGpuCollector:
             if d.parent is None:
                 counters |= self._violations(h)
             counters["xid_events"] = self._xids.get(d.index, 0)
-            out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters, latest=self._health(d, now)))
+            latest = self._health(d, now)
+            if d.util_unavailable is not None and "util" not in gauges:
+                latest["util_unavailable"] = 1  # said, not left to read as an idle GPU
+            out.append(Sample(Entity.GPU, str(d.index), gauges=gauges, counters=counters, latest=latest))
         return out
 
     # ------------------------------------------------------------------ attribution

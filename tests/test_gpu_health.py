@@ -211,3 +211,29 @@ def test_load_seen_on_a_throttled_gpu_teaches_no_correction() -> None:
     assert record is not None and [list(w.throttled) for w in record.windows][1] == sorted(ref.gpus)
     periods = _periods(record, ref.id, windows[0].start - 1, windows[-1].end + 1)
     assert [p.end for p in periods] == [w.end for w in windows if w is not held]
+
+
+# ---------------------------------------------------------------- utilisation NVML cannot give
+
+
+def test_an_a100_in_mig_mode_says_it_has_no_utilisation_rather_than_reading_idle(tmp_path: Path) -> None:
+    """Deliberate bug caught: an A100 in MIG mode (no GPM before Hopper) sent with its utilisation simply absent,
+    which reads as a GPU nobody uses; the birth must say why and each window must mark it, for the GPU and each
+    instance, while an H100 in MIG mode (GPM per instance) is not marked."""
+    a100_slices = [
+        FakeGpu(name="NVIDIA A100-SXM4-80GB MIG 3g.40gb", gpu_instance_id=1),
+        FakeGpu(name="NVIDIA A100-SXM4-80GB MIG 3g.40gb", gpu_instance_id=2),
+    ]
+    a100 = FakeGpu(name="NVIDIA A100-SXM4-80GB", pci_device_id=0x20B210DE, mig=list(a100_slices))
+    h100_slice = FakeGpu(name="NVIDIA H100 80GB HBM3 MIG 7g.80gb", gpu_instance_id=1, gpm={1: 40.0})
+    h100 = FakeGpu(mig=[h100_slice], gpm={2: 20.0})
+    clock = Clock()
+    collector = _nvml([a100, h100], tmp_path, clock)
+    birth = {g.index: g for g in collector.inventory().gpus}
+    marked = {i for i, g in birth.items() if g.util_unavailable}
+    assert {birth[i].model for i in marked} == {"NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB MIG 3g.40gb"}
+    assert len(marked) == 3 and "MIG" in (birth[min(marked)].util_unavailable or "")
+    gpus = {g.index: g for g in _window(collector, clock, 3)}
+    assert {i for i, g in gpus.items() if g.util_unavailable == 1} == marked
+    assert all(gpus[i].util is None for i in marked)
+    assert all(g.util_unavailable is None for i, g in gpus.items() if i not in marked)

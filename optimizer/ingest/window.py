@@ -107,6 +107,7 @@ class WindowGpu(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     thermal_violation_pct: Stats | None = None
     row_remap_pending: Annotated[int, Meta(ge=0, le=1)] | None = None
     row_remap_failure: Annotated[int, Meta(ge=0, le=1)] | None = None
+    util_unavailable: Annotated[int, Meta(ge=0, le=1)] | None = None
     lost: bool = False
 
 
