@@ -691,7 +691,7 @@ class NvmlGpuCollector:
 
     def _events_without_lost_gpus(self) -> None:
         """A new event set with every GPU that still answers: a lost GPU registered with the set makes each wait
-        fail. The GPU is registered again once a rescan finds it answering."""
+        fail. The GPU is registered again when it answers (``sample``)."""
         self._try("nvmlEventSetFree", self._events)
         self._events = None
         self._registered.clear()
