@@ -670,13 +670,15 @@ def test_mint_keeps_a_nodes_credentials_unless_told_to_rotate_them(tmp_path: Pat
     subprocess.run([mint, "node", str(tmp_path), "lab", "n1"], check=True, capture_output=True, timeout=60)
     password = (tmp_path / "clients" / "n1" / "mqtt-password").read_text()
     hashed = (tmp_path / "passwd").read_text()
-    again = subprocess.run([mint, "node", str(tmp_path), "lab", "n1"], capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [mint, "node", str(tmp_path), "lab", "n1"], check=False, capture_output=True, text=True, timeout=60
+    )
     assert again.returncode != 0 and again.stdout == ""
     assert again.stderr.count("\n") == 1 and "already has credentials" in again.stderr and "--rotate" in again.stderr
     assert (tmp_path / "clients" / "n1" / "mqtt-password").read_text() == password
     assert (tmp_path / "passwd").read_text() == hashed
     rotated = subprocess.run(
-        [mint, "node", str(tmp_path), "lab", "n1", "--rotate"], capture_output=True, text=True, timeout=60
+        [mint, "node", str(tmp_path), "lab", "n1", "--rotate"], check=False, capture_output=True, text=True, timeout=60
     )
     assert rotated.returncode == 0 and "rotated n1" in rotated.stdout
     assert (tmp_path / "clients" / "n1" / "mqtt-password").read_text() != password

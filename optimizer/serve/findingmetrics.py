@@ -30,7 +30,6 @@ NAMES = (
 OTHER = "(other owners)"
 
 
-
 def _bounded(values: dict[tuple[str, str, str], float], cap: int) -> dict[tuple[str, str, str], float]:
     """(owner, kind, hardware) -> value, with owners past the ``cap`` with the most summed as OTHER."""
     by_owner: dict[str, float] = defaultdict(float)
