@@ -59,6 +59,8 @@ ROWS: list[Row] = [
     ("partial decode batch: below 95 % busy", DECODE, "busy_level", 94.0, 96.0, INF),
     ("partial decode batch: memory-bound share >= 0.55", DECODE, "intensity", 0.70, 0.715, INF),
     ("partial decode batch: from 70 % busy", DECODE | {"busy_level": 80.0}, "mean_util", 70.0, 69.0, INF),
+    # GPM's decode reading with the power sensor agreeing (<= 0.68) weighs 1.5 instead of 1.0, once
+    ("decode measured twice: power <= 0.68", {"tensor_share": 0.2, "dram_share": 0.7}, "intensity", 0.68, 0.69, INF),
 ]
 
 
@@ -66,8 +68,8 @@ ROWS: list[Row] = [
 def test_each_new_rule_turns_at_its_threshold(
     rule: str, base: dict[str, Any], field: str, past: object, short: object, cls: WorkloadClass
 ) -> None:
-    """Catches REQUEST_STARTS_PER_MIN moved to 1.7 or 1.3, REQUEST_GAP_CV to 0.52 or 0.48, the step-period check
-    dropped, PARTIAL_BATCH_LEVEL moved to 93 or 97, DECODE_SHARE to 0.5 or 0.6, or the 70 % floor moved."""
+    """Catches REQUEST_STARTS_PER_MIN moved to 1.7 or 1.3, REQUEST_GAP_CV to 0.52 or 0.48, PARTIAL_BATCH_LEVEL
+    moved to 93 or 97, DECODE_SHARE to 0.5 or 0.6, the 70 % floor moved, or power's agreement with GPM ignored."""
     fired = weigh(features(**(base | {field: past})))
     held = weigh(features(**(base | {field: short})))
     others = [c for c in (TR, INF, BAT, NB) if c is not cls]

@@ -225,12 +225,14 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
             # Image, speech, embedding and vision services run dense kernels too: only LLM decode is not.
             led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.5, I=-0.3)
         elif f.tensor_share <= 0.32 and f.dram_share >= 0.55:
-            led.add(
-                f"memory-bound: DRAM {f.dram_share:.0%}, tensor pipes {f.tensor_share:.0%} of busy time (decode)",
-                I=1.0,
-                B=0.4,
-                T=-1.0,
-            )
+            line = f"memory-bound: DRAM {f.dram_share:.0%}, tensor pipes {f.tensor_share:.0%} of busy time (decode)"
+            if f.intensity is not None and f.intensity <= 0.68:
+                # The power sensor agrees with the profiling counters: one fact, measured twice, surer but not
+                # twice the evidence. (Dense compute is not weighed up so: training, batch and services share it.)
+                line += f", power {f.intensity:.0%} of what its utilisation allows"
+                led.add(line, I=1.5, B=0.4, T=-1.5)
+            else:
+                led.add(line, I=1.0, B=0.4, T=-1.0)
     shape = shape_reading(f)
     if shape is not None and shape[0] >= DECODE_SHARE and f.mean_util >= 70 and f.busy_level < PARTIAL_BATCH_LEVEL:
         # A continuous-batching engine reads 86 % with one request in flight and ~98 % with its batch full (the
