@@ -18,7 +18,7 @@
 * ``services``: the realistic fleet with online services that do not look like LLM chat on half of its nodes:
   compute-bound APIs (image generation, speech recognition, embeddings and reranking, vision behind Triton), small
   LLMs served as one replica per PCIe card, FP8 tensor-parallel LLM serving at moderate load
-  (``service_spec``). Its processes are named ``python3`` with no program, so only behaviour tells them apart.
+  (``service_spec``), named as the realistic fleet's are; ``names=False`` leaves only behaviour to tell them apart.
 
 Levels, noise, checkpoint periods, diurnal phases and stalls are drawn per seed, so two seeds give two fleets.
 """
