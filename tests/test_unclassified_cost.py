@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import simulated_fleet
+import aiohttp
+from conftest import free_port, simulated_fleet
 
+from agent.config import MqttSettings
 from agent.protocol import Plan, SolverReport, WorkloadClass, WorkloadView
 from optimizer.decide.catalog import load_catalog
+from optimizer.serve.config import ApiSettings, OptimizerConfig
 from optimizer.serve.lifecycle import DB_NAME
 from optimizer.serve.report import Ledger, run_report
+from optimizer.serve.service import Optimizer
+from optimizer.serve.web.app import WebServer
 from optimizer.serve.web.views import Trend, overview
 
 H100 = "H100 80GB SXM"  # the catalog's price: $2.50 a GPU-hour
@@ -51,3 +56,20 @@ def test_the_overview_prices_what_unclassified_workloads_hold() -> None:
     rows = {c.name: c for c in view.classes}
     assert rows["unknown"].gpus == 4 and rows["unknown"].held_usd == 10.0
     assert rows["training"].held_usd == 20.0
+
+
+async def test_the_console_overview_says_what_unclassified_workloads_hold() -> None:
+    """The overview page's line on workloads with no class: 1 workload on 4 GPUs, $10.00/hour (4 H100s at $2.50).
+    Deliberate bug caught: the line left out, or priced from every class ($30.00)."""
+    optimizer = Optimizer(OptimizerConfig(mqtt=MqttSettings(port=free_port())), load_catalog())
+    optimizer.fleet, _ = simulated_fleet("demo", 8, windows=3, seed=1)
+    optimizer.plans["s1"] = _plan()
+    server = WebServer(optimizer, ApiSettings(port=0, token="t" * 32))  # type: ignore[arg-type]
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{server.port}/") as r:
+            page = await r.text()
+    finally:
+        await server.stop()
+    line = page.split('id="unclassified">')[1].split("</p>")[0]
+    assert line.startswith("1 workload(s) on 4 GPU(s) have no class, holding $10.00/hour"), line
