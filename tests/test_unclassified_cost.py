@@ -64,7 +64,7 @@ async def test_the_console_overview_says_what_unclassified_workloads_hold() -> N
     optimizer = Optimizer(OptimizerConfig(mqtt=MqttSettings(port=free_port())), load_catalog())
     optimizer.fleet, _ = simulated_fleet("demo", 8, windows=3, seed=1)
     optimizer.plans["s1"] = _plan()
-    server = WebServer(optimizer, ApiSettings(port=0, token="t" * 32))  # type: ignore[arg-type]
+    server = WebServer(optimizer, ApiSettings(port=0, token="t" * 32))
     await server.start()
     try:
         async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{server.port}/") as r:
