@@ -167,7 +167,8 @@ _UNBLOCK = (
 )
 
 
-_ELSEWHERE = re.compile(r"(?P<name>[^,;()]+?) \(not in this site\)")
+# a catalog name may end in one parenthesised part of its own ("MI300A 128GB (APU)")
+_ELSEWHERE = re.compile(r"(?P<name>[^,;()]+?(?: \([^()]*\))?) \(not in this site\)")
 
 
 def where_else(detail: str, site: str, hardware_sites: dict[str, set[str]]) -> str:
