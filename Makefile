@@ -1,6 +1,6 @@
 # fleetfit: `make demo` runs the demo, `make test` runs lint, type checks and the whole test suite.
 # Each target bootstraps what it needs: a virtual environment in .venv, the package, and for the tests
-# Debian's mosquitto, victoria-metrics and chromium (installed with apt-get when missing).
+# Debian's mosquitto, victoria-metrics, prometheus and chromium (installed with apt-get when missing).
 
 PYTHON ?= python3
 VENV ?= .venv
