@@ -15,6 +15,23 @@ from typing import Literal
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+async def reply(writer: asyncio.StreamWriter, status: int, text: str, head_only: bool = False) -> None:
+    """One HTTP/1.1 answer on a connection that then closes: metrics (``CONTENT_TYPE``) on 200, plain text else."""
+    body = text.encode()
+    content_type = CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
+    header = (
+        f"HTTP/1.1 {status} {REASONS[status]}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    with contextlib.suppress(ConnectionError):
+        writer.write(header.encode() + (b"" if head_only else body))
+        await writer.drain()
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,16 +111,4 @@ class MetricsServer:
             await self._reply(writer, 200, render(self.collect()), head_only=method == "HEAD")
 
     async def _reply(self, writer: asyncio.StreamWriter, status: int, text: str, head_only: bool = False) -> None:
-        body = text.encode()
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}[status]
-        content_type = CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
-        header = (
-            f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        with contextlib.suppress(ConnectionError):
-            writer.write(header.encode() + (b"" if head_only else body))
-            await writer.drain()
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+        await reply(writer, status, text, head_only)

@@ -16,15 +16,13 @@ from collections.abc import Sequence
 from typing import Protocol
 from urllib.parse import unquote
 
-from agent.metrics import CONTENT_TYPE, labelled
+from agent.metrics import labelled, reply
 from agent.metrics import render as render_self
 from collectors.sim.exporter import ExporterOptions, NodeView, node_view, render
 from collectors.sim.node import Latest, SimulatedNode
 from collectors.sim.spec import WorkloadSpec
 
 log = logging.getLogger(__name__)
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
 
 
 class Clock(Protocol):
@@ -114,18 +112,7 @@ class ExporterServer:
         await self._reply(writer, 200, text, head_only=method == "HEAD")
 
     async def _reply(self, writer: asyncio.StreamWriter, status: int, text: str, head_only: bool = False) -> None:
-        body = text.encode()
-        content_type = CONTENT_TYPE if status == 200 else "text/plain; charset=utf-8"
-        header = (
-            f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        with contextlib.suppress(ConnectionError):
-            writer.write(header.encode() + (b"" if head_only else body))
-            await writer.drain()
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+        await reply(writer, status, text, head_only)
 
 
 async def drive(sims: Sequence[SimulatedNode], clock: Clock, stop: asyncio.Event) -> None:
