@@ -243,20 +243,22 @@ class Optimizer:
         except (aiomqtt.MqttError, TimeoutError) as exc:
             log.info("could not say this optimizer is leaving (its last will will): %s", _brief(exc))
 
-    def _take(self, topic: str, payload: bytes | bytearray) -> None:
-        """A node's message: into the fleet, and a window's lines into the store."""
+    def _take(self, topic: str, payload: bytes | bytearray, timely: bool = True) -> bool:
+        """A node's message: into the fleet, and a window's lines into the store; whether it was accepted.
+        ``timely``: it came as it was made (MQTT), so how late it came is the ingest lag; a window a source read
+        later on purpose (Prometheus, settled windows and a backfill) is not counted there."""
         accepted = self.fleet.ingest(topic, payload)
         if isinstance(accepted, Window):
-            self.lag.add(self.fleet.clock() - accepted.end)
+            if timely:
+                self.lag.add(self.fleet.clock() - accepted.end)
             if self.store is not None:
                 record = self.fleet.record(accepted.site, accepted.node)
                 self.store.add(window_points(record.birth if record else None, accepted))
+        return accepted is not None
 
     def _take_read(self, topic: str, payload: bytes) -> bool:
-        """A message a source read (Prometheus) rather than a node sent: taken as a node's; whether accepted."""
-        before = sum(self.fleet.accepted.values())
-        self._take(topic, payload)
-        return sum(self.fleet.accepted.values()) > before
+        """A message a source read (Prometheus) rather than a node sent: taken as a node's, outside the ingest lag."""
+        return self._take(topic, payload, timely=False)
 
     async def request_resends(self) -> int:
         """Ask each node for the windows missing from its sequence; the number of nodes asked."""
