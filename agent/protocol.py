@@ -332,6 +332,32 @@ class DiskInfo(_Model):
     )
 
 
+class NetworkMount(_Model):
+    """A file system the node reads over the network (NFS, Lustre, GPFS, CephFS, BeeGFS, WekaFS, ...)."""
+
+    path: str = Field(min_length=1, max_length=255)
+    fstype: str = Field(min_length=1, max_length=32)
+
+
+class HostInfo(_Model):
+    """What the rest of the node offers its GPUs: CPU cores for data loading, memory, local NVMe for data and
+    weight caches, network storage. Read by the agent from /proc and sysfs (or from node_exporter's series);
+    every field is optional: None means not read, never zero."""
+
+    cpu_cores: int | None = Field(strict=True, default=None, ge=1, le=4096, description="logical CPUs online")
+    memory_mib: int | None = Field(strict=True, default=None, ge=1, le=2**32, description="MemTotal")
+    local_nvme_bytes: int | None = Field(
+        strict=True, default=None, ge=0, le=MAX_DISK_BYTES, description="capacity of local NVMe namespaces"
+    )
+    local_nvme_read_bps: Quantity | None = Field(
+        default=None,
+        ge=0,
+        description="sequential read bandwidth of the local NVMe in all, bytes/s: an estimate from each "
+        "controller's PCIe link (sysfs current_link_speed × width), never a measurement",
+    )
+    network_mounts: list[NetworkMount] = Field(default_factory=list, max_length=64)
+
+
 class Birth(_Model):
     """Retained inventory a node publishes each time it (re)connects."""
 
@@ -353,6 +379,7 @@ class Birth(_Model):
     attribution_warning: str | None = Field(
         default=None, max_length=300, description="why GPU processes cannot be attributed to workloads here"
     )
+    host: HostInfo | None = Field(default=None, description="CPU, memory and storage beside the GPUs")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, defer_build=True)
 
@@ -709,6 +736,13 @@ class FindingKind(StrEnum):
     IDLE_ALLOCATION = "idle_allocation"
     UNCATALOGUED_HARDWARE = "uncatalogued_hardware"
     PROJECTION_MISSED = "projection_missed"  # an applied move whose observed load is far from its projection
+    # The rest of the node: GPUs paid for while they wait on CPU, storage or a neighbour.
+    INPUT_STARVED_TRAINING = "input_starved_training"
+    CHECKPOINT_STALL = "checkpoint_stall"
+    SLOW_COLD_START = "slow_cold_start"
+    MIXED_NODE = "mixed_node"
+    # A GPU slowed by power or thermal limits, not by its model.
+    THROTTLED_GPU = "throttled_gpu"
 
 
 class Finding(_Model):
@@ -722,6 +756,12 @@ class Finding(_Model):
     wasted_usd_per_hour: float = Field(ge=0)
     confidence: float = Field(ge=0, le=1)
     detail: str
+    fix: str | None = Field(
+        default=None,
+        max_length=300,
+        description="a change of configuration that fixes it where no move is needed (more data-loader workers, "
+        "asynchronous checkpointing, a local model cache, a cooling or power-limit check)",
+    )
 
 
 class Projection(_Model):

@@ -37,6 +37,14 @@ class SnapshotNode(_Strict):
     nvlink: bool | None = Field(default=None, description="every GPU reaches the others over NVLink")
     fabric: Literal["infiniband", "roce", "ethernet"] | None = Field(default=None, description="RDMA NICs seen")
     pci_id: str | None = Field(default=None, max_length=16, description="PCI id the catalog matches first")
+    # The rest of the node (agents' births, node_exporter, or written by hand); None: not known.
+    cpu_cores: int | None = Field(default=None, ge=1, le=4096, description="logical CPUs")
+    memory_gib: float | None = Field(default=None, gt=0, description="host memory")
+    local_nvme_tb: float | None = Field(default=None, ge=0, description="local NVMe capacity, TB")
+    local_nvme_read_gbps: float | None = Field(
+        default=None, ge=0, description="local NVMe sequential read, GB/s (an estimate from its PCIe links)"
+    )
+    network_storage: bool | None = Field(default=None, description="reads data over a network file system")
 
 
 class SnapshotWorkload(_Strict):
