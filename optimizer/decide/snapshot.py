@@ -47,6 +47,16 @@ class SnapshotNode(_Strict):
     network_storage: bool | None = Field(default=None, description="reads data over a network file system")
 
 
+class WorkloadNeeds(_Strict):
+    """What a workload needs of its node beside its GPUs, where its findings show it waiting on the rest of the node
+    (training starved by its input pipeline). The planner moves it only to nodes known to meet every need given."""
+
+    cpu_cores_per_gpu: float | None = Field(
+        default=None, gt=0, le=512, description="logical CPUs per GPU its data loaders need on the target"
+    )
+    local_nvme: bool = Field(default=False, description="its data read from local NVMe rather than over the network")
+
+
 class SnapshotWorkload(_Strict):
     id: str = Field(min_length=1, max_length=200)
     name: str = ""
@@ -72,6 +82,14 @@ class SnapshotWorkload(_Strict):
         default=None,
         max_length=128,
         description="who showback charges it to: a Kubernetes namespace or team label, a Slurm account; informative",
+    )
+    needs: WorkloadNeeds | None = Field(
+        default=None, description="what it needs of its node beside GPUs; a move goes only where a node meets it"
+    )
+    scales_with_load: bool = Field(
+        default=False,
+        description="an online service that starts replicas as its load rises: moves prefer nodes with local NVMe, "
+        "whose cold starts are seconds rather than tens of seconds",
     )
 
     @model_validator(mode="after")
