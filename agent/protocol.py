@@ -92,11 +92,14 @@ MAX_DISK_BYTES = 2**60
 # connections to a workload's ports, and their peers: every TCP socket holds kernel memory (an estimate: 2 KiB
 # or more), so 2**32 of them would need 8 TiB
 MAX_CONNECTIONS = 2**32
+# NVLink-C2C bandwidth of one GPU in bytes/s: 10 TB/s, over 10x Grace Hopper's and Grace Blackwell's 900 GB/s
+# (NVIDIA GH200 and GB200 datasheets)
+MAX_C2C_BPS = 10e12
 # a GPU's power limit in W: 10 kW, over 7x the largest accelerator's (1,400 W: AMD MI355X datasheet)
 MAX_POWER_LIMIT_W = 10_000
 # a workload's GPUs across nodes and a plan's actions and waves: 100,000 GPUs, the largest single clusters built
 MAX_FLEET_GPUS = 100_000
-PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active")
+PERCENT_FIELDS = ("util", "mem_util", "sm_active", "tensor_active", "dram_active", "sm_occupancy")
 HOST_PERCENT_FIELDS = ("cpu_util", "mem_used_pct")
 # What a stats array summarises is never negative, and the optimizer keeps some of it as float32.
 Measured = Annotated[float, Field(strict=True, ge=0, le=FLOAT32_MAX, allow_inf_nan=False)]
@@ -306,6 +309,26 @@ class GpuInfo(_Model):
     util_unavailable: str | None = Field(
         default=None, max_length=120, description="why this GPU reports no utilisation (an A100 in MIG mode)"
     )
+    c2c_links: int | None = Field(
+        strict=True,
+        default=None,
+        ge=0,
+        le=MAX_LINKS,
+        description="NVLink-C2C links up between the GPU and its Grace CPU (GH200, GB200); 0: none; None: not known",
+    )
+    c2c_max_bps: Quantity | None = Field(
+        default=None, ge=0, le=MAX_C2C_BPS, description="the C2C links' maximum bandwidth together, bytes/s"
+    )
+    memory_partition: str | None = Field(
+        default=None, max_length=16, description='AMD memory partition mode: "NPS1" (one NUMA domain), "NPS4"...'
+    )
+    physical: int | None = Field(
+        strict=True,
+        default=None,
+        ge=0,
+        le=MAX_GPU_INDEX,
+        description="for an AMD compute partition: the index of its physical GPU's first partition (shared by all)",
+    )
 
 
 class GpuFailure(_Model):
@@ -504,6 +527,9 @@ class GpuWindow(_Model):
     sm_active: Percentages | None = Field(default=None, description="GPM (Hopper and newer): SM activity, %")
     tensor_active: Percentages | None = Field(default=None, description="GPM: tensor-core activity, %")
     dram_active: Percentages | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")
+    sm_occupancy: Percentages | None = Field(
+        default=None, description="GPM: warps resident on the SMs against the most they can hold, %"
+    )
     util_series: list[Percent] = Field(default_factory=list, max_length=3600)
     workload: str | None = Field(default=None, max_length=200)
     xid_events: int = Field(

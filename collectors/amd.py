@@ -17,7 +17,9 @@ MI300X in CPX are 64. Each partition carries its GPU's PCI address with the part
 (``0000:05:00.3``), which is how they are grouped here. Only the first partition answers the partition query and
 reads gpu_metrics (ROCm 6.4.1, ROCm/amdsmi#100), so the group's mode is the first partition's answer, or failing
 that follows from the number of partitions; every partition of the GPU carries it in the birth (``mig_profile``),
-which is how the optimizer counts eight CPX devices as one GPU. The GPU's own readings (power, temperature,
+and each partition names its GPU's first partition (``physical``), which is how the optimizer counts eight CPX
+devices as one GPU. The memory partition mode (NPS1, NPS4: the NUMA domains the GPU's HBM is split into) is read
+the same way, once per GPU, into the birth (``memory_partition``). The GPU's own readings (power, temperature,
 memory-controller activity, xGMI bytes) are read once, from the first partition, and reported on it; each
 partition's activity comes from the GPU's ``xcp_stats`` where the driver reports it (gpu_metrics 1.6+), from the
 partition's own activity call otherwise.
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +62,7 @@ AMDSMI_STATUS_DRIVER_NOT_LOADED = 34
 # partitioning": DPX halves, TPX thirds, QPX quarters; CPX is one partition per XCD, 8 on MI300X, 6 on MI300A).
 _MODE_BY_COUNT = {2: "DPX", 3: "TPX", 4: "QPX", 6: "CPX", 8: "CPX"}
 _WHOLE = frozenset({"", "SPX", "N/A"})
+_NPS = re.compile(r"^NPS[0-9]{1,2}$")  # amdsmi's memory partition modes: NPS1, NPS2, NPS4, NPS8
 
 
 def _number(value: Any) -> float | None:
@@ -91,6 +95,8 @@ class _Device:
     partition: int  # the partition number within its GPU (the PCI function); 0 for a whole GPU
     primary: int  # index of the GPU's first partition: the device its GPU-wide readings are read from
     mode: str | None = None  # the GPU's partition mode (CPX...), None for a whole GPU
+    partitions: int = 1  # devices its GPU is listed as
+    memory_mode: str | None = None  # the GPU's memory partition mode (NPS1, NPS4...); None where it has none
     links: int = 0  # xGMI links the GPU reports
     power_limit_w: float | None = None
     power_limit_next: float = float("-inf")  # when the power cap is read again
@@ -160,9 +166,9 @@ class AmdGpuCollector:
             first = min(members, key=lambda m: m.partition)
             d.primary = first.index
             if d is first:
-                mode = self._mode(members)
+                mode, memory = self._mode(members), self._memory_mode(members)
                 for m in members:
-                    m.mode = mode
+                    m.mode, m.memory_mode, m.partitions = mode, memory, len(members)
         self._failed = {}
         for d in found:
             if self._try("amdsmi_get_gpu_asic_info", d.handle) is None:
@@ -193,6 +199,17 @@ class AmdGpuCollector:
             return answer
         return _MODE_BY_COUNT.get(len(members))
 
+    def _memory_mode(self, members: list[_Device]) -> str | None:
+        """The memory partition mode of one GPU (NPS1: its HBM is one NUMA domain; NPS4: four, each partition
+        using its own quarter), as the first partition that answers says it: like the compute mode, only the
+        first partition answers on ROCm releases before the fix of ROCm/amdsmi#100. GPUs without memory
+        partitions (MI210, MI250X) answer NOT_SUPPORTED; an amdsmi without the call gives None too."""
+        for m in sorted(members, key=lambda m: m.partition):
+            said = self._try("amdsmi_get_gpu_memory_partition", m.handle)
+            if isinstance(said, str) and _NPS.match(said.strip().upper()):
+                return said.strip().upper()
+        return None
+
     def _xgmi_links(self, handle: Any) -> int:
         metrics = self._try("amdsmi_get_gpu_metrics_info", handle) or {}
         values = metrics.get("xgmi_read_data_acc")
@@ -207,10 +224,15 @@ class AmdGpuCollector:
         return None
 
     def _current(self) -> tuple[Any, ...]:
-        """What, when it changes, means amdsmi must list the devices again: each GPU's partition mode as its first
-        partition answers now, and the driver version."""
+        """What, when it changes, means amdsmi must list the devices again: each GPU's compute and memory partition
+        modes as its first partition answers now, and the driver version. Read every ``RESCAN_S``, not per tick."""
         modes = tuple(
-            self._try("amdsmi_get_gpu_compute_partition", d.handle) for d in self._devices if d.primary == d.index
+            (
+                self._try("amdsmi_get_gpu_compute_partition", d.handle),
+                self._try("amdsmi_get_gpu_memory_partition", d.handle),
+            )
+            for d in self._devices
+            if d.primary == d.index
         )
         return (modes, self._driver_version())
 
@@ -232,6 +254,10 @@ class AmdGpuCollector:
                     mig_profile=d.mode,
                     power_limit_w=self._power_cap(h) if d.primary == d.index else None,
                     pci_device_id=_pci_id(asic),
+                    memory_partition=d.memory_mode,
+                    # the GPU a partition is part of, from its PCI address: counted rather than guessed from the
+                    # mode (a mode amdsmi does not name, a partition that could not be read)
+                    physical=d.primary if d.mode is not None or d.partitions > 1 else None,
                 )
             )
         unavailable = self._unavailable
@@ -316,7 +342,7 @@ class AmdGpuCollector:
 
     def _layout(self) -> tuple[Any, ...]:
         return (
-            tuple((d.index, d.address, d.partition, d.mode, d.links) for d in self._devices),
+            tuple((d.index, d.address, d.partition, d.mode, d.memory_mode, d.links) for d in self._devices),
             tuple(sorted(self._failures)),
             self._driver,
             self._unavailable,

@@ -1,9 +1,11 @@
-"""GPU Performance Monitoring (Hopper and newer): SM, tensor-core and DRAM activity from two GPM samples.
+"""GPU Performance Monitoring (Hopper and newer): SM, tensor-core and DRAM activity and SM occupancy from two GPM
+samples.
 
 Plain utilisation only says a kernel was running; GPM says how much of the GPU it used, which tells a
-tensor-core-bound training step from a memory-bound decode loop. GPM also samples each MIG instance on its own
-(``nvmlGpmMigSampleGet``), where NVML's utilisation is not supported at all, and gives PCIe throughput in MiB/s
-on drivers older than the PCIe byte fields.
+tensor-core-bound training step from a memory-bound decode loop. SM occupancy (warps resident against the most
+the SMs hold) tells a GPU kept full from one whose SMs each run a few warps (small batches). GPM also samples
+each MIG instance on its own (``nvmlGpmMigSampleGet``), where NVML's utilisation is not supported at all, and
+gives PCIe throughput in MiB/s on drivers older than the PCIe byte fields.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-# nvml.h NVML_GPM_METRIC_* ids → the names the collector reads them under.
-GPM_ACTIVITY = {1: "gpm_util", 2: "sm_active", 5: "tensor_active", 10: "dram_active"}
+# nvml.h NVML_GPM_METRIC_* ids → the names the collector reads them under. SM occupancy (3) rides in the same
+# nvmlGpmMetricsGet call as the others: one more slot, no more calls.
+GPM_ACTIVITY = {1: "gpm_util", 2: "sm_active", 3: "sm_occupancy", 5: "tensor_active", 10: "dram_active"}
 GPM_PCIE = {20: "pcie_tx_mibps", 21: "pcie_rx_mibps"}
 
 

@@ -2,7 +2,8 @@
 
 Signals per GPU — gauges: ``util`` and ``mem_util`` (%), ``mem_used_mib``, ``power_w``, ``temp_c``,
 ``sm_clock_mhz``, ``power_capped_pct`` / ``thermal_slowdown_pct`` / ``hw_slowdown_pct`` (100 while the clock
-event reason holds), and on Hopper and newer ``sm_active`` / ``tensor_active`` / ``dram_active`` (GPM, %);
+event reason holds), and on Hopper and newer ``sm_active`` / ``tensor_active`` / ``dram_active`` /
+``sm_occupancy`` (GPM, %);
 counters: ``pcie_tx_bps`` / ``pcie_rx_bps`` (the cumulative PCIe byte fields, read in one batched
 ``nvmlDeviceGetFieldValues`` call; ``nvmlDeviceGetPcieThroughput`` is avoided because it samples for ~20 ms per
 call), ``nvlink_tx_bps`` / ``nvlink_rx_bps`` (cumulative NVLink KiB over the links that are up), ``xid_events``
@@ -35,6 +36,8 @@ What real drivers do, and what the collector does about it (docs/agent.md has th
   server): both are read, so each client is attributed to its own workload.
 - PCIe byte fields exist from R555 and wrap at the width of the value type NVML returns; older drivers on
   Hopper and newer get PCIe MiB/s from GPM instead; ``pcie_source`` in the birth says which.
+- NVLink-C2C (Grace Hopper, Grace Blackwell) is read once per GPU, for the birth: every other GPU answers
+  ``nvmlDeviceGetC2cModeInfoV`` with NOT_SUPPORTED, and a driver without that call is asked the C2C fields.
 - Utilisation is not supported on MIG instances (nor on a GPU in MIG mode): GPM samples each instance.
 - ``nvmlDeviceGetUtilizationRates`` covers one sample period (1/6 s to 1 s); ``nvmlDeviceGetSamples`` returns
   every sample since the previous tick, so bursty work does not read as 0 or 100.
@@ -66,6 +69,12 @@ FI_PCIE_TX_BYTES = 197
 FI_PCIE_RX_BYTES = 198
 FI_NVLINK_DATA_TX_KIB = 138
 FI_NVLINK_DATA_RX_KIB = 139
+# NVLink-C2C, the GPU's link to its Grace CPU (nvml.h): the number of links; per link (scope), 1 while it is
+# active and its speed in MB/s.
+FI_C2C_LINK_COUNT = 170
+FI_C2C_LINK_GET_STATUS = 171
+FI_C2C_LINK_GET_MAX_BW = 172
+MAX_C2C_LINKS = 64  # what a garbled count may make the agent ask for (an estimate: nvml.h sets no maximum)
 NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
@@ -200,6 +209,8 @@ class _Device:
     power_limit_w: float | None = None
     power_limit_next: float = float("-inf")  # when the limit is read again
     util_unavailable: str | None = None  # why this device reports no utilisation
+    c2c_links: int | None = None  # NVLink-C2C links up, read once: 0 on every GPU without a Grace CPU
+    c2c_max_bps: float | None = None
 
 
 class NullGpuCollector:
@@ -355,6 +366,7 @@ class NvmlGpuCollector:
     def _physical(self, index: int, handle: Any, uuid: str) -> _Device:
         device = _Device(index, handle, uuid)
         self._read_links(device)
+        device.c2c_links, device.c2c_max_bps = self._c2c(handle)
         gpm = GpmReader.supported(self._nvml, handle)
         device.pcie_source = self._pcie_source(handle, gpm)
         if gpm:
@@ -377,6 +389,37 @@ class NvmlGpuCollector:
         if links:
             remote = self._try("nvmlDeviceGetNvLinkRemoteDeviceType", device.handle, links[0])
             device.nvswitch = None if remote is None else int(remote) == NVML_NVLINK_DEVICE_TYPE_SWITCH
+
+    def _c2c(self, handle: Any) -> tuple[int | None, float | None]:
+        """NVLink-C2C links up and their maximum bandwidth together (bytes/s; NVML gives MB/s per link). Asked once
+        per GPU, when it is first read: only Grace Hopper and Grace Blackwell have the link, and every other GPU
+        answers NOT_SUPPORTED, which is not worth a call per tick. (None, None) where the driver cannot say."""
+        try:
+            mode = self._nvml.nvmlDeviceGetC2cModeInfoV(handle)
+        except self._errors as exc:  # AttributeError: a binding older than the call; FUNCTION_NOT_FOUND: a driver
+            self._note(exc)
+            if _code(exc) == NVML_ERROR_NOT_SUPPORTED:
+                return 0, None
+        else:
+            if not getattr(mode, "isC2cEnabled", 0):
+                return 0, None
+        count = self._try("nvmlDeviceGetFieldValues", handle, [FI_C2C_LINK_COUNT])
+        if count is None or int(count[0].nvmlReturn) != 0:
+            return None, None
+        links = min(field_value(count[0])[0], MAX_C2C_LINKS)
+        if not links:
+            return 0, None
+        ids = [(fid, link) for link in range(links) for fid in (FI_C2C_LINK_GET_STATUS, FI_C2C_LINK_GET_MAX_BW)]
+        values = self._try("nvmlDeviceGetFieldValues", handle, ids)
+        if values is None:
+            return None, None
+        read: dict[tuple[int, int], int] = {}
+        for v in values:
+            if int(v.nvmlReturn) == 0:
+                read[(int(v.fieldId), int(v.scopeId))] = field_value(v)[0]
+        up = [link for link in range(links) if read.get((FI_C2C_LINK_GET_STATUS, link)) == 1]
+        speeds = [read[(FI_C2C_LINK_GET_MAX_BW, link)] for link in up if (FI_C2C_LINK_GET_MAX_BW, link) in read]
+        return len(up), sum(speeds) * 1e6 if speeds else None
 
     def _gpm_reader(self, handle: Any, instance: int | None, metrics: dict[int, str]) -> GpmReader | None:
         try:
@@ -526,6 +569,8 @@ class NvmlGpuCollector:
                     pci_device_id=f"0x{int(device_id):08x}" if isinstance(device_id, int) else None,
                     nvswitch=d.nvswitch,
                     util_unavailable=d.util_unavailable,
+                    c2c_links=d.c2c_links if physical else None,
+                    c2c_max_bps=d.c2c_max_bps if physical else None,
                 )
             )
         cuda = self._try("nvmlSystemGetCudaDriverVersion") if self._unavailable is None else None
@@ -785,7 +830,7 @@ class NvmlGpuCollector:
                 gpm = d.gpm.read()
                 if "gpm_util" in gpm and "util" not in gauges:  # MIG: NVML's utilisation is not supported
                     gauges["util"] = gpm["gpm_util"]
-                for name in ("sm_active", "tensor_active", "dram_active"):
+                for name in ("sm_active", "tensor_active", "dram_active", "sm_occupancy"):
                     if name in gpm:
                         gauges[name] = gpm[name]
                 for name in ("pcie_tx", "pcie_rx"):

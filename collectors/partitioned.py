@@ -2,8 +2,9 @@
 
 In CPX mode a MI300X is eight devices, each a partition with its own memory and processes: eight such GPUs are 64
 devices. This wraps a simulated node and lists each of its GPUs as its partitions the way collectors/amd.py does:
-consecutive indices, every partition carrying the mode (``mig_profile``), the GPU's readings of the whole board
-(power, temperature, clocks, xGMI and PCIe bytes) on its first partition only, memory split evenly.
+consecutive indices, every partition carrying the mode (``mig_profile``) and its GPU's first partition
+(``physical``), the GPU's readings of the whole board (power, temperature, clocks, xGMI and PCIe bytes) on its
+first partition only, memory split evenly.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class PartitionedNode:
                     "uuid": f"{g.uuid}-{p}"[:96],
                     "memory_mib": g.memory_mib // self.parts,
                     "mig_profile": self.mode if self.parts > 1 else None,
+                    "physical": g.index * self.parts if self.parts > 1 else None,
                     "power_limit_w": g.power_limit_w if p == 0 else None,
                 }
             )

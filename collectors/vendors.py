@@ -49,7 +49,11 @@ class GpuVendors:
             self._offsets[k] = offset
             gpus = [
                 g.model_copy(
-                    update={"index": g.index + offset, "parent": None if g.parent is None else g.parent + offset}
+                    update={
+                        "index": g.index + offset,
+                        "parent": None if g.parent is None else g.parent + offset,
+                        "physical": None if g.physical is None else g.physical + offset,
+                    }
                 )
                 for g in inv.gpus
             ]

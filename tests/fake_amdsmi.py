@@ -16,8 +16,8 @@ What real nodes do that a plain list of GPUs does not show:
 
 * A GPU in a compute partition mode (DPX, QPX, CPX) is several devices, one per partition, each with the GPU's
   PCI address and the partition number as the PCI function (``0000:05:00.3``). Only the first partition answers
-  the partition query and reads gpu_metrics (ROCm 6.4.1, ROCm/amdsmi#100: those sysfs files exist on the primary
-  partition only, and a missing file is ``NOT_SUPPORTED``); its gpu_metrics hold every partition's activity
+  the partition queries (compute and memory) and reads gpu_metrics (ROCm 6.4.1, ROCm/amdsmi#100: those sysfs files
+  exist on the primary partition only, and a missing file is ``NOT_SUPPORTED``); its gpu_metrics hold every partition's activity
   (``xcp_stats.gfx_busy_inst``, one list per partition, one value per XCD). :func:`partitions` builds them.
 * ``amdsmi_get_power_info`` reads the socket power from gpu_metrics and the power cap from hwmon, and returns the
   cap's status for the whole call: where the cap cannot be read (``power_cap`` in ``unsupported``) the call
@@ -31,6 +31,7 @@ What real nodes do that a plain list of GPUs does not show:
 from __future__ import annotations
 
 import types
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -81,6 +82,7 @@ class FakeAmdGpu:
     power_cap_w: int = 750  # the socket power cap in force (amd-smi set --power-cap lowers it)
     hotspot_c: int | str = 71
     partition: str = "SPX"
+    memory_partition: str = "NPS1"  # "memory_partition" in ``unsupported``: a GPU without (MI210, MI250X)
     xgmi_kb: list[int | str] = field(default_factory=lambda: [0] * 7 + ["N/A"])
     pids: list[int] = field(default_factory=list)
     vram_bytes: dict[int, int] = field(default_factory=dict)  # per pid; default (n + 1) GiB for the n-th process
@@ -105,6 +107,7 @@ def partitions(gpu: FakeAmdGpu, mode: str, count: int, bus: int, busy: list[int]
                 bdf=f"0000:{bus:02x}:00.{p}",
                 partition_id=p,
                 partition=mode if p == 0 else "",
+                memory_partition=gpu.memory_partition if p == 0 else "",
                 vram_total_mb=gpu.vram_total_mb // count,
                 vram_used_mb=gpu.vram_used_mb // count,
                 gfx_activity=gpu.gfx_activity if p == 0 else "N/A",  # the primary's is the whole GPU's
@@ -112,7 +115,8 @@ def partitions(gpu: FakeAmdGpu, mode: str, count: int, bus: int, busy: list[int]
                 xcp_busy=[[levels[i]] * xcds + ["N/A"] * (8 - xcds) for i in range(count)] + [["N/A"] * 8] * (8 - count)
                 if p == 0
                 else [],
-                unsupported=set(gpu.unsupported) | ({"partition", "metrics", "activity", "power"} if p else set()),
+                unsupported=set(gpu.unsupported)
+                | ({"partition", "memory_partition", "metrics", "activity", "power"} if p else set()),
                 pids=list(gpu.pids) if p == 0 else [],
             )
         )
@@ -132,9 +136,11 @@ def make_fake_amdsmi(
     m.init_error = init_error  # type: ignore[attr-defined]
     m.driver_version = "6.10.5"  # type: ignore[attr-defined]
     m.inits = 0  # type: ignore[attr-defined]
+    m.calls = Counter()  # type: ignore[attr-defined]  # calls on a device, by what they read
     state: dict[str, Any] = {"init": False, "gpus": list(gpus), "listed": [], "driver": 0, "listed_under": -1}
 
     def gpu_of(name: str, h: Any) -> FakeAmdGpu:
+        m.calls[name] += 1  # type: ignore[attr-defined]
         if not state["init"]:
             raise AmdSmiLibraryException(NOT_INIT)
         if not isinstance(h, amdsmi_processor_handle):
@@ -225,6 +231,7 @@ def make_fake_amdsmi(
     m.amdsmi_get_power_cap_info = power_cap  # type: ignore[attr-defined]
     m.amdsmi_get_gpu_metrics_info = metrics  # type: ignore[attr-defined]
     m.amdsmi_get_gpu_compute_partition = lambda h: gpu_of("partition", h).partition  # type: ignore[attr-defined]
+    m.amdsmi_get_gpu_memory_partition = lambda h: gpu_of("memory_partition", h).memory_partition  # type: ignore[attr-defined]
     m.amdsmi_get_gpu_driver_info = lambda h: {  # type: ignore[attr-defined]
         "driver_name": "amdgpu",
         "driver_version": m.driver_version if gpu_of("driver", h) else "",  # type: ignore[attr-defined]

@@ -84,6 +84,10 @@ class FakeGpu:
     clock_events: int = 0  # nvmlClocksEventReason* bits (0x4 power cap, 0x8 HW slowdown, 0x20/0x40 thermal...)
     violation_ns: dict[int, int] = field(default_factory=dict)  # per perf policy (0 power, 1 thermal): ns held
     gpm: dict[int, float] = field(default_factory=dict)  # metric id -> value; empty: GPM unsupported
+    # NVLink-C2C links to a Grace CPU (GH200, GB200): each link's speed in MB/s; empty: no C2C, as on every other
+    # GPU, where nvmlDeviceGetC2cModeInfoV and the C2C fields answer NOT_SUPPORTED
+    c2c_mb_per_s: list[int] = field(default_factory=list)
+    c2c_down: set[int] = field(default_factory=set)  # C2C links whose status field reads 0 (inactive)
     mig: list[FakeGpu | None] = field(default_factory=list)  # MIG slots; empty: MIG off
     gpu_instance_id: int = 0
     util_samples: list[tuple[int, int]] = field(default_factory=list)  # (timestamp µs, %) in NVML's buffer
@@ -141,8 +145,13 @@ def make_fake_nvml(
     samples_api: bool = True,
     library: str | None = None,
     clock_events_api: str = "events",
+    c2c_api: bool = True,
 ) -> types.ModuleType:
     """A module shaped like ``pynvml`` in a fresh process.
+
+    ``c2c_api``: whether the driver has ``nvmlDeviceGetC2cModeInfoV`` (the binding defines it either way and
+    raises ``NVMLError_FunctionNotFound`` where the driver lacks the symbol); the C2C fields answer either way.
+    ``m.field_ids`` lists every field id asked for, in order.
 
     ``clock_events_api``: "events" (nvidia-ml-py 12.535 and newer: ``nvmlDeviceGetCurrentClocksEventReasons``
     beside the old name) or "throttle" (older bindings: ``nvmlDeviceGetCurrentClocksThrottleReasons`` only).
@@ -167,6 +176,7 @@ def make_fake_nvml(
     m.loaded = None  # type: ignore[attr-defined]  # the library this process loaded, at its first nvmlInit
     m.initialised = False  # type: ignore[attr-defined]
     m.gpm_buffers = 0  # type: ignore[attr-defined]  # GPM sample buffers allocated, over the process's life
+    m.field_ids: list[int] = []  # type: ignore[misc]
     m.event_sets: list[FakeEventSet] = xid_queue.sets  # type: ignore[misc]
     counter = iter(range(10_000))
 
@@ -284,7 +294,20 @@ def make_fake_nvml(
         for v, entry in zip(values, ids, strict=True):
             fid, scope = entry if isinstance(entry, tuple) else (entry, 0)
             v.fieldId, v.scopeId = fid, scope
-            if fid in (197, 198):
+            m.field_ids.append(fid)  # type: ignore[attr-defined]
+            if fid in (170, 171, 172):
+                links = h.c2c_mb_per_s
+                if not links or h.is_mig_slice:
+                    v.nvmlReturn = NOT_SUPPORTED
+                elif fid == 170:
+                    _set(v, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, len(links))
+                elif scope >= len(links):
+                    v.nvmlReturn = INVALID_ARGUMENT
+                elif fid == 171:
+                    _set(v, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 0 if scope in h.c2c_down else 1)
+                else:
+                    _set(v, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, links[scope])
+            elif fid in (197, 198):
                 if not h.pcie_fields or f"field{fid}" in h.unsupported:
                     v.nvmlReturn = NOT_SUPPORTED
                     continue
@@ -439,6 +462,17 @@ def make_fake_nvml(
                 metric.nvmlReturn = NOT_SUPPORTED
         return request
 
+    def c2c_mode(h: FakeGpu) -> Any:
+        if not c2c_api:  # the binding's _nvmlGetFunctionPointer, on a driver without the symbol
+            m.calls.append("c2c_mode")  # type: ignore[attr-defined]
+            _raise(FUNCTION_NOT_FOUND)
+        guard("c2c_mode", h)
+        if not h.c2c_mb_per_s or h.is_mig_slice:
+            _raise(NOT_SUPPORTED)
+        info = pynvml.c_nvmlC2cModeInfo_v1_t()
+        info.isC2cEnabled = 1
+        return info
+
     def driver_version() -> str:
         system("driver_version")
         return m.driver  # type: ignore[attr-defined,no-any-return]
@@ -500,6 +534,7 @@ def make_fake_nvml(
     m.nvmlGpmMetricsGet = gpm_metrics_get  # type: ignore[attr-defined]
     m.c_nvmlGpmMetricsGet_t = _MetricsGet  # type: ignore[attr-defined]
     m.nvmlDeviceGetFieldValues = fields  # type: ignore[attr-defined]
+    m.nvmlDeviceGetC2cModeInfoV = c2c_mode  # type: ignore[attr-defined]
     # The binding's unversioned call is _v3 behind throwOnVersionMismatch; reproduce exactly that wrapping.
     m.nvmlDeviceGetComputeRunningProcesses_v3 = procs_v3  # type: ignore[attr-defined]
     m.nvmlDeviceGetComputeRunningProcesses_v2 = procs_v2  # type: ignore[attr-defined]

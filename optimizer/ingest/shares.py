@@ -6,7 +6,9 @@ The live optimizer plans in GPUs, and a device an agent lists is not always one:
   a compute instance inside a GPU instance (``1c.3g.40gb``) holds its own compute slices (1/7), since the
   instance's other compute instances hold the rest;
 * an AMD compute partition (``mig_profile`` "DPX", "QPX", "CPX" on a device without a parent) is one of the
-  logical GPUs the partition mode splits a physical GPU into (see ``partition_share``);
+  logical GPUs the partition mode splits a physical GPU into (see ``partition_share``); agents that name each
+  partition's GPU (``physical``) have their GPUs counted from it, so a mode that does not parse or a partition
+  missing from the birth does not change how many GPUs a node has;
 * a device listed by several workloads (time-slicing, MPS) is shared among them: by the memory each pins where
   the agent reports it (``WorkloadRef.gpu_mem_mib``), equally otherwise.
 
@@ -76,6 +78,7 @@ class Device:
     gpu: int  # the physical GPU it is part of: its parent for a MIG instance, itself otherwise
     unit: float  # the share of that GPU it is: 1 for a whole GPU
     profile: str | None = None  # a MIG GPU instance's profile, normalised ("1g.10gb")
+    physical: int | None = None  # an AMD partition: its GPU's first partition, as the agent names it
 
 
 @dataclass(slots=True)
@@ -87,8 +90,11 @@ class Layout:
 
     @property
     def gpus(self) -> float:
-        """Physical GPUs: whole devices and MIG parents count one each, AMD partitions their share."""
-        return sum(d.unit for d in self.devices.values() if d.gpu == d.index)
+        """Physical GPUs: whole devices and MIG parents count one each; AMD partitions one per GPU the agent names
+        (``physical``), else their share (from agents that do not name it)."""
+        devices = self.devices.values()
+        named = {d.physical for d in devices if d.physical is not None}
+        return len(named) + sum(d.unit for d in devices if d.gpu == d.index and d.physical is None)
 
     def effective(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """A workload's devices without a MIG-mode GPU that it also holds an instance of: NVML lists a process
@@ -101,18 +107,24 @@ def layout(birth: Birth) -> Layout:
     out = Layout()
     listed = {g.index: g for g in birth.gpus}
     instances: Counter[int] = Counter(g.parent for g in birth.gpus if g.parent is not None)
+    members: Counter[int] = Counter(g.physical for g in birth.gpus if g.parent is None and g.physical is not None)
     for g in birth.gpus:
         if g.parent is not None:
             out.devices[g.index] = _instance(g, listed.get(g.parent), instances[g.parent], out.fallbacks)
             continue
         unit = 1.0
-        if g.mig_profile and g.mig_profile.strip().upper() not in _NO_PARTITION:  # AMD's compute partition mode
-            share = partition_share(g.mig_profile, g.model)
-            if share is None:
-                out.fallbacks["partition_unknown"] += 1
-            else:
-                unit = share
-        out.devices[g.index] = Device(g.index, g.index, unit)
+        partitioned = bool(g.mig_profile and g.mig_profile.strip().upper() not in _NO_PARTITION)
+        share = partition_share(g.mig_profile, g.model) if partitioned else None
+        if partitioned and share is None:
+            out.fallbacks["partition_unknown"] += 1
+        if g.physical is not None:
+            # The agent names the GPU, so its partitions are counted; the mode says how large each is unless its
+            # partitions outnumber what the mode allows (a GPU with fewer XCDs than the model's guess).
+            siblings = members[g.physical]
+            unit = share if share is not None and share * siblings <= 1 + 1e-9 else 1 / siblings
+        elif share is not None:
+            unit = share
+        out.devices[g.index] = Device(g.index, g.index, unit, physical=g.physical)
     return out
 
 

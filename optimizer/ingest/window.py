@@ -93,6 +93,7 @@ class WindowGpu(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     sm_active: Percentages | None = None
     tensor_active: Percentages | None = None
     dram_active: Percentages | None = None
+    sm_occupancy: Percentages | None = None
     util_series: Annotated[list[_Percent], Meta(max_length=3600)] = []
     workload: _Text200 | None = None
     xid_events: _Count = 0
