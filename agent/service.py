@@ -155,6 +155,7 @@ class Agent:
             cuda_version=inv.cuda_version,
             gpu_failures=inv.gpu_failures,
             attribution_warning=inv.attribution_warning,
+            host=inv.host,
         )
 
     def tick(self) -> None:

@@ -234,6 +234,7 @@ def offline_windows(
         gpus=inventory.gpus,
         nics=inventory.nics,
         disks=inventory.disks,
+        host=inventory.host,
     )
     builder = WindowBuilder(node.name, site, session=1)
     out = []

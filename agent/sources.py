@@ -171,5 +171,5 @@ def node_collectors(
         gpu,
         NicCollector(settings.sysfs_root, fabric_patterns=settings.fabric_interfaces),
         StorageCollector(settings.sysfs_root, mounts=settings.mounts),
-        HostCollector(),
+        HostCollector(sysfs_root=settings.sysfs_root),
     ]

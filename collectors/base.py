@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from agent.protocol import DiskInfo, GpuFailure, GpuInfo, NicInfo, WorkloadRef
+from agent.protocol import DiskInfo, GpuFailure, GpuInfo, HostInfo, NicInfo, WorkloadRef
 
 
 class Entity(StrEnum):
@@ -48,6 +48,7 @@ class Inventory:
     cuda_version: str | None = None
     gpu_failures: list[GpuFailure] = field(default_factory=list)
     attribution_warning: str | None = None
+    host: HostInfo | None = None  # CPUs, memory and storage beside the GPUs (collectors/hostinfo.py)
 
     def merge(self, other: Inventory) -> Inventory:
         return Inventory(
@@ -59,6 +60,7 @@ class Inventory:
             cuda_version=self.cuda_version or other.cuda_version,
             gpu_failures=self.gpu_failures + other.gpu_failures,
             attribution_warning=self.attribution_warning or other.attribution_warning,
+            host=self.host or other.host,
         )
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import psutil
 
-from agent.protocol import WorkloadRef
+from agent.protocol import HostInfo, WorkloadRef
 from collectors.base import Entity, Inventory, Sample
+from collectors.hostinfo import read_host_info
 from collectors.procfs import read_bytes
 
 
@@ -73,12 +74,16 @@ class CpuBusy:
 class HostCollector:
     name = "host"
 
-    def __init__(self, procfs_root: Path = Path("/proc")) -> None:
+    def __init__(self, procfs_root: Path = Path("/proc"), sysfs_root: Path = Path("/sys")) -> None:
         self._meminfo = f"{procfs_root}/meminfo"
         self._cpu = CpuBusy(procfs_root)
+        self._procfs, self._sysfs = procfs_root, sysfs_root
+        self._host: HostInfo | None = None
 
     def inventory(self) -> Inventory:
-        return Inventory()
+        if self._host is None:  # once: CPUs, memory and drives change with a reboot, which is a new birth anyway
+            self._host = read_host_info(self._procfs, self._sysfs)
+        return Inventory(host=self._host)
 
     def sample(self) -> list[Sample]:
         return [
