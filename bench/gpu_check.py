@@ -11,7 +11,9 @@ preallocated KV-cache pool, requests from eight TCP clients joining the running 
 Nothing is downloaded. Meanwhile the agent's
 collectors (GPU via NVML, NICs, disks, host) build 10 s windows exactly as the agent does. Every window is saved
 as JSONL with its phase, and the summary prints per phase what NVML reported and how the optimizer's classifier
-labels the workload. Then the collector's driver paths are checked on the real GPU (bench/gpu_paths.py: layout
+labels the workload. First, what NVML itself answers for the reads the tests model with a stand-in (NVLink-C2C,
+GPM's SM occupancy) is printed GPU by GPU, error codes included. Then the collector's driver paths are checked
+on the real GPU (bench/gpu_paths.py: layout
 checks that must find nothing, MPS clients attributed; a MIG change and a GPU reset only when allowed):
 
     .venv/bin/python bench/gpu_check.py --paths [--allow-mig-change] [--allow-reset]   # those checks alone
@@ -34,7 +36,7 @@ from typing import Any
 
 from agent import __version__
 from agent.config import AgentSettings
-from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
+from agent.protocol import Birth, GpuInfo, Telemetry, TopicKind, encode, node_topic
 from agent.sources import node_collectors
 from agent.window import WindowBuilder
 from collectors.gpu import NullGpuCollector
@@ -272,13 +274,64 @@ def collect(
         c.close()
 
 
+def raw_reads() -> list[str]:
+    """What NVML answers, GPU by GPU, for the reads tests/fake_nvml.py models: the C2C mode call, the C2C fields
+    (count; link 0's status and speed) and GPM's SM occupancy (metric 3, over 0.5 s), each value or error code."""
+    import pynvml
+
+    from collectors.gpm import GpmReader
+    from collectors.gpu import field_value
+
+    def error(exc: Exception) -> str:
+        return f"{type(exc).__name__} ({getattr(exc, 'value', '?')})"
+
+    lines = []
+    pynvml.nvmlInit()
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                mode = f"isC2cEnabled={pynvml.nvmlDeviceGetC2cModeInfoV(handle).isC2cEnabled}"
+            except (pynvml.NVMLError, AttributeError) as exc:
+                mode = error(exc)
+            try:
+                values = pynvml.nvmlDeviceGetFieldValues(handle, [170, (171, 0), (172, 0)])
+                fields = ", ".join(
+                    f"{int(v.fieldId)}: {field_value(v)[0] if v.nvmlReturn == 0 else f'error {v.nvmlReturn}'}"
+                    for v in values
+                )
+            except pynvml.NVMLError as exc:
+                fields = error(exc)
+            occupancy = "no GPM"
+            if GpmReader.supported(pynvml, handle):
+                reader = GpmReader(pynvml, handle, metrics={3: "sm_occupancy"})
+                reader.read()
+                time.sleep(0.5)
+                occupancy = str(reader.read().get("sm_occupancy", "not returned"))
+                reader.close()
+            lines.append(f"  GPU {i}: C2C mode {mode}; C2C fields {fields}; GPM SM occupancy {occupancy}")
+    finally:
+        pynvml.nvmlShutdown()
+    return lines
+
+
+def _gpu_line(g: GpuInfo) -> str:
+    c2c = {None: "unknown", 0: "none"}.get(g.c2c_links, f"{g.c2c_links} links up")
+    if g.c2c_max_bps:
+        c2c += f", {g.c2c_max_bps / 1e9:.0f} GB/s"
+    line = f"  GPU {g.index}: PCIe bytes from {g.pcie_source or 'nowhere'}, NVLink links up {g.nvlink_links}, C2C {c2c}"
+    if g.memory_partition or g.physical is not None:
+        line += f", memory partition {g.memory_partition}, part of GPU {g.physical}"
+    return line
+
+
 def summarise(windows: list[tuple[str, Telemetry]], birth: Birth) -> None:
     print(
         f"GPU: {birth.gpus[0].model if birth.gpus else '?'} x{len(birth.gpus)}, driver {birth.driver_version}, "
         f"CUDA {birth.cuda_version}"
     )
     for g in birth.gpus:
-        print(f"  GPU {g.index}: PCIe bytes from {g.pcie_source or 'nowhere'}, NVLink links up {g.nvlink_links}")
+        print(_gpu_line(g))
     for failure in birth.gpu_failures:
         print(f"  GPU {failure.index} cannot be read: {failure.error}")
     if birth.attribution_warning:
@@ -297,6 +350,7 @@ def summarise(windows: list[tuple[str, Telemetry]], birth: Birth) -> None:
         print(
             f"{phase}: {len(ws)} windows; util {mean_of('util')} %, mem {mean_of('mem_used_mib')} MiB, "
             f"power {mean_of('power_w')} W, SM active {mean_of('sm_active')} %, tensor {mean_of('tensor_active')} %, "
+            f"SM occupancy {mean_of('sm_occupancy')} %, "
             f"PCIe tx {mean_of('pcie_tx_bps')} B/s, peak disk write {peak_write / 1e6:.0f} MB/s, "
             f"XIDs {sum(g.xid_events for w in ws for g in w.gpus)}"
         )
@@ -323,6 +377,9 @@ def main() -> int:
     )
     parser.add_argument("--allow-reset", action="store_true", help="let the checks reset GPU 0 (nvidia-smi -r)")
     args = parser.parse_args()
+    print("NVML's own answers:")
+    for line in raw_reads():
+        print(line)
     if args.paths:
         return _paths(args)
     try:
