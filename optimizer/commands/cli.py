@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from agent.protocol import Plan
-from optimizer.commands import cliargs, importer
+from optimizer.commands import cliargs, importer, token
 
 if TYPE_CHECKING:
     from agent.service import Agent
@@ -45,6 +45,7 @@ COMMAND_EXTRAS = {
     "catalog": "optimizer",
     "alerts": "optimizer",
     "import": "optimizer",
+    "token": "optimizer",
 }
 OWN_PACKAGES = ("agent", "collectors", "optimizer")
 
@@ -149,7 +150,9 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
     from agent.notify import Notifier
     from optimizer.decide.catalog import CatalogError, load_catalog
     from optimizer.decide.inventory import InventoryError
+    from optimizer.serve import audit
     from optimizer.serve.alerts.alerter import Alerter
+    from optimizer.serve.audit import AuditLog
     from optimizer.serve.config import OptimizerConfig
     from optimizer.serve.lifecycle import Lifecycle
     from optimizer.serve.service import Optimizer, ingest_limits, serve
@@ -161,6 +164,8 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
         # state directory for `recommendations` and `report` to read in place of the right one
         ingest_limits(config, catalog.with_prices(config.prices))
         lifecycle = Lifecycle.in_state_dir(config.optimizer.state_dir, repair=True)
+        # decisions made through the API, and actions taken on them, are audited beside the states
+        audit.use(AuditLog(lifecycle.path, config.api.audit_retention_days, config.api.audit_max_entries))
         # the alert log lives beside the states, wherever they had to go
         alerter = Alerter.in_state_dir(config.alerts, lifecycle.path.parent) if config.alerts.receivers else None
         optimizer = Optimizer(config, catalog, on_plan=_plan_printer("table"), lifecycle=lifecycle, alerter=alerter)
@@ -343,10 +348,13 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
 
 def _cmd_recommendations(args: argparse.Namespace) -> int:
     import csv
+    import getpass
     import sqlite3
 
     from agent.config import ConfigError, load_config
     from optimizer.plan.render import action_fields, csv_cell, numbered, render_listing
+    from optimizer.serve import audit
+    from optimizer.serve.audit import AuditLog
     from optimizer.serve.config import OptimizerConfig
     from optimizer.serve.lifecycle import DB_NAME, OPEN, Lifecycle, LifecycleError, RecState
 
@@ -372,12 +380,19 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
                 if not args.id:
                     return _usage(f"recommendations {args.action}: which recommendation? give its id")
                 target = {"ack": RecState.ACKNOWLEDGED, "dismiss": RecState.DISMISSED, "reopen": RecState.NEW}
+                try:  # whoever may write the state file decides from the shell
+                    who = f"local:{getpass.getuser()}"
+                except (KeyError, OSError):  # no name for this uid (a container)
+                    who = f"local:uid {os.getuid()}"
+                trail = AuditLog(lifecycle.path)
                 try:
                     tracked = lifecycle.set_state(args.id, target[args.action])
                 except LifecycleError as exc:
                     if "no recommendation" in str(exc) and n + 1 < len(state_dirs):
                         continue  # another optimizer's, perhaps
+                    audit.record(args.action, who, "local", args.id, audit.REFUSED, str(exc), into=trail)
                     raise
+                audit.record(args.action, who, "local", args.id, audit.OK, tracked.state.value, into=trail)
                 print(f"{tracked.recommendation.id} {tracked.state}")
                 return 0
             rows += lifecycle.list(args.site, list(RecState) if args.all else OPEN)
@@ -883,6 +898,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     importer.add_parser(sub)
+    token.add_parser(sub)
 
     p = sub.add_parser(
         "alerts",

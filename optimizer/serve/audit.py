@@ -48,7 +48,6 @@ CREATE INDEX IF NOT EXISTS audit_at ON audit (at);
 CREATE INDEX IF NOT EXISTS audit_workload ON audit (workload, at);
 CREATE INDEX IF NOT EXISTS audit_who ON audit (who, at);
 """
-REQUIRED_COLUMNS = {"id", "at", "action", "who", "client", "target", "workload", "result", "detail"}
 
 # Entries that could not be written, by reason (``fleetfit_audit_unrecorded_total``); for this process.
 unrecorded: Counter[str] = Counter()
@@ -59,8 +58,8 @@ class Entry:
     id: int
     at: float  # Unix time
     action: str  # ack, dismiss, reopen, apply, ...
-    who: str  # the token's holder ("shared-token" for the old shared token), or the local user for a command
-    where: str  # the client's address (a trusted proxy's X-Forwarded-For resolved), or "local:USER" for a command
+    who: str  # the token's holder ("shared-token" for the old shared token), or "local:USER" for a command
+    where: str  # the client's address (a trusted proxy's X-Forwarded-For resolved), or "local" for a command
     target: str  # what was acted on: a recommendation id
     workload: str | None  # the target's workload, when known
     result: str  # ok, forbidden, refused, failed, or a backend's own word
@@ -154,11 +153,12 @@ class AuditLog:
                 clauses.append(clause)
                 args.append(value)
         where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
-        rows = self._db.execute(
-            "SELECT id, at, action, who, client, target, workload, result, detail FROM audit "
-            f"{where}ORDER BY id DESC LIMIT ?",
-            (*args, max(1, min(limit, PAGE_MAX))),
-        ).fetchall()
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, at, action, who, client, target, workload, result, detail FROM audit "
+                f"{where}ORDER BY id DESC LIMIT ?",
+                (*args, max(1, min(limit, PAGE_MAX))),
+            ).fetchall()
         return [Entry(*row) for row in rows]
 
 
@@ -185,13 +185,14 @@ def record(
     *,
     workload: str | None = None,
     now: float | None = None,
+    into: AuditLog | None = None,
 ) -> Entry | None:
     """Record a decision or an action taken on one: ``who`` (a token's holder or local user) did ``action`` to
     ``target`` (a recommendation id) from ``where`` (a client address) with ``result``. Logged always; written to
-    the log :func:`use` set, when there is one. Never raises: a failed write is logged and counted, and the
-    action it records stands (the caller has done it). The entry, or None when it was not written."""
+    ``into``, else the log :func:`use` set, when there is one. Never raises: a failed write is logged and
+    counted, and the action it records stands (the caller has done it). The entry, or None when not written."""
     log.info("audit: %s %s %s from %s: %s%s", who, action, target, where, result, f" ({detail})" if detail else "")
-    audit_log = current()
+    audit_log = into or current()
     if audit_log is None:
         unrecorded["no_state_file"] += 1
         return None

@@ -6,13 +6,15 @@ import math
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, SecretStr, field_validator, model_validator
 
-from agent.config import MqttSettings, Section, secret_or_file
+from agent.config import MqttSettings, Section, credential_path, secret_or_file
 from agent.protocol import Ident
 from optimizer.plan.recommend import PlanSettings
 from optimizer.serve.alerts.settings import AlertSettings
+from optimizer.serve.audit import MAX_ENTRIES, RETENTION_DAYS
 from optimizer.serve.store import StoreSettings
+from optimizer.serve.tokens import TokenFileError, read_private
 
 # a price a plan multiplies by every GPU-hour: zero, negative or infinite would turn every saving into nonsense
 Price = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -43,8 +45,27 @@ class ApiSettings(BaseModel):
 
     listen: str = Field(default="127.0.0.1", description="address to bind; empty: no HTTP API")
     port: int = Field(default=8470, ge=0, le=65535)
-    token: SecretStr | None = Field(default=None, description="bearer token for state changes (FLEETFIT_API_TOKEN)")
-    token_file: Path | None = Field(default=None, description="file holding the bearer token (a credential)")
+    token: SecretStr | None = Field(
+        default=None, description="the old shared bearer token, an admin named shared-token (FLEETFIT_API_TOKEN)"
+    )
+    token_file: Path | None = Field(default=None, description="file holding the shared bearer token (a credential)")
+    tokens_file: Path | None = Field(
+        default=None,
+        description="tokens per person or service, one a line (name role sha256:HEX, written by fleetfit token add), "
+        "reread when it changes; readable by its owner and group only",
+    )
+    read_requires_token: bool = Field(
+        default=False,
+        description="reads of the console and the API need a viewer token too (health and metrics stay open)",
+    )
+    trusted_proxies: list[IPvAnyNetwork] = Field(
+        default_factory=list,
+        description="addresses of reverse proxies whose X-Forwarded-For names the client in the audit log",
+    )
+    audit_retention_days: float = Field(
+        default=RETENTION_DAYS, gt=0, le=36_500, description="days audit entries are kept"
+    )
+    audit_max_entries: int = Field(default=MAX_ENTRIES, ge=100, le=10_000_000, description="audit entries kept at most")
     hosts: list[str] = Field(
         default_factory=list,
         description="names the API is reached by, beyond its listen address, localhost and (listening on every "
@@ -54,9 +75,23 @@ class ApiSettings(BaseModel):
     request_timeout: float = Field(default=30.0, gt=0, le=600, description="seconds to read and answer one request")
     max_connections: int = Field(default=512, ge=8, le=60_000, description="open connections at most")
 
+    @field_validator("tokens_file")
+    @classmethod
+    def _tokens_file_usable(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        where = credential_path(value)
+        try:
+            read_private(where)
+        except TokenFileError as exc:
+            raise ValueError(str(exc)) from None
+        return where
+
     @model_validator(mode="after")
     def _token_file(self) -> ApiSettings:
         self.token = secret_or_file(self.token, self.token_file, "token")
+        if self.read_requires_token and self.token is None and self.tokens_file is None:
+            raise ValueError("read_requires_token needs tokens_file (or the shared token): nobody could read")
         return self
 
 

@@ -25,6 +25,7 @@ REQUIRED_COLUMNS = {
     "recommendations": {"id", "site", "workload", "state", "first_seen", "last_seen", "changed", "body"},
     "alert_log": {"receiver", "rec_id", "site", "first_sent", "last_sent", "resolved_sent"},
     "usage": {"hour", "site", "owner", "hardware", "workload_class", "waste_kind", "gpu_hours", "held_usd"},
+    "audit": {"id", "at", "action", "who", "client", "target", "workload", "result", "detail"},
 }
 
 # Why the state file was not used as found, by reason (``fleetfit_state_problems_total``); for this process.

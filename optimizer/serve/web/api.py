@@ -1,22 +1,27 @@
-"""The JSON API: recommendations, workloads and nodes, health, and the one write: a person's decision on a
-recommendation. Reading is open; changing a recommendation's state needs the bearer token."""
+"""The JSON API: recommendations, workloads and nodes, health, the audit log, and the one write: a person's
+decision on a recommendation. Reading is open (or needs a viewer's token, ``[api] read_requires_token``);
+deciding needs an approver's token, and every decision, refused ones included, is audited under its holder."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 import sqlite3
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from aiohttp import web
 
 from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
 from optimizer.plan.render import action_fields, numbered
+from optimizer.serve import audit
+from optimizer.serve.audit import AuditLog
 from optimizer.serve.config import ApiSettings
 from optimizer.serve.lifecycle import OPEN, Lifecycle, LifecycleError, RecState, Tracked
 from optimizer.serve.outcomes import Outcome
 from optimizer.serve.report import UNATTRIBUTED, site_owners
 from optimizer.serve.service import Optimizer
+from optimizer.serve.tokens import SHARED_NAME, Role
+from optimizer.serve.web.access import Access
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +48,41 @@ def tracked_json(
     }
 
 
+def parse_since(value: str) -> float:
+    """A ``since`` filter: Unix seconds, or an ISO 8601 date or time (UTC unless it says otherwise)."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise web.HTTPBadRequest(
+            text=f"since {value[:40]!r}: give Unix seconds or an ISO 8601 date or time\n"
+        ) from None
+    return at.timestamp() if at.tzinfo else at.replace(tzinfo=UTC).timestamp()
+
+
 class JsonApi:
-    def __init__(self, optimizer: Optimizer, settings: ApiSettings) -> None:
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        settings: ApiSettings,
+        access: Access | None = None,
+        audit_log: AuditLog | None = None,
+    ) -> None:
         self.optimizer = optimizer
         self.settings = settings
+        self.access = access or Access(settings)
+        self.audit_log = audit_log
+
+    async def _audit(self, action: str, who: str, where: str, target: str, result: str, detail: str) -> None:
+        """One audit entry, written on the state file's writer thread (never on the loop)."""
+        tracker = self.optimizer.tracker
+        if tracker is None or self.audit_log is None:
+            audit.record(action, who, where, target, result, detail, into=self.audit_log)
+            return
+        await tracker.write(audit.record, action, who, where, target, result, detail, into=self.audit_log)
 
     def _plans(self) -> list[dict[str, object]]:
         return [p.model_dump(mode="json", by_alias=True) for p in self.optimizer.plans.values()]
@@ -143,29 +179,76 @@ class JsonApi:
         return web.json_response(body, status=200 if ok else 503)
 
     async def change(self, request: web.Request) -> web.Response:
-        token = self.settings.token
-        given = request.headers.get("Authorization", "")
-        if token is None:
+        if not self.access.configured:
             raise web.HTTPForbidden(text="state changes are disabled: no API token is configured\n")
-        if not given.isascii():  # a bearer token is ASCII; anything else is no credential at all
-            raise web.HTTPBadRequest(text="the Authorization header is not ASCII\n")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token.get_secret_value()}".encode()):
-            raise web.HTTPUnauthorized(
-                text="a valid bearer token is required\n", headers={"WWW-Authenticate": "Bearer"}
-            )
+        holder = self.access.holder(request)
         await request.read()  # a state change carries no body; a large one is refused (413) here
         action = request.match_info["action"]
         if action not in ACTIONS:
             raise web.HTTPBadRequest(text=f"unknown action {action!r}; use ack, dismiss or reopen\n")
+        rec_id = request.match_info["id"][:200]
+        where = self.access.client(request)
+        try:
+            self.access.permit(holder, Role.APPROVER)
+        except web.HTTPForbidden:
+            await self._audit(action, holder.name, where, rec_id, audit.FORBIDDEN, f"a {holder.role.value} may not")
+            raise
         tracker = self.optimizer.tracker
         if tracker is None:
             raise web.HTTPConflict(text="this optimizer keeps no recommendation state\n")
         try:
-            tracked = await tracker.write(tracker.lifecycle.set_state, request.match_info["id"], ACTIONS[action])
+            tracked = await tracker.write(tracker.lifecycle.set_state, rec_id, ACTIONS[action])
         except LifecycleError as exc:
+            await self._audit(action, holder.name, where, rec_id, audit.REFUSED, str(exc))
             status = web.HTTPNotFound if "no recommendation" in str(exc) else web.HTTPConflict
             raise status(text=f"{exc}\n") from None
         except sqlite3.OperationalError as exc:  # another process held the write lock past the timeout
-            log.warning("recommendation %s not changed: %s", request.match_info["id"][:64], exc)
+            log.warning("recommendation %s not changed: %s", rec_id[:64], exc)
+            await self._audit(action, holder.name, where, rec_id, audit.FAILED, str(exc))
             raise web.HTTPServiceUnavailable(text=f"recommendation state is busy ({exc}); try again\n") from None
+        await self._audit(action, holder.name, where, rec_id, audit.OK, tracked.state.value)
         return web.json_response({"id": tracked.recommendation.id, "state": tracked.state.value})
+
+    async def whoami(self, request: web.Request) -> web.Response:
+        """The holder of the request's token and their role (the console shows who is signed in)."""
+        holder = self.access.holder(request)
+        body: dict[str, object] = {"name": holder.name, "role": holder.role.value}
+        if holder.name == SHARED_NAME:
+            body["note"] = "the old shared token: decisions made with it name nobody; ask for a token of your own"
+        return web.json_response(body)
+
+    async def audit(self, request: web.Request) -> web.Response:
+        """The audit log, the latest first: ``workload``, ``who``, ``since`` filter; ``limit`` (at most 500) and
+        ``before`` (the ``next`` of an earlier page) page through it. Needs a viewer's token: it names people and
+        their addresses."""
+        self.access.require(request, Role.VIEWER)
+        q = request.query
+        try:
+            limit = int(q.get("limit", "100"))
+            before = int(q["before"]) if "before" in q else None
+        except ValueError:
+            raise web.HTTPBadRequest(text="limit and before are whole numbers\n") from None
+        if not 1 <= limit <= audit.PAGE_MAX:
+            raise web.HTTPBadRequest(text=f"limit is 1 to {audit.PAGE_MAX}\n")
+        since = parse_since(q["since"]) if "since" in q else None
+        tracker, audit_log = self.optimizer.tracker, self.audit_log
+        if tracker is None or audit_log is None:
+            return web.json_response({"entries": [], "next": None, "note": "this optimizer keeps no state file"})
+        try:
+            entries = await tracker.write(audit_log.query, q.get("workload"), q.get("who"), since, before, limit)
+        except sqlite3.Error as exc:
+            raise web.HTTPServiceUnavailable(text=f"audit log unreadable: {exc}\n") from None
+        following = None
+        if len(entries) == limit:
+            following = str(request.rel_url.update_query(before=str(entries[-1].id)))
+        return web.json_response({"entries": [e.as_json() for e in entries], "next": following})
+
+    async def reload_tokens(self, request: web.Request) -> web.Response:
+        """Reread the tokens file now (it is reread when it changes anyway); admin only, audited."""
+        holder = self.access.require(request, Role.ADMIN)
+        tokens = self.access.tokens
+        tokens.refresh(force=True)
+        result = audit.FAILED if tokens.problem else audit.OK
+        detail = tokens.problem or ", ".join(f"{n} {role}" for role, n in sorted(tokens.roles().items()))
+        await self._audit("reload_tokens", holder.name, self.access.client(request), "tokens_file", result, detail)
+        return web.json_response({"tokens": dict(tokens.roles()), "problem": tokens.problem})

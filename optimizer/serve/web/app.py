@@ -21,9 +21,13 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from agent.metrics import Family, render
+from optimizer.serve import audit
+from optimizer.serve.audit import AuditLog
 from optimizer.serve.config import ApiSettings
 from optimizer.serve.selfmetrics import optimizer_metrics
 from optimizer.serve.service import Optimizer
+from optimizer.serve.tokens import Role
+from optimizer.serve.web.access import Access
 from optimizer.serve.web.api import JsonApi
 from optimizer.serve.web.pages import Console
 
@@ -38,6 +42,8 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
 }
 WILDCARDS = ("", "0.0.0.0", "::")
+# open even when reads need a token: probes and Prometheus scrape these, and the sign-in page needs its script
+OPEN_PATHS = ("/healthz", "/metrics")
 
 
 def _bare_host(value: str) -> str:
@@ -73,11 +79,25 @@ class WebServer:
         self.started = time.time()
         self._runner: web.AppRunner | None = None
         self.port = settings.port
-        self.console = Console(optimizer)
+        self.access = Access(settings)
+        self.audit_log, self._own_audit = self._audit_log()
+        self.console = Console(optimizer, self.audit_log)
         self.hosts = allowed_hosts(settings)
         self.refused: Counter[str] = Counter()  # connections and requests refused, by reason
         self._opened: dict[RequestHandler, float] = {}  # open connections -> when each opened
         self._served: set[RequestHandler] = set()  # open connections that sent a request
+
+    def _audit_log(self) -> tuple[AuditLog | None, bool]:
+        """The audit log in the optimizer's state file (the process's own when it set one there), and whether
+        this server opened it."""
+        tracker = self.optimizer.tracker
+        if tracker is None:
+            return None, False
+        path = tracker.lifecycle.path
+        current = audit.current()
+        if current is not None and current.path == path:
+            return current, False
+        return AuditLog(path, self.settings.audit_retention_days, self.settings.audit_max_entries), True
 
     @property
     def url(self) -> str:
@@ -85,9 +105,9 @@ class WebServer:
         return f"http://{host}:{self.port}/"
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._count, self._guard])
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._count, self._guard, self._reads])
         app.on_response_prepare.append(_security_headers)
-        api = JsonApi(self.optimizer, self.settings)
+        api = JsonApi(self.optimizer, self.settings, self.access, self.audit_log)
         console = self.console
         app.router.add_get("/", console.overview)
         app.router.add_get("/recommendations", console.recommendations)
@@ -102,6 +122,9 @@ class WebServer:
         app.router.add_get("/api/v1/workloads", api.workloads)
         app.router.add_get("/api/v1/nodes", api.nodes)
         app.router.add_get("/api/v1/plans", api.plans)
+        app.router.add_get("/api/v1/audit", api.audit)
+        app.router.add_get("/api/v1/whoami", api.whoami)
+        app.router.add_post("/api/v1/tokens/reload", api.reload_tokens)
         return app
 
     async def start(self) -> None:
@@ -140,6 +163,8 @@ class WebServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._own_audit and self.audit_log is not None:
+            self.audit_log.close()  # no request is left to write to it
 
     def _make_room(self, newcomer: RequestHandler) -> None:
         """At the cap, close the longest-open connection that never sent a request (a slow or idle client), else
@@ -190,6 +215,30 @@ class WebServer:
             raise web.HTTPBadRequest(text="a header or parameter is not valid text\n") from None
 
     @web.middleware
+    async def _reads(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """With ``read_requires_token``, every read but health, metrics and the console's own files needs a viewer's
+        token (the console's pages take it from the cookie its script sets); a page asks for it."""
+        path = request.path
+        if (
+            not self.settings.read_requires_token
+            or request.method not in ("GET", "HEAD")
+            or path in OPEN_PATHS
+            or path.startswith("/static/")
+            or path in ("/api/v1/audit", "/api/v1/whoami")  # these check the token themselves
+        ):
+            return await handler(request)
+        page = not path.startswith("/api/")
+        try:
+            self.access.require(request, Role.VIEWER, cookie=page)
+        except web.HTTPException as exc:
+            if not page:
+                raise
+            return self.console.sign_in(exc.status, (exc.text or "").strip())
+        return await handler(request)
+
+    @web.middleware
     async def _count(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
@@ -222,6 +271,48 @@ class WebServer:
                 [({"reason": r}, n) for r, n in sorted(self.refused.items())],
             ),
             Family("fleetfit_http_connections", "gauge", "HTTP connections open.", [({}, len(self._opened))]),
+            *self._access_metrics(),
+        ]
+
+    def _access_metrics(self) -> list[Family]:
+        tokens = self.access.tokens
+        return [
+            Family(
+                "fleetfit_api_auth_refused_total",
+                "counter",
+                "API requests refused for their token: no_token, malformed, unknown_token (401), role (403).",
+                [({"reason": r}, n) for r, n in sorted(self.access.refused.items())],
+            ),
+            Family(
+                "fleetfit_api_tokens",
+                "gauge",
+                "API tokens in force, by role (the old shared token counts as one admin).",
+                [({"role": r.value}, tokens.roles().get(r.value, 0)) for r in Role],
+            ),
+            Family(
+                "fleetfit_api_token_lines_rejected_total",
+                "counter",
+                "Lines of the tokens file rejected at each read: fields, name, role, hash, duplicate_token.",
+                [({"reason": r}, n) for r, n in sorted(tokens.rejected.items())],
+            ),
+            Family(
+                "fleetfit_api_tokens_file_stale",
+                "gauge",
+                "1 when the tokens file changed but could not be read: the tokens read last stay in force.",
+                [({}, 1 if tokens.problem else 0)],
+            ),
+            Family(
+                "fleetfit_api_shared_token",
+                "gauge",
+                "1 while the old shared token ([api] token) is accepted (as an admin named shared-token).",
+                [({}, 1 if tokens.shared else 0)],
+            ),
+            Family(
+                "fleetfit_audit_unrecorded_total",
+                "counter",
+                "Audit entries logged but not written to the state file: no_state_file, database.",
+                [({"reason": r}, n) for r, n in sorted(audit.unrecorded.items())],
+            ),
         ]
 
 

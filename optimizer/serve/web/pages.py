@@ -31,6 +31,7 @@ from optimizer.plan.render import (
     waits_cell,
     waves_of,
 )
+from optimizer.serve.audit import AuditLog, Entry
 from optimizer.serve.lifecycle import OPEN, Lifecycle, RecState, Tracked
 from optimizer.serve.outcomes import Outcome
 from optimizer.serve.report import UNATTRIBUTED, By, live_showback, nodes_online, owners_of, site_owners
@@ -60,7 +61,8 @@ def layout(title: str, path: str, body: str) -> str:
         f"<title>{esc(title)} · fleetfit</title>"
         '<link rel="stylesheet" href="/static/console.css"><script src="/static/console.js" defer></script>'
         '</head><body><a class="skip" href="#main">Skip to content</a>'
-        f'<header><span class="brand">fleetfit</span><nav aria-label="Console">{nav}</nav></header>'
+        f'<header><span class="brand">fleetfit</span><nav aria-label="Console">{nav}</nav>'
+        '<span id="who" class="who" role="status"></span></header>'
         f'<main id="main"><h1>{esc(title)}</h1>{body}</main></body></html>\n'
     )
 
@@ -108,8 +110,9 @@ def cards(items: list[tuple[str, str, str]]) -> str:
 
 
 class Console:
-    def __init__(self, optimizer: Optimizer) -> None:
+    def __init__(self, optimizer: Optimizer, audit_log: AuditLog | None = None) -> None:
         self.optimizer = optimizer
+        self.audit_log = audit_log
         self._overview: tuple[tuple[int, int, int], Overview] | None = None
         self._refresh: asyncio.Future[Overview] | None = None
         self._trend = Trend()  # updated by one refresh at a time
@@ -164,6 +167,25 @@ class Console:
 
     def _page(self, title: str, path: str, body: str) -> web.Response:
         return web.Response(text=layout(title, path, body), content_type="text/html", charset="utf-8")
+
+    def sign_in(self, status: int, why: str) -> web.Response:
+        """The page shown in place of another when reading needs a token the browser did not give."""
+        body = (
+            f'<p id="sign-in">This console needs a viewer\'s token to read ({esc(why)}). Enter yours: it is kept '
+            "for this browser session and the page reloads.</p>" + _token_box()
+        )
+        page = layout("Sign in", "", body)
+        return web.Response(text=page, status=status, content_type="text/html", charset="utf-8")
+
+    async def _decisions(self, workload: str) -> list[Entry]:
+        """The audit log's entries for ``workload``, the latest first (empty without a state file)."""
+        tracker, audit_log = self.optimizer.tracker, self.audit_log
+        if tracker is None or audit_log is None:
+            return []
+        try:
+            return await tracker.write(audit_log.query, workload, None, None, None, MAX_ROWS)
+        except sqlite3.Error:  # the trail is a courtesy on this page: /api/v1/audit says what is wrong
+            return []
 
     # ------------------------------------------------------------------ overview
 
@@ -269,7 +291,8 @@ class Console:
                     else f"nothing wasted now (its nodes are offline; {money(f.wasted_usd_per_hour, 2)}/hour as it ran)"
                 )
                 + f" — {esc(where_else(f.detail, site, view.hardware_sites))}. "
-                f"{_what_the_plan_does(plan_of[site], f)}</li>"
+                + (f"Fix: {esc(f.fix)}. " if f.fix else "")
+                + f"{_what_the_plan_does(plan_of[site], f)}</li>"
                 for site, f, up in findings[:5]
             )
             body.append(
@@ -429,7 +452,7 @@ class Console:
                 f"{esc(', '.join(f.nodes))} <small>[{esc(f.hardware)}]</small>",
                 money(f.wasted_usd_per_hour, 2),
                 f"{f.confidence:.2f}",
-                esc(where_else(f.detail, site, where)),
+                esc(where_else(f.detail, site, where)) + (f"<br><small>Fix: {esc(f.fix)}</small>" if f.fix else ""),
             ]
             for site, f in findings
         ]
@@ -451,7 +474,7 @@ class Console:
             f"{len(blocked)} misplacement(s) the plan does not move.</p>"
             + "<section><h2>Findings</h2>"
             + table(
-                "Misplacements, most wasteful first",
+                "Misplacements and GPUs waiting on the rest of their node, most wasteful first",
                 ["site", "workload", "owner", "kind", "where", "wasted/hour", "confidence", "detail"],
                 f_rows,
                 "findings",
@@ -549,7 +572,9 @@ class Console:
         for f in findings:
             body.append(
                 f'<p class="finding">Finding: {esc(f.kind.value.replace("_", " "))}, '
-                f"{money(f.wasted_usd_per_hour, 2)}/hour — {esc(f.detail)}</p>"
+                f"{money(f.wasted_usd_per_hour, 2)}/hour — {esc(f.detail)}"
+                + (f' <span class="fix">Fix: {esc(f.fix)}</span>' if f.fix else "")
+                + "</p>"
             )
         for b in blocked:
             body.append(f'<p class="finding">Not moved: {esc(b.reason)}; {esc(unblock(b.reason))}.</p>')
@@ -564,6 +589,25 @@ class Console:
                 rec_rows,
                 "history",
                 numeric=(3,),
+            )
+        )
+        body.append("</section><section><h2>Decisions</h2>")
+        decisions = [
+            [
+                esc(time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.at))),
+                esc(e.who),
+                esc(e.action),
+                f'<span class="result" data-result="{esc(e.result)}">{esc(e.result)}</span>',
+                esc(e.detail),
+            ]
+            for e in await self._decisions(wid)
+        ]
+        body.append(
+            table(
+                "Who decided on this workload's actions (UTC)",
+                ["when", "who", "action", "result", "detail"],
+                decisions,
+                "decisions",
             )
         )
         body.append("</section>")
