@@ -42,7 +42,7 @@ from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.costs import Demand, fit_problem, grown, monthly_cost, right_sized, shared, units
 from optimizer.plan.bound import Bound, BoundOptions, per_type_bound
 from optimizer.plan.pools import Pool, assign, build_pools
-from optimizer.plan.problem import Movable, NodeSlot, Offer, Problem
+from optimizer.plan.problem import Host, Movable, NodeSlot, Offer, Problem
 from optimizer.plan.room import Layout, make_room
 from optimizer.plan.rounding import Candidate, fill, pack
 
@@ -143,9 +143,13 @@ def _candidates(
     # multiply the symmetric solutions CP-SAT must wade through, and stall it at a few hundred nodes.
     if len(problem.movable) * len(problem.nodes) <= problem.room_model_limit:
         gpus_home = out.gpus[here.hardware]
-        same = (n for n in targets.nodes(here.hardware, gpus_home) if n != w.node and slots[n].gpus >= gpus_home)
+        same = (
+            n
+            for n in targets.nodes(here.hardware, gpus_home)
+            if n != w.node and slots[n].gpus >= gpus_home and w.may_run_on(slots[n].host)
+        )
         for name in itertools.islice(same, problem.room_moves):
-            out.nodes[name] = home_cost
+            out.nodes[name] = home_cost + w.host_cost(slots[name].host, home_cost)
     keys = list(targets.by_hardware)
     if offered:
         keys += [key for key in offered if key not in targets.by_hardware]
@@ -173,10 +177,11 @@ def _candidates(
             out.types[key] = cost
             out.gpus[key] = size = units(demand, problem.units)
             for name in targets.nodes(key, size):
-                if slots[name].gpus >= size:
-                    out.nodes[name] = cost
+                if slots[name].gpus >= size and w.may_run_on(slots[name].host):
+                    out.nodes[name] = cost + w.host_cost(slots[name].host, cost)
             offer = offered.get(key) if offered else None
-            if offer is not None and offer.gpus >= size and w.id in offer.workloads:
+            # a node bought is known by its GPUs alone: never offered to a workload that needs more of its host
+            if offer is not None and offer.gpus >= size and w.id in offer.workloads and w.needs is None:
                 # the node's price is counted once, when bought; what the workload holds there is part of it
                 held = size / problem.units * target.price_per_gpu_hour * catalog.defaults.hours_per_month
                 out.nodes[offer.key] = cost - held
@@ -198,7 +203,11 @@ def _greedy(
     taken: set[tuple[str, str]] = set()  # (service, node) that received a replica
     moved = 0
 
+    hosts = {n.name: n.host for n in problem.nodes}
+
     def allowed(w: Movable, name: str) -> bool:
+        if not w.may_run_on(hosts[name]):
+            return False
         return not (w.service and name not in already[w.service] and (w.service, name) in taken)
 
     def place(w: Movable, node: str, gpus: int) -> None:
@@ -312,15 +321,28 @@ def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, c
         model.add(sum(large) <= pool.size)  # one large workload per member
 
 
+def _host_label(host: Host) -> str:
+    """A short name for a node's host, told apart in pool keys."""
+    cpus = "?" if host.cpu_cores_per_gpu is None else f"{host.cpu_cores_per_gpu:g}"
+    nvme = {None: "?", True: "nvme", False: "no-nvme"}[host.local_nvme]
+    tenants = ("+training" if host.training else "") + ("+serving" if host.serving else "")
+    return f"{cpus}cpu/{nvme}{tenants}"
+
+
 def _pooled(problem: Problem) -> tuple[list[NodeSlot], dict[str, Pool], dict[str, Pool]]:
     """The nodes the model sees (pools in place of their members), pools by key, and each member's pool."""
     if not problem.pools:
         return problem.nodes, {}, {}
     hosting = {w.node for w in problem.movable}
     free = ((n.name, n.hardware, n.gpus - problem.fixed_usage.get(n.name, 0)) for n in problem.nodes)
-    pools = build_pools(free, hosting, problem.pool_min_members)
+    # members of a pool are alike beside their GPUs too: what a workload needs or pays there holds for each
+    hosts = {n.name: n.host for n in problem.nodes}
+    kinds = {name: _host_label(host) for name, host in hosts.items() if host != Host()}
+    pools = build_pools(free, hosting, problem.pool_min_members, kinds)
     member_of = {m: p for p in pools for m in p.members}
-    nodes = [n for n in problem.nodes if n.name not in member_of] + [NodeSlot(p.key, p.hardware, p.room) for p in pools]
+    nodes = [n for n in problem.nodes if n.name not in member_of] + [
+        NodeSlot(p.key, p.hardware, p.room, hosts[p.members[0]]) for p in pools
+    ]
     return nodes, {p.key: p for p in pools}, member_of
 
 
@@ -556,8 +578,8 @@ def _preferences(
             continue
         if key not in o.types:
             continue
-        if slots[target].gpus >= o.gpus[key]:
-            o.nodes.setdefault(target, o.types[key])
+        if slots[target].gpus >= o.gpus[key] and w.may_run_on(slots[target].host):
+            o.nodes.setdefault(target, o.types[key] + w.host_cost(slots[target].host, o.types[key]))
             out[w.id, target] = k.margin_usd
         for node in o.nodes:
             if node != target and slots[node].hardware == key:
@@ -633,6 +655,19 @@ def _as_bound_options(w: Movable, o: _Options, slots: dict[str, NodeSlot]) -> Bo
     return BoundOptions(id=w.id, home=home, now=o.now, by_type=by_type)
 
 
+def _barred(problem: Problem) -> dict[str, frozenset[str]]:
+    """For each workload with needs, the nodes that do not meet them (one set shared by workloads alike)."""
+    sets: dict[object, frozenset[str]] = {}
+    out: dict[str, frozenset[str]] = {}
+    for w in problem.movable:
+        if w.needs is None:
+            continue
+        if w.needs not in sets:
+            sets[w.needs] = frozenset(n.name for n in problem.nodes if not w.may_run_on(n.host))
+        out[w.id] = sets[w.needs]
+    return out
+
+
 def _rounded(
     problem: Problem, options: dict[str, _Options], bound: Bound, slots: dict[str, NodeSlot]
 ) -> dict[str, str]:
@@ -640,12 +675,13 @@ def _rounded(
     room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
     for w in problem.movable:
         room[w.node] -= units(w.demand, problem.units)
+    barred = _barred(problem)
     candidates = []
     for w in problem.movable:
         b = _as_bound_options(w, options[w.id], slots)
         fractions = bound.fractions.get(w.id, {})
         now = units(w.demand, problem.units)
-        candidates.append(Candidate(w.id, w.node, b.home, now, w.service, b.by_type, fractions))
+        candidates.append(Candidate(w.id, w.node, b.home, now, w.service, b.by_type, fractions, barred.get(w.id)))
     hardware = {n.name: n.hardware for n in problem.nodes}
     placed = pack(candidates, room, hardware, problem.max_moves)
     # what the packing could not place, placed by moving small tenants aside (optimizer/plan/room.py)
@@ -674,10 +710,12 @@ def _filled(
 ) -> dict[str, str]:
     """``placement`` with the room it leaves on cheaper hardware filled (optimizer/plan/rounding.py, ``fill``)."""
     room = {n.name: n.gpus - problem.fixed_usage.get(n.name, 0) for n in problem.nodes}
+    barred = _barred(problem)
     candidates = []
     for w in problem.movable:
         b = _as_bound_options(w, options[w.id], slots)
-        candidates.append(Candidate(w.id, w.node, b.home, units(w.demand, problem.units), w.service, b.by_type, {}))
+        held = units(w.demand, problem.units)
+        candidates.append(Candidate(w.id, w.node, b.home, held, w.service, b.by_type, {}, barred.get(w.id)))
     hardware = {n.name: n.hardware for n in problem.nodes}
     move_cost = {w.id: w.move_cost_usd for w in problem.movable}
     return fill(candidates, placement, room, hardware, problem.max_moves, move_cost)

@@ -10,7 +10,7 @@ place, which only odd sizes can cause, stays where it is).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 POOL_PREFIX = "pool:"
@@ -32,15 +32,22 @@ class Pool:
         return {s: self.size * s * (self.room // s) for s in sorted(set(sizes)) if s > 0}
 
 
-def build_pools(nodes: Iterable[tuple[str, str, int]], hosting: set[str], min_members: int = 2) -> list[Pool]:
-    """Pools of ``(name, hardware, free GPUs)`` nodes that host no movable workload (``hosting``)."""
-    groups: dict[tuple[str, int], list[str]] = {}
+def build_pools(
+    nodes: Iterable[tuple[str, str, int]],
+    hosting: set[str],
+    min_members: int = 2,
+    kinds: Mapping[str, str] | None = None,
+) -> list[Pool]:
+    """Pools of ``(name, hardware, free GPUs)`` nodes that host no movable workload (``hosting``); ``kinds``: what
+    else tells nodes apart (their CPUs, NVMe and tenants, by name), so that a pool holds only nodes alike in it."""
+    groups: dict[tuple[str, int, str], list[str]] = {}
     for name, hardware, room in nodes:
         if name not in hosting and room > 0:
-            groups.setdefault((hardware, room), []).append(name)
+            kind = kinds.get(name, "") if kinds else ""
+            groups.setdefault((hardware, room, kind), []).append(name)
     return [
-        Pool(f"{POOL_PREFIX}{hardware}:{room}", hardware, room, tuple(sorted(names)))
-        for (hardware, room), names in sorted(groups.items())
+        Pool(f"{POOL_PREFIX}{hardware}:{room}" + (f":{kind}" if kind else ""), hardware, room, tuple(sorted(names)))
+        for (hardware, room, kind), names in sorted(groups.items())
         if len(names) >= min_members
     ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent.protocol import WorkloadClass
 from optimizer.decide.costs import Demand
 from optimizer.plan.interrupt import SolveStop
 from optimizer.plan.pools import POOL_PREFIX, Pool
@@ -17,11 +18,54 @@ from optimizer.plan.pools import POOL_PREFIX, Pool
 WORK_PER_SECOND = 0.1
 
 
+# What putting training beside online serving on one node costs, as a share of the moved workload's monthly cost
+# there: an estimate. The two interfere through the node's shared PCIe switches, host memory bandwidth, CPUs and
+# caches: co-location studies measure such interference in tens of per cent (Lo et al., "Heracles", ISCA 2015;
+# Xiao et al., "Gandiva", OSDI 2018), and the reference article puts mixing the patterns at ~40 % more.
+MIXED_NODE_PENALTY = 0.4
+# What a service that scales with load pays a month on a node without local NVMe, as a share of its monthly cost:
+# an estimate of the GPU time its replicas hold while they load weights over the network instead. A cold start
+# takes 10-30 s from network storage and under 2 s from a local NVMe cache (the reference article); at 24 starts
+# a day (an autoscaler following a daily cycle, an estimate) that is 24 x 28 s = 672 s of 86,400: 0.78 %. It
+# counts only the GPUs' time, not the requests that wait, so it is a floor: among nodes that are otherwise equal
+# it decides, and it never outweighs a real saving.
+NO_NVME_COLD_START_SHARE = 24 * 28 / 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """The rest of a node as the plan weighs it; None where it is not known. ``training`` and ``serving``: the
+    node runs training, or an online service, now (what a workload moving in would sit beside)."""
+
+    cpu_cores_per_gpu: float | None = None
+    local_nvme: bool | None = None
+    training: bool = False
+    serving: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What a workload needs of its target beside GPUs (optimizer/decide/snapshot.py, ``WorkloadNeeds``)."""
+
+    cpu_cores_per_gpu: float | None = None
+    local_nvme: bool = False
+
+    def met_by(self, host: Host) -> bool:
+        """Whether a node is known to meet every need; an unknown figure meets none (a job starved of CPUs is not
+        sent where nobody counted them)."""
+        if self.cpu_cores_per_gpu is not None and (
+            host.cpu_cores_per_gpu is None or host.cpu_cores_per_gpu < self.cpu_cores_per_gpu
+        ):
+            return False
+        return not self.local_nvme or host.local_nvme is True
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSlot:
     name: str
     hardware: str  # catalog key
     gpus: int
+    host: Host = Host()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +105,25 @@ class Movable:
     move_cost_usd: float  # one-off: restart, cold start, lost work since the last checkpoint
     service: str | None = None  # replicas of one inference service are kept on different nodes
     resizable: bool = True  # its p95 covers a daily peak, so it may hold fewer GPUs where that fits
+    needs: Needs | None = None  # moved only to nodes that meet them
+    scales_with_load: bool = False  # an online service starting replicas with its load: prefers local NVMe
+
+    def may_run_on(self, host: Host) -> bool:
+        """Whether a node with ``host`` meets what this workload needs (its own node always does: staying is no
+        move)."""
+        return self.needs is None or self.needs.met_by(host)
+
+    def host_cost(self, host: Host, monthly: float) -> float:
+        """What moving onto a node with ``host`` costs a month beyond its GPUs, ``monthly`` being their cost there:
+        training beside online serving or the reverse (``MIXED_NODE_PENALTY``), a service that scales with load
+        on a node without local NVMe (``NO_NVME_COLD_START_SHARE``)."""
+        extra = 0.0
+        cls = self.demand.workload_class
+        if (cls is WorkloadClass.TRAINING and host.serving) or (cls is WorkloadClass.INFERENCE and host.training):
+            extra += MIXED_NODE_PENALTY * monthly
+        if self.scales_with_load and host.local_nvme is False:
+            extra += NO_NVME_COLD_START_SHARE * monthly
+        return extra
 
 
 @dataclass(slots=True)

@@ -27,13 +27,13 @@ from optimizer.decide.costs import (
     spread,
 )
 from optimizer.decide.findings import NODE_GPUS, Planned, cost_on, detect, uncatalogued
-from optimizer.decide.snapshot import Resolved, Snapshot, from_fleet, hardware_of, resolve
+from optimizer.decide.snapshot import Resolved, Snapshot, SnapshotNode, WorkloadNeeds, from_fleet, hardware_of, resolve
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.shares import share_units
 from optimizer.plan.interrupt import SolveStop
 from optimizer.plan.model import Solution, solve
 from optimizer.plan.ordering import Action, order
-from optimizer.plan.problem import WORK_PER_SECOND, Kept, Movable, NodeSlot, Problem
+from optimizer.plan.problem import WORK_PER_SECOND, Host, Kept, Movable, Needs, NodeSlot, Problem
 from optimizer.plan.purchases import purchases
 from optimizer.plan.render import order_key
 
@@ -230,6 +230,29 @@ def _tightest(
     return None
 
 
+def node_host(n: SnapshotNode, classes: Iterable[WorkloadClass] = ()) -> Host:
+    """The rest of a snapshot node as the plan weighs it; ``classes``: of the workloads it runs now."""
+    held = set(classes)
+    return Host(
+        cpu_cores_per_gpu=None if n.cpu_cores is None else n.cpu_cores / n.gpus,
+        local_nvme=None if n.local_nvme_tb is None else n.local_nvme_tb > 0,
+        training=WorkloadClass.TRAINING in held,
+        serving=WorkloadClass.INFERENCE in held,
+    )
+
+
+def needs_of(needs: WorkloadNeeds | None) -> Needs | None:
+    """A snapshot workload's needs as the plan checks them."""
+    if needs is None or (needs.cpu_cores_per_gpu is None and not needs.local_nvme):
+        return None
+    return Needs(needs.cpu_cores_per_gpu, needs.local_nvme)
+
+
+def _needs_text(needs: Needs) -> str:
+    parts = [f"{needs.cpu_cores_per_gpu:g} CPU cores per GPU"] if needs.cpu_cores_per_gpu is not None else []
+    return " and ".join([*parts, *(["local NVMe"] if needs.local_nvme else [])])
+
+
 def _why_stays(
     catalog: Catalog,
     snapshot: Snapshot,
@@ -261,10 +284,18 @@ def _why_stays(
         return misfit, saving
     if r.w.id in solution.blocked:
         return solution.blocked[r.w.id], saving
+    needs = needs_of(r.w.needs)
+    if needs is not None and not any(
+        needs.met_by(node_host(n)) and getattr(hardware_of(catalog, n.hardware, n.pci_id), "key", None) == target.key
+        for n in snapshot.nodes
+    ):
+        return f"no {target.name} node in site {snapshot.site} known to give it {_needs_text(needs)}", saving
     if settings.max_moves == 0:
         return "the plan allows no moves (max moves 0)", saving
     if moves >= settings.max_moves:
         return f"the plan's {settings.max_moves} moves went to bigger savings", saving
+    if needs is not None:
+        return f"no free {target.name} capacity in site {snapshot.site} on nodes giving it {_needs_text(needs)}", saving
     return f"no free {target.name} capacity in site {snapshot.site}", saving
 
 
@@ -464,11 +495,16 @@ def plan_snapshot(
     # partitions' eighths need it to count exactly), else in whole GPUs
     fractions = [w.share for w in snapshot.workloads if w.share < 1]
     per_gpu = share_units(fractions, SHARE_UNITS) if settings.sharing or fractions else 1
+    classes: dict[str, set[WorkloadClass]] = {}
+    for w in snapshot.workloads:
+        for name in w.nodes:
+            classes.setdefault(name, set()).add(w.workload_class)
     nodes = []
     for n in snapshot.nodes:
         hw = hardware_of(catalog, n.hardware)
         if hw is not None:
-            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus * per_gpu))
+            host = node_host(n, classes.get(n.name, ()))
+            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus * per_gpu, host=host))
     known = {n.name for n in nodes}
     fixed: dict[str, int] = {}
     movable = []
@@ -491,7 +527,8 @@ def plan_snapshot(
                 continue
         if can_move:
             service = r.w.name if r.w.workload_class is WorkloadClass.INFERENCE and r.w.name else None
-            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service, a_day))
+            needs, scales = needs_of(r.w.needs), r.w.scales_with_load
+            movable.append(Movable(r.w.id, r.node, r.w.demand, _move_cost(settings, r), service, a_day, needs, scales))
         else:
             for node in r.w.nodes:
                 held = math.ceil(r.w.gpus // len(r.w.nodes) * r.w.share * per_gpu - 1e-9)

@@ -51,7 +51,9 @@ class Layout:
 
     def allowed(self, c: Candidate, node: str, sent: frozenset[tuple[str, str]] = frozenset()) -> bool:
         """Never a second replica on a node another replica moved to (or is being ``sent`` to), unless the
-        service ran there already."""
+        service ran there already; never a node that does not meet what it needs beside GPUs."""
+        if c.barred and node in c.barred:
+            return False
         s = c.service
         return not (s and node not in self.already.get(s, set()) and ((s, node) in self.taken or (s, node) in sent))
 

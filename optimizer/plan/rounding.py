@@ -24,6 +24,7 @@ class Candidate:
     service: str | None
     by_type: dict[str, tuple[float, int]]  # hardware → (monthly cost, GPUs there); its own hardware included
     fractions: dict[str, float]  # hardware → the LP's share of it there
+    barred: frozenset[str] | None = None  # nodes that do not meet what it needs beside GPUs
 
 
 def _best_fit(
@@ -39,7 +40,7 @@ def _best_fit(
     best = None
     for name in nodes:
         free = room[name]
-        if free < gpus or (best is not None and free >= room[best]):
+        if free < gpus or (best is not None and free >= room[best]) or (c.barred and name in c.barred):
             continue
         if c.service and name not in already.get(c.service, set()) and (c.service, name) in taken:
             continue
