@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from agent.protocol import DiskInfo, GpuInfo, NicInfo, NicKind, NicRole, WorkloadKind, WorkloadRef
 from collectors.base import Entity, Inventory, Sample
 from collectors.sim import workloads as realistic
-from collectors.sim.profiles import NodeProfile
+from collectors.sim.profiles import HOSTS, NodeProfile, thin_host
 from collectors.sim.spec import GpuState, Pattern, WorkloadSpec
 
 GB = 1e9
@@ -60,7 +60,8 @@ class SimulatedNode:
         ConnectX ports with an RDMA device), ``host_network`` (workloads run in the host's network namespace, as
         Slurm jobs and host-network pods do: the agent reads their sockets but has no counters of their own, the
         node's being every workload's). ``schema`` 1 behaves like an agent from before schema 2: no process
-        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric. ``background``: what the
+        facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric. ``thin_host``: 8 CPUs
+        per GPU, no NVMe, data over NFS (collectors/sim/profiles.py). ``background``: what the
         node itself sends and writes whatever its GPUs do (scrapes, log shipping, kubelet); none by default."""
         used = [g for w in workloads for g in w.gpus]
         if len(used) != len(set(used)) or any(g >= profile.gpus for g in used):
@@ -145,7 +146,7 @@ class SimulatedNode:
         if self.gpu_only:
             return Inventory(gpus=gpus, driver_version="sim", cuda_version="sim")
         size = 7_680 * 10**9
-        disks = [DiskInfo(name="nvme0n1", size_bytes=size)]
+        disks = [DiskInfo(name=self._disk, size_bytes=size)]
         if "md_raid" in self.quirks:
             member = "md127" if self.schema >= 2 else None
             disks = [
@@ -153,7 +154,13 @@ class SimulatedNode:
                 DiskInfo(name="nvme1n1", size_bytes=size, member_of=member),
                 DiskInfo(name="md127", size_bytes=2 * size),
             ]
-        return Inventory(gpus=gpus, nics=nics, disks=disks, driver_version="sim", cuda_version="sim")
+        host = thin_host(p) if "thin_host" in self.quirks else HOSTS.get(p.key)
+        return Inventory(gpus=gpus, nics=nics, disks=disks, driver_version="sim", cuda_version="sim", host=host)
+
+    @property
+    def _disk(self) -> str:
+        """The node's one disk: a SATA boot drive on a thin node, which has no NVMe."""
+        return "sda" if "thin_host" in self.quirks else "nvme0n1"
 
     def workloads(self) -> list[WorkloadRef]:
         refs = []
@@ -267,7 +274,9 @@ class SimulatedNode:
                     )
                 )
         # A RAID 0 over two NVMe drives: each member carries half and md127 counts the same bytes again.
-        disks = [("nvme0n1", 0.5), ("nvme1n1", 0.5), ("md127", 1.0)] if "md_raid" in self.quirks else [("nvme0n1", 1.0)]
+        disks = (
+            [("nvme0n1", 0.5), ("nvme1n1", 0.5), ("md127", 1.0)] if "md_raid" in self.quirks else [(self._disk, 1.0)]
+        )
         for disk, part in disks:
             out.append(
                 Sample(

@@ -277,6 +277,11 @@ def _mem_fraction(pattern: Pattern, demo: bool, rng: random.Random) -> float:
     return 0.35 if demo else rng.uniform(0.3, 0.5)
 
 
+# Share of a realistic fleet's nodes built thin (8 CPUs per GPU, no NVMe, data over NFS: collectors/sim/profiles.py),
+# an assumption: older or cheaper builds of the same GPUs bought in another round.
+THIN_SHARE = 0.2
+
+
 @dataclass(frozen=True, slots=True)
 class ScenarioNode:
     name: str
@@ -324,6 +329,10 @@ def build_scenario(scenario: str, nodes: int, seed: int = 0, names: bool = True)
             if quiet.random() < 0.3:  # Slurm jobs, host-network pods: no network namespace of their own
                 quirks |= {"host_network"}
         name = f"{profile}-{counts[profile]:03d}"
+        # Drawn from the node's name, so that the scenario's other draws stay as they were.
+        thin = random.Random(f"{scenario}:{seed}:{name}:host").random() < THIN_SHARE
+        if thin and scenario in ("realistic", "services") and "md_raid" not in quirks:
+            quirks |= {"thin_host"}
         out.append(ScenarioNode(name, profile, tuple(specs), misplaced, quirks, schema, draw_background(quiet)))
     return out
 
