@@ -228,6 +228,21 @@ def measured(birth: Birth) -> tuple[bool | None, Literal["infiniband", "roce", "
     return nvlink, fabric
 
 
+def host_fields(birth: Birth) -> dict[str, object]:
+    """The snapshot node's fields for the rest of the node, from the birth's host (an agent's reads, or
+    node_exporter's series read by the Prometheus source); none where the birth has no host."""
+    host = birth.host
+    if host is None:
+        return {}
+    return {
+        "cpu_cores": host.cpu_cores,
+        "memory_gib": None if host.memory_mib is None else round(host.memory_mib / 1024, 1),
+        "local_nvme_tb": None if host.local_nvme_bytes is None else round(host.local_nvme_bytes / 1e12, 3),
+        "local_nvme_read_gbps": None if host.local_nvme_read_bps is None else round(host.local_nvme_read_bps / 1e9, 2),
+        "network_storage": bool(host.network_mounts),
+    }
+
+
 def _quantised(share: float) -> float:
     """A share as the planner can count it exactly: a fraction of up to eight parts as it is (a partition, an
     equal split), anything else rounded down to hundredths, so tenants' shares never sum past their GPU."""
@@ -261,7 +276,8 @@ def from_fleet(
             if not physical:  # only MIG instances listed: count their GPUs, name the model without the slice
                 slices = record.birth.gpus
                 model = slices[0].model.split(" MIG ", 1)[0]
-                nodes.append(SnapshotNode(name=name, hardware=model, gpus=max(1, len({g.parent for g in slices}))))
+                gpus = max(1, len({g.parent for g in slices}))
+                nodes.append(SnapshotNode(name=name, hardware=model, gpus=gpus, **host_fields(record.birth)))
                 continue
             nvlink, fabric = measured(record.birth)
             nodes.append(
@@ -273,6 +289,7 @@ def from_fleet(
                     nvlink=nvlink,
                     fabric=fabric,
                     pci_id=physical[0].pci_device_id,
+                    **host_fields(record.birth),
                 )
             )
     known = {n.name for n in nodes}
