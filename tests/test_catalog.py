@@ -4,6 +4,7 @@ service, capabilities a node measured, uncatalogued hardware, and snapshots nami
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -211,3 +212,56 @@ def test_a_snapshot_naming_unknown_hardware_is_refused_in_one_line(tmp_path: Pat
     raw["nodes"][2]["hardware"] = "l40"  # a catalogued model is accepted
     broken.write_text(json.dumps(raw))
     subprocess.run([FLEETFIT, "plan", str(broken)], capture_output=True, timeout=60, check=True)
+
+
+def _pci_database() -> dict[str, str]:
+    """'0x<device><vendor>' -> the device's name, from the PCI ID database's lines for the catalogued ids."""
+    names: dict[str, str] = {}
+    vendor = ""
+    for line in (Path(__file__).parent / "data" / "pci.ids.excerpt").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        if not line.startswith("\t"):
+            vendor = line[:4]
+        else:
+            names[f"0x{line[1:5]}{vendor}"] = line[5:].strip()
+    return names
+
+
+def test_every_catalogued_pci_id_is_the_model_the_pci_database_names_and_finds_its_entry(tmp_path: Path) -> None:
+    """Every PCI id of the catalog, as each vendor's collector reports it under a name no catalog entry matches,
+    finds the entry that lists it, and the PCI ID database names that model for the id. Deliberate bugs caught:
+    L40S's id mistyped as 0x26b810de (the database's L40G: an L40S would go uncatalogued, an L40G taken for an
+    L40S); an AMD or Habana id written in a layout other than the collectors' ("0x10021da3")."""
+    from fake_amdsmi import FakeAmdGpu, make_fake_amdsmi
+    from fake_hlml import FakeGaudi, make_fake_hlml
+    from fake_nvml import FakeGpu, make_fake_nvml
+
+    from collectors.amd import open_amd_collector
+    from collectors.attribution import Attributor
+    from collectors.gaudi import open_gaudi_collector
+    from collectors.gpu import open_gpu_collector
+
+    database = _pci_database()
+    ids = {p.lower(): g for g in CATALOG.gpu for p in g.pci_ids}
+    for pci_id, entry in ids.items():
+        named = database.get(pci_id)
+        assert named is not None, f"{entry.key}: {pci_id} is not in the PCI ID database"
+        model = entry.name.split()[0].lower()  # "H100", "MI300X", "Gaudi2": the model designation
+        assert re.search(rf"\b{re.escape(model)}", named.lower()), f"{entry.key}: {pci_id} is {named!r}"
+    by_vendor: dict[str, list[int]] = {}
+    for pci_id in ids:
+        by_vendor.setdefault(pci_id[6:], []).append(int(pci_id[2:6], 16))
+    nvidia = [FakeGpu(name="GPU 0000:17:00.0", pci_device_id=(d << 16) | 0x10DE) for d in by_vendor["10de"]]
+    amd = [FakeAmdGpu(market_name="N/A", device_id=d) for d in by_vendor["1002"]]
+    gaudi = [FakeGaudi(name=b"HL-000", device_id=d) for d in by_vendor["1da3"]]
+    reported = open_gpu_collector(make_fake_nvml(nvidia)).inventory().gpus
+    amd_collector = open_amd_collector(make_fake_amdsmi(amd), Attributor(tmp_path))
+    gaudi_collector = open_gaudi_collector(make_fake_hlml(gaudi), Attributor(tmp_path))
+    assert amd_collector is not None and gaudi_collector is not None
+    reported += amd_collector.inventory().gpus + gaudi_collector.inventory().gpus
+    assert len(reported) == len(ids)
+    for g in reported:
+        assert CATALOG.lookup("GPU 0000:17:00.0") is None and g.pci_device_id is not None
+        entry = CATALOG.lookup("GPU 0000:17:00.0", g.pci_device_id)
+        assert entry is not None and entry is ids[g.pci_device_id], (g.model, g.pci_device_id)
