@@ -217,6 +217,27 @@ def test_mixed_node_penalty_decides_between_equal_targets(monkeypatch: pytest.Mo
     assert [(r.workload, r.to_node) for r in plan.recommendations] == [("job", "h100-a")]
 
 
+def test_the_greedy_start_avoids_the_mixed_node_too() -> None:
+    """Where the plan is the starting placement (fleet scale), the greedy pass takes the node without online
+    serving among equally roomy ones. Deliberate bug it catches: the greedy taking the first node with room (the
+    service's, whose name sorts first)."""
+    nodes = [
+        NodeSlot("l4-home", "l4", 8),
+        NodeSlot("h100-a", "h100", 8, Host(serving=True)),
+        NodeSlot("h100-b", "h100", 8, Host()),
+    ]
+    job = _job("job", "l4-home")
+    problem = Problem(
+        nodes=nodes,
+        fixed_usage={"h100-a": 4, "h100-b": 4},
+        movable=[Movable("job", "l4-home", job.demand, 10.0)],
+        exact_model_limit=0,
+        bound_tolerance=1.0,
+    )
+    solution = solve(load_catalog(), problem)
+    assert (solution.report.status, solution.placement["job"]) == ("HEURISTIC", "h100-b")
+
+
 def test_a_service_that_scales_with_load_prefers_local_nvme() -> None:
     """A chat service misplaced on H100s, two equal L40S targets but for local NVMe: it goes to the one with NVMe,
     and without the flag name order decides. Deliberate bug it catches: the cold-start term left out."""

@@ -33,6 +33,7 @@ import bisect
 import itertools
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
@@ -236,15 +237,29 @@ def _greedy(
         o = options[w.id]
         if moved >= problem.max_moves or not o.types or placement[w.id] != w.node:
             continue
-        for key, _ in sorted(o.types.items(), key=lambda kv: (kv[1], kv[0])):
+        for key, cost in sorted(o.types.items(), key=lambda kv: (kv[1], kv[0])):
             gpus = o.gpus[key]
-            node = next(
-                (name for _, name in targets.by_hardware.get(key, ()) if room[name] >= gpus and allowed(w, name)), None
-            )
+            fits = (name for _, name in targets.by_hardware.get(key, ()) if room[name] >= gpus and allowed(w, name))
+            node = _cheapest_host(w, cost, hosts, fits)
             if node is not None:
                 place(w, node, gpus)
                 break
     return placement
+
+
+GREEDY_HOST_LOOKS = 64  # nodes with room a greedy choice looks through for one that costs nothing beside its GPUs
+
+
+def _cheapest_host(w: Movable, cost: float, hosts: dict[str, Host], fits: Iterable[str]) -> str | None:
+    """The first of ``fits`` (nodes with room, roomiest first) where ``w`` pays nothing beside its GPUs (no
+    mixed-node penalty, no cold starts over the network), looking at ``GREEDY_HOST_LOOKS`` of them at most; else
+    the first of them."""
+    first = None
+    for name in itertools.islice(fits, GREEDY_HOST_LOOKS):
+        if w.host_cost(hosts[name], cost) == 0.0:
+            return name
+        first = first or name
+    return first
 
 
 def _spread_replicas(
@@ -733,13 +748,15 @@ def _placement_cost(
     """The objective of a concrete placement: monthly cost plus (``one_off``) the one-off cost of its moves, less
     (``bonus``, by model node: ``member_of`` maps pooled nodes to their pool) what keeping open actions is worth."""
     hardware = {n.name: n.hardware for n in problem.nodes}
+    hosts = {n.name: n.host for n in problem.nodes}
     total = 0.0
     for w in problem.movable:
         o, node = options[w.id], placement[w.id]
         if node == w.node:
             total += o.nodes[w.node]
         else:
-            total += o.types.get(hardware[node], o.nodes[w.node]) + (w.move_cost_usd if one_off else 0.0)
+            cost = o.types.get(hardware[node], o.nodes[w.node])
+            total += cost + w.host_cost(hosts[node], cost) + (w.move_cost_usd if one_off else 0.0)
         if bonus:
             pool = member_of.get(node) if member_of else None
             total -= bonus.get((w.id, pool.key if pool is not None else node), 0.0)
