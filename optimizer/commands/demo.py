@@ -41,6 +41,7 @@ from collectors.sim.scenarios import ScenarioNode, build_scenario
 from optimizer.commands.demostate import DemoState, demo_state
 from optimizer.decide.catalog import load_catalog
 from optimizer.plan.recommend import PlanSettings
+from optimizer.serve import tokens
 from optimizer.serve.alerts.alerter import Alerter
 from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings
 from optimizer.serve.broker import EmbeddedBroker
@@ -249,9 +250,16 @@ async def _first(*waits: Coroutine[Any, Any, object] | asyncio.Task[None]) -> No
 
 
 def _console(optimizer: Optimizer, options: DemoOptions) -> tuple[WebServer, str] | None:
-    """The console on 127.0.0.1 with a fresh token for its buttons (the demo's state is thrown away)."""
+    """The console on 127.0.0.1 with a fresh token for its buttons, held by an admin named ``demo`` (a tokens file
+    of its own beside the demo's state, made afresh each run)."""
     if not options.console:
         return None
-    token = secrets.token_urlsafe(12)
-    settings = ApiSettings(listen="127.0.0.1", port=options.console_port, token=token)
+    tracker = optimizer.tracker
+    if tracker is None:  # no state directory: the old shared token (with its warning) is all there is
+        token = secrets.token_urlsafe(12)
+        return WebServer(optimizer, ApiSettings(listen="127.0.0.1", port=options.console_port, token=token)), token
+    path = tracker.lifecycle.path.parent / "demo-tokens"
+    path.unlink(missing_ok=True)
+    token = tokens.add(path, "demo", tokens.Role.ADMIN)
+    settings = ApiSettings(listen="127.0.0.1", port=options.console_port, tokens_file=path)
     return WebServer(optimizer, settings), token

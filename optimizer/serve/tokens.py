@@ -221,12 +221,18 @@ class Tokens:
 
 
 def add(path: Path, name: str, role: Role) -> str:
-    """A fresh token for ``name`` with ``role``, its hash appended to the tokens file at ``path`` (created private
-    when missing); the token itself, to be shown once."""
+    """A fresh token for ``name`` with ``role``, its hash appended to the tokens file at ``path`` (created private,
+    with its directory's owner and group, when missing); the token itself, to be shown once."""
     token = new_token()
     line = line_for(name, role, token)
+    existed = path.exists()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        if not existed and os.geteuid() == 0:
+            # made by root in the service's own directory (its state directory, owned by its dynamic user):
+            # the service must be able to read it
+            where = path.parent.stat()
+            os.fchown(fd, where.st_uid, where.st_gid)
         _private(path, os.fstat(fd).st_mode)
         if os.fstat(fd).st_size and not _ends_in_newline(path):
             line = "\n" + line
