@@ -21,6 +21,16 @@ from collectors.sim.spec import GpuState, Pattern, WorkloadSpec
 
 GB = 1e9
 DIURNAL_FLOOR = 0.1  # trough / peak of online inference over a day: about 10x
+# A planted throttle: the clock it holds a working GPU to, of the clock it would run at (an estimate: a thermal
+# slowdown or a lowered power limit typically costs a GPU a quarter to a half of its clock), and the power limit a
+# planted power cap sets, of the board's.
+THROTTLED_CLOCK = 0.7
+CAPPED_LIMIT = 0.6
+THROTTLE_QUIRKS = {
+    "throttle_thermal": "thermal_slowdown_pct",
+    "throttle_power": "power_capped_pct",
+    "throttle_hw": "hw_slowdown_pct",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +72,10 @@ class SimulatedNode:
         node's being every workload's). ``schema`` 1 behaves like an agent from before schema 2: no process
         facts, RAID members unmarked, an RDMA-capable front-end port taken for the fabric. ``thin_host``: 8 CPUs
         per GPU, no NVMe, data over NFS (collectors/sim/profiles.py). ``background``: what the
-        node itself sends and writes whatever its GPUs do (scrapes, log shipping, kubelet); none by default."""
+        node itself sends and writes whatever its GPUs do (scrapes, log shipping, kubelet); none by default.
+        ``throttle_thermal``, ``throttle_power``, ``throttle_hw``: every GPU is held below its clocks while it
+        works, by heat, by a power limit lowered to ``CAPPED_LIMIT`` of the board's, or by the hardware slowdown
+        signal (a power brake), and its work takes that much longer (``THROTTLED_CLOCK``)."""
         used = [g for w in workloads for g in w.gpus]
         if len(used) != len(set(used)) or any(g >= profile.gpus for g in used):
             raise ValueError(f"{node}: workloads overlap or exceed the node's {profile.gpus} GPUs")
@@ -227,16 +240,28 @@ class SimulatedNode:
             write_bps += write
 
         out: list[Sample] = []
+        throttle = next((field for quirk, field in THROTTLE_QUIRKS.items() if quirk in self.quirks), None)
+        limit_w = p.power_limit_w * CAPPED_LIMIT if "throttle_power" in self.quirks else math.inf
         for i, g in enumerate(gpus):
             util = min(max(g.util, 0.0), 100.0)
+            held = throttle is not None and util > 1
+            if held:  # the same work at a slower clock keeps kernels running longer
+                util = min(util / THROTTLED_CLOCK, 100.0)
+            clock = p.max_sm_clock_mhz * (0.95 * (THROTTLED_CLOCK if held else 1.0) if util > 1 else 0.1)
             gauges = {
                 "util": round(util, 1),
                 "mem_util": round(util * 0.6, 1),
                 "mem_used_mib": round(g.mem_mib, 0),
-                "power_w": round(p.idle_power_w + (p.power_limit_w - p.idle_power_w) * util / 100 * g.intensity, 1),
+                "power_w": round(
+                    min(p.idle_power_w + (p.power_limit_w - p.idle_power_w) * util / 100 * g.intensity, limit_w), 1
+                ),
                 "temp_c": round(32 + util * 0.4 + self.rng.gauss(0, 0.5), 1),
-                "sm_clock_mhz": round(p.max_sm_clock_mhz * (0.95 if util > 1 else 0.1), 0),
+                "sm_clock_mhz": round(clock, 0),
             }
+            latest: dict[str, float] = {}
+            if throttle is not None:
+                gauges[throttle] = 100.0 if held else 0.0
+                latest["power_limit_w"] = min(limit_w, p.power_limit_w)
             counters = {
                 "pcie_tx_bps": self._advance(("gpu", f"{i}.pcie_tx"), g.pcie_bps, dt),
                 "pcie_rx_bps": self._advance(("gpu", f"{i}.pcie_rx"), g.pcie_bps, dt),
@@ -247,7 +272,7 @@ class SimulatedNode:
             if self._gpm:
                 sm, tensor, dram = activity(util, g)
                 gauges.update(sm_active=round(sm, 1), tensor_active=round(tensor, 1), dram_active=round(dram, 1))
-            out.append(Sample(Entity.GPU, str(i), gauges=gauges, counters=counters))
+            out.append(Sample(Entity.GPU, str(i), gauges=gauges, counters=counters, latest=latest))
         if self.gpu_only:
             self.latest = Latest(now, tuple(gpus), tuple(out))
             return out

@@ -64,6 +64,13 @@ REQUEST_GAP_CV = 0.5
 PARTIAL_BATCH_LEVEL = 95.0  # % busy, below which a memory-bound engine's batch is not full
 DECODE_SHARE = 0.55  # memory-bound share of GPU time (optimizer/decide/shape.py) from which the work is decode
 COMPUTE_SHARE = 0.35  # and up to which it is dense compute (an image, speech or encoder model), for the headline
+# Without utilisation (an A100 or A30 in MIG mode: NVML has none per instance, and GPM, which would sample each,
+# came with Hopper) a class rests on memory held, processes and traffic. It is shown, never acted on (under the
+# planner's 0.6): the planner cannot project onto other hardware a load nobody measured.
+UTIL_UNAVAILABLE_CONFIDENCE = 0.5
+# Load read only while its GPUs were held below their clocks (heat, a lowered power limit, the power brake) is more
+# than the work needs on a GPU running at its clocks: the class may stand, a move sized on that load may not.
+THROTTLED_LOAD_CONFIDENCE = 0.55
 
 TR, INF, BAT, NB = (
     WorkloadClass.TRAINING,
@@ -350,6 +357,8 @@ RULES: tuple[Callable[[WorkloadFeatures, _Ledger], None], ...] = (
     _traffic,
     _writes_and_memory,
 )
+# those that stand without utilisation
+BLIND_RULES: tuple[Callable[[WorkloadFeatures, _Ledger], None], ...] = (_names, _server, _traffic, _writes_and_memory)
 
 
 def classify(f: WorkloadFeatures) -> Classification:
@@ -365,7 +374,9 @@ def classify(f: WorkloadFeatures) -> Classification:
     # Busy earlier in the day (the 10-minute digests' peak): a service at its trough or work between runs, not an
     # allocation nobody uses; the planner reclaims only what stayed idle.
     busy_today = f.history_hours >= 1 and f.daily_peak_p95 >= 30
-    if f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8 and not busy_today:
+    blind = f.util_unavailable is not None  # 0 % here is not a measurement: never taken for idle
+    quiet = f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8
+    if quiet and not busy_today and not blind:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
         if _matches(name, NOTEBOOK_NAMES):
@@ -388,7 +399,8 @@ def classify(f: WorkloadFeatures) -> Classification:
     if led.scores[best] - led.scores[second] < UNSURE_MARGIN or led.scores[best] < 1.0:
         sides = [f"{c.value}: {'; '.join(r for _, r in sorted(led.reasons[c], key=lambda wr: -wr[0])[:2]) or '—'}"
                  for c in (best, second)]  # fmt: skip
-        return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *sides, _deciders(f)))
+        caveats = (_blind(f),) if blind else ()
+        return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *caveats, *sides, _deciders(f)))
     reasons = tuple(r for _, r in sorted(led.reasons[best], key=lambda wr: -wr[0]))
     confidence = round(share * sufficiency, 2)
     if not _defining(best, f):
@@ -396,7 +408,34 @@ def classify(f: WorkloadFeatures) -> Classification:
         # batches share): a lean, not an answer to act on.
         confidence = min(confidence, UNSEEN_CONFIDENCE)
         reasons = (*reasons, f"nothing seen that only {_ARTICLE[best]} does: held below acting confidence")
+    if blind:
+        confidence = min(confidence, UTIL_UNAVAILABLE_CONFIDENCE)
+        reasons = (_blind(f), *reasons)
+    elif f.throttled_load:
+        confidence = min(confidence, THROTTLED_LOAD_CONFIDENCE)
+        reasons = (*reasons, f"load read only while its GPUs were held below their clocks ({_held(f)}): more than "
+                   "the work needs on a GPU at its clocks, held below acting confidence")  # fmt: skip
+    elif f.throttled_left_out:
+        reasons = (*reasons, f"{f.throttled_left_out} window(s) on GPUs held below their clocks ({_held(f)}) left "
+                   "out of its load")  # fmt: skip
     return Classification(best, confidence, (_headline(best, f), *reasons))
+
+
+def _blind(f: WorkloadFeatures) -> str:
+    return (
+        f"utilisation unavailable ({f.util_unavailable}): classified from memory held, processes and traffic, "
+        "held below acting confidence"
+    )
+
+
+def _held(f: WorkloadFeatures) -> str:
+    """What held its GPUs down, the most telling first, as shares of its GPU time."""
+    parts = [
+        (f.throttle_thermal, "heat"),
+        (f.throttle_power, "a lowered power limit"),
+        (f.throttle_hw, "the hardware slowdown signal"),
+    ]
+    return ", ".join(f"{what} {share:.0%}" for share, what in sorted(parts, reverse=True) if share > 0)
 
 
 def weigh(f: WorkloadFeatures) -> dict[WorkloadClass, float]:
@@ -406,6 +445,11 @@ def weigh(f: WorkloadFeatures) -> dict[WorkloadClass, float]:
 
 def _ledger(f: WorkloadFeatures) -> _Ledger:
     led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})
+    if f.util_unavailable is not None:
+        # Rules that read utilisation or its shape would read an unmeasured 0 %.
+        for rule in BLIND_RULES:
+            rule(f, led)
+        return led
     if f.mean_util < 2 and f.p95_util < 10:
         util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
         if _answering(f):
@@ -505,7 +549,7 @@ def _deciders(f: WorkloadFeatures) -> str:
 
 def _headline(c: WorkloadClass, f: WorkloadFeatures) -> str:
     """What kind of workload this is, in a capacity planner's words, with its level and what it lacks."""
-    level = f"{f.mean_util:.0f} % busy"
+    level = f"{f.mean_util:.0f} % busy" if f.util_unavailable is None else "utilisation unavailable"
     if c is INF:
         shape = shape_reading(f)
         dense = shape is not None and shape[0] <= COMPUTE_SHARE

@@ -27,10 +27,13 @@ from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 
-from optimizer.ingest.digest import ROW_SECONDS, ROW_SERIES_AT, WindowDigest
+from agent.protocol import GpuInfo
+from optimizer.decide.catalog import load_catalog
+from optimizer.ingest.digest import ROW_SECONDS, ROW_SERIES_AT, THROTTLED_PCT, Blind, Throttle, WindowDigest
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.history import Digest
 from optimizer.ingest.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
@@ -43,6 +46,17 @@ PERIOD_SECONDS = 720  # the most recent seconds of per-second load a step period
 # Seconds between a window's samples past which its series is no per-second load (points read from Prometheus):
 # an agent's are 1 s apart, 2 s when it is late; a training step lasts 0.2-10 s.
 SPARSE_SPACING = 5.0
+# A GPU held at a power limit below this share of its board's TDP runs slower than its datasheet: someone lowered
+# the limit (nvidia-smi -pl, the site's power capping). At the default limit, which is the TDP, dense work
+# meets the cap as designed, and the catalog's throughput was measured so (MLPerf runs at default limits); 5 %
+# allows for boards whose default sits a little under the family's TDP (an estimate).
+LOWERED_LIMIT = 0.95
+# Windows on GPUs held down (THROTTLED_PCT or more of a window) are left out of a workload's load figures while
+# this many others remain on the node, as many as the classifier needs (optimizer/decide/classify.py
+# MIN_WINDOWS): load on a slowed GPU reads higher than the work needs, and would make it look as if it needed
+# faster or more GPUs. With fewer, every window is kept and ``throttled_load`` says so.
+MIN_CLEAN_WINDOWS = 3
+UTIL_UNAVAILABLE = "the GPU reports no utilisation"  # where its birth does not say why
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +131,18 @@ class WorkloadFeatures:
     starts_per_min: float | None = None
     run_s: float | None = None
     gap_cv: float | None = None
+    # Its GPU time held below its clocks, 0-1 of its GPUs' windows (the reasons may overlap): by a power limit
+    # lowered below the board's TDP (LOWERED_LIMIT), by heat, by the hardware slowdown signal (the power brake), and
+    # by any of them (at least the largest).
+    throttled_share: float = 0.0
+    throttle_power: float = 0.0
+    throttle_thermal: float = 0.0
+    throttle_hw: float = 0.0
+    power_limit_w: float | None = None  # the lowest lowered power limit it ran under, W
+    throttled_left_out: int = 0  # windows on GPUs held down, left out of its load figures
+    throttled_load: bool = False  # its load figures are of windows held down: there were too few others
+    # Why none of its windows had utilisation (an A100 or A30 in MIG mode): its load figures are then 0 and unknown.
+    util_unavailable: str | None = None
 
     @property
     def gpus(self) -> int:
@@ -255,6 +281,13 @@ class _Acc:
     per_gpu: dict[int, array[float]] = field(default_factory=dict)  # per-second load of each GPU, on its first node
     first_node: str | None = None
     sparse: bool = False  # a window's series was read points a scrape apart, not each second
+    gpu_windows: int = 0  # its GPUs' windows, throttled or not
+    throttle: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # power, heat, hardware, any: %
+    lowered_limit: float | None = None
+    left_out: int = 0
+    throttled_load: bool = False
+    blind_windows: int = 0
+    blind_reason: str | None = None
 
 
 def _profile(devices: Layout, index: int) -> str | None:
@@ -279,11 +312,61 @@ def _held_memory(
     (NVML's per-process figure), else its part of each device's memory in use."""
     total = 0.0
     rows = window.gpu_rows
-    for at in rows.starts(gpus):
-        index, mem = int(rows[at]), rows[at + 4]
+    held = [(int(rows[at]), rows[at + 4]) for at in rows.starts(gpus)]
+    held += [(b.gpu, b.mem_max_mib) for b in window.blind if b.gpu in gpus]
+    for index, mem in held:
         mine = own.get(index)
         total += mine if mine is not None else (0.0 if math.isnan(mem) else mem) * parts.get(index, 1.0)
     return total
+
+
+@cache
+def _tdp(model: str, pci_id: str | None) -> float | None:
+    """The board's TDP from the built-in catalog (its datasheet figure), W; None for a GPU it does not list."""
+    entry = load_catalog().lookup(model, pci_id)
+    return entry.datasheet.tdp_w if entry is not None else None
+
+
+def _board_tdp(gpu_info: Mapping[int, GpuInfo], index: int) -> float | None:
+    """The TDP of the board a device is on (a MIG instance's parent: power is the board's)."""
+    info = gpu_info.get(index)
+    if info is not None and info.parent is not None:
+        info = gpu_info.get(info.parent, info)
+    return _tdp(info.model, info.pci_device_id) if info is not None else None
+
+
+def _held_down(
+    acc: _Acc, throttles: Sequence[Throttle], gpus: tuple[int, ...], gpu_info: Mapping[int, GpuInfo]
+) -> bool:
+    """Add what held the workload's GPUs below their clocks this window; whether any was held THROTTLED_PCT or
+    more. A power cap counts only under a limit lowered below the board's TDP (LOWERED_LIMIT)."""
+    down = False
+    # a MIG instance runs on its GPU's clocks: what holds the GPU down holds the instance
+    boards = {*gpus, *(p for g in gpus if g in gpu_info and (p := gpu_info[g].parent) is not None)}
+    for t in throttles:
+        if t.gpu not in boards:
+            continue
+        tdp = _board_tdp(gpu_info, t.gpu)
+        lowered = tdp is not None and not math.isnan(t.power_limit_w) and t.power_limit_w < LOWERED_LIMIT * tdp
+        power = t.power_pct if lowered else 0.0
+        held = max(power, t.thermal_pct, t.hw_slowdown_pct)
+        for k, value in enumerate((power, t.thermal_pct, t.hw_slowdown_pct, held)):
+            acc.throttle[k] += value
+        if lowered and power > 0:
+            acc.lowered_limit = min(acc.lowered_limit or math.inf, t.power_limit_w)
+        down = down or held >= THROTTLED_PCT
+    return down
+
+
+def _fold_blind(acc: _Acc, blind: list[Blind], east: float, north: float, ckpt: bool) -> None:
+    """A window of devices without utilisation: what they report (memory, links) and the node's traffic."""
+    acc.windows += 1
+    acc.blind_windows += 1
+    acc.mem.extend([b.mem_max_mib for b in blind if not math.isnan(b.mem_max_mib)])
+    acc.links.extend([b.link_bps for b in blind])
+    acc.east.append(east)
+    acc.north.append(north)
+    acc.ckpt.append(1.0 if ckpt else 0.0)
 
 
 def _dense(window: WindowDigest, seconds: int) -> bool:
@@ -803,6 +886,7 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
         tenancies: dict[tuple[int, ...], dict[str, dict[int, float]]] = {}  # per set of references, unpinned
         latest: dict[str, tuple[tuple[int, ...], dict[int, float]]] = {}  # per workload: its last window here
         pending: dict[str, list[tuple[WindowDigest, tuple[int, ...], float, float, bool]]] = {}
+        down: dict[str, list[bool]] = {}  # per pending window: its GPUs were held down
         for i, window in enumerate(windows):
             facts_of = {v.workload: v for v in window.volatile}
             pinned_mib = _pinned(window)
@@ -843,9 +927,19 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                         # A pod's own network namespace: its traffic, no regression needed.
                         acc.own_net = True
                         ingress, north = facts.net_rx_bps, facts.net_rx_bps + facts.net_tx_bps
-                if present.isdisjoint(held_gpus):
+                measured = not present.isdisjoint(held_gpus)
+                blind = [] if measured or not window.blind else [b for b in window.blind if b.gpu in held_gpus]
+                if not measured and not blind:
                     continue  # none of its GPUs reported this window: nothing of it to fold
-                pending.setdefault(ref.id, []).append((window, held_gpus, shared["east"][ref.id][i], north, ckpt))
+                acc.gpu_windows += len(blind) or sum([1 for g in held_gpus if g in present])
+                held_down = bool(window.throttles) and _held_down(acc, window.throttles, held_gpus, gpu_info)
+                if blind:
+                    _fold_blind(acc, blind, shared["east"][ref.id][i], north, ckpt)
+                    if acc.blind_reason is None:
+                        acc.blind_reason = _blind_reason(gpu_info, blind[0].gpu)
+                else:
+                    pending.setdefault(ref.id, []).append((window, held_gpus, shared["east"][ref.id][i], north, ckpt))
+                    down.setdefault(ref.id, []).append(held_down)
                 acc.held_mem.append(_held_memory(window, pinned_mib.get(ref.id, {}), held_gpus, parts))
                 acc.node_front.append((channels["tx"][i] + channels["rx"][i]) / per_node_gpu)
                 acc.ingress.append(ingress)
@@ -868,13 +962,28 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 profile=_profile(devices, held_gpus[0]) if alone else None,
             )
         for wid, rows in pending.items():
-            _fold_windows(accs[wid], rows, record.node)
-        del pending
+            clean = [row for row, held_down in zip(rows, down[wid], strict=True) if not held_down]
+            kept = rows
+            if len(clean) < len(rows):
+                if len(clean) >= MIN_CLEAN_WINDOWS:
+                    accs[wid].left_out += len(rows) - len(clean)
+                    kept = clean
+                else:
+                    accs[wid].throttled_load = True
+            _fold_windows(accs[wid], kept, record.node)
+        del pending, down
         for wid in finished.pop(n, ()):
             done = accs.pop(wid) if wid in accs else None  # none where it left every node it was seen on
             if done is not None and done.windows:
                 out[wid] = _features(fleet, site, wid, done)
     return [out[wid] for wid in sorted(out)]
+
+
+def _blind_reason(gpu_info: Mapping[int, GpuInfo], index: int) -> str:
+    """Why a device reports no utilisation, as its birth (or its GPU's, for a MIG instance) says."""
+    info = gpu_info.get(index)
+    parent = gpu_info.get(info.parent) if info is not None and info.parent is not None else None
+    return (info and info.util_unavailable) or (parent and parent.util_unavailable) or UTIL_UNAVAILABLE
 
 
 def _recent(windows: Iterable[WindowDigest], horizon: int | None) -> list[WindowDigest]:
@@ -896,6 +1005,8 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
     gpus = max(sum(len(p.gpus) for p in placements), 1)
     per_gpu = len(placements) / gpus
     period, strength = step_period(acc.centred)
+    # its throttle figures are % of a window, summed over its GPUs' windows: shares of its GPU time
+    shares = [value / 100 / acc.gpu_windows if acc.gpu_windows else 0.0 for value in acc.throttle]
     runs = None
     if not acc.sparse:
         runs = work_runs(list(acc.per_gpu.values()) if acc.per_gpu else [acc.load])
@@ -955,4 +1066,12 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
         starts_per_min=runs[0] if runs else None,
         run_s=runs[1] if runs else None,
         gap_cv=runs[2] if runs else None,
+        throttle_power=shares[0],
+        throttle_thermal=shares[1],
+        throttle_hw=shares[2],
+        throttled_share=shares[3],
+        power_limit_w=acc.lowered_limit,
+        throttled_left_out=acc.left_out,
+        throttled_load=acc.throttled_load,
+        util_unavailable=acc.blind_reason if acc.blind_windows and not acc.util_means else None,
     )

@@ -12,6 +12,9 @@ from optimizer.decide.costs import Demand, fit_problem, grown, monthly_cost
 from optimizer.decide.snapshot import Resolved, SnapshotNode, hardware_of
 
 MIN_WASTE_USD_PER_HOUR = 0.05
+# A workload whose GPUs were held below their clocks for a fifth of its GPU time or more (the digest's THROTTLED_PCT,
+# an estimate of where the slowdown is measurable) is named, whatever its class.
+MIN_THROTTLED_SHARE = 0.2
 SERVING = frozenset({WorkloadClass.INFERENCE, WorkloadClass.INTERACTIVE})
 
 
@@ -42,7 +45,9 @@ def cheapest_fit(
     return best, best_cost
 
 
-def _finding(r: Resolved, kind: FindingKind, waste: float, confidence: float, detail: str) -> Finding:
+def _finding(
+    r: Resolved, kind: FindingKind, waste: float, confidence: float, detail: str, fix: str | None = None
+) -> Finding:
     assert r.hardware is not None
     return Finding(
         workload=r.w.id,
@@ -53,7 +58,47 @@ def _finding(r: Resolved, kind: FindingKind, waste: float, confidence: float, de
         wasted_usd_per_hour=round(waste, 3),
         confidence=round(confidence, 2),
         detail=detail,
+        fix=fix,
     )
+
+
+def throttled(r: Resolved) -> Finding | None:
+    """A workload whose GPUs ran held below their clocks, by what, and the GPU time paid while they did."""
+    t, hw = r.w.throttling, r.hardware
+    if t is None or hw is None or t.share < MIN_THROTTLED_SHARE:
+        return None
+    # An estimate: the GPU-hours paid while its GPUs ran slowed, not the share of speed lost (the clocks it lost are
+    # not in the window).
+    cost = t.share * r.w.gpus * r.w.share * hw.price_per_gpu_hour
+    tdp = hw.datasheet.tdp_w
+    reasons = {
+        "thermal": (t.thermal, "held down by heat (thermal slowdown)"),
+        "power": (
+            t.power,
+            f"held at a power limit of {t.power_limit_w:.0f} W, {t.power_limit_w / tdp:.0%} of its {tdp:.0f} W TDP"
+            if t.power_limit_w is not None
+            else f"held at a power limit below its {tdp:.0f} W TDP",
+        ),
+        "hw": (
+            t.hw_slowdown,
+            "held down by the hardware slowdown signal (HW_SLOWDOWN: the power brake, a power supply)",
+        ),
+    }
+    worst = max(reasons, key=lambda k: reasons[k][0])
+    ordered = sorted(reasons.values(), reverse=True)
+    named = "; ".join(f"{what} for {share:.0%} of its GPU time" for share, what in ordered if share > 0)
+    detail = f"{named}; ~${cost:.2f}/h of GPU time paid while slowed (an estimate: {t.share:.0%} of its GPUs' price)"
+    return _finding(r, FindingKind.THROTTLED_GPU, cost, 1.0, detail, _THROTTLE_FIX[worst])
+
+
+_THROTTLE_FIX = {
+    "thermal": "check cooling and airflow: inlet temperature, fans, blanking panels, a blocked or failed heatsink "
+    "(nvidia-smi -q -d TEMPERATURE,PERFORMANCE shows the slowdown)",
+    "power": "check the power limit: nvidia-smi -q -d POWER shows it; raise it with nvidia-smi -pl to the default, "
+    "or ask why the site's power capping (DCGM, the BMC) holds it below TDP",
+    "hw": "check the node's power supplies and the power-brake signal (BMC event log, PSU status and redundancy); "
+    "HW_SLOWDOWN also fires at extreme heat",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +142,9 @@ def detect(
     out = []
     for r in workloads:
         w, hw, cls = r.w, r.hardware, r.w.workload_class
+        slowed = throttled(r)
+        if slowed is not None:  # whatever its class: the GPU is slow, not the workload misplaced
+            out.append(slowed)
         if hw is None or cls is WorkloadClass.UNKNOWN:
             continue
         conf = w.confidence
@@ -113,6 +161,8 @@ def detect(
                     f"{w.gpus} × {hw.name} held at {w.mean_util:.0f} % utilisation",
                 )
             )
+        elif w.util_unavailable is not None and cls is not WorkloadClass.TRAINING:
+            continue  # what it would need elsewhere rests on a load nobody measured (MIG before Hopper)
         elif cls in SERVING and hw.nvlink and hw.rdma and saving >= MIN_WASTE_USD_PER_HOUR:
             out.append(
                 _finding(

@@ -18,7 +18,7 @@ from agent.protocol import Birth, Ident, NicKind, WorkloadClass
 from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.classify import classify
 from optimizer.decide.costs import Demand
-from optimizer.decide.features import workload_features
+from optimizer.decide.features import WorkloadFeatures, workload_features
 from optimizer.decide.shape import measured_shape
 from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
 from optimizer.ingest.fleet import Fleet
@@ -57,6 +57,18 @@ class WorkloadNeeds(_Strict):
     local_nvme: bool = Field(default=False, description="its data read from local NVMe rather than over the network")
 
 
+class Throttling(_Strict):
+    """What held a workload's GPUs below their clocks, each a share of its GPU time (the reasons may overlap)."""
+
+    share: float = Field(ge=0, le=1, description="held down by any reason (at least the largest below)")
+    power: float = Field(default=0.0, ge=0, le=1, description="at a power limit lowered below the board's TDP")
+    thermal: float = Field(default=0.0, ge=0, le=1, description="by heat (thermal slowdown)")
+    hw_slowdown: float = Field(
+        default=0.0, ge=0, le=1, description="by the hardware slowdown signal: the power brake, a power supply"
+    )
+    power_limit_w: float | None = Field(default=None, gt=0, description="the lowered power limit it ran under, W")
+
+
 class SnapshotWorkload(_Strict):
     id: str = Field(min_length=1, max_length=200)
     name: str = ""
@@ -82,6 +94,12 @@ class SnapshotWorkload(_Strict):
         default=None,
         max_length=128,
         description="who showback charges it to: a Kubernetes namespace or team label, a Slurm account; informative",
+    )
+    throttling: Throttling | None = Field(default=None, description="its GPUs held below their clocks; None: not seen")
+    util_unavailable: str | None = Field(
+        default=None,
+        max_length=200,
+        description="why no utilisation was read (an A100 in MIG mode): mean_util and p95_util are then unmeasured",
     )
     needs: WorkloadNeeds | None = Field(
         default=None, description="what it needs of its node beside GPUs; a move goes only where a node meets it"
@@ -252,6 +270,19 @@ def _quantised(share: float) -> float:
     return max(SHARE_FLOOR, math.floor(share * 100 + 1e-9) / 100)
 
 
+def _throttling(f: WorkloadFeatures) -> Throttling | None:
+    """What held its GPUs down, to three places; None where nothing did."""
+    if round(f.throttled_share, 3) <= 0:
+        return None
+    return Throttling(
+        share=round(f.throttled_share, 3),
+        power=round(f.throttle_power, 3),
+        thermal=round(f.throttle_thermal, 3),
+        hw_slowdown=round(f.throttle_hw, 3),
+        power_limit_w=f.power_limit_w,
+    )
+
+
 def from_fleet(
     fleet: Fleet,
     site: str,
@@ -329,6 +360,8 @@ def from_fleet(
                 mig_profile=profile,
                 shape=measured_shape(f),
                 owner=owners.get(f.id),
+                throttling=_throttling(f),
+                util_unavailable=f.util_unavailable,
             )
         )
     snapshot = Snapshot(site=site, nodes=nodes, workloads=workloads)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter, itemgetter
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import msgspec
 
@@ -186,6 +186,32 @@ class Volatile:
     gpu_mem_mib: tuple[float | None, ...] | None = None  # MiB held on each GPU of its reference, in that order
 
 
+class Throttle(NamedTuple):
+    """What held one GPU below its clocks over a window, % of it (the reasons may overlap): the power cap or power
+    brake (the clock event reason or NVML's power violation time, whichever is more), heat (reason or violation
+    time), the hardware slowdown signal; and the power limit it enforced, W (NaN: not reported)."""
+
+    gpu: int  # its index
+    power_pct: float
+    thermal_pct: float
+    hw_slowdown_pct: float
+    power_limit_w: float
+
+    @property
+    def held_pct(self) -> float:
+        """The share of the window held down by any reason: at least the largest of them."""
+        return max(self.power_pct, self.thermal_pct, self.hw_slowdown_pct)
+
+
+class Blind(NamedTuple):
+    """A GPU that reports no utilisation over a window (NVML has none for an A100 or A30 in MIG mode): what it
+    does report. NaN: not reported."""
+
+    gpu: int  # its index
+    mem_max_mib: float
+    link_bps: float
+
+
 @dataclass(frozen=True, slots=True)
 class WindowDigest:
     session: int
@@ -203,6 +229,9 @@ class WindowDigest:
     volatile: tuple[Volatile, ...] = ()
     write_bps: float = 0.0  # the node's disks, mean: a batch job's results written steadily show here
     throttled: tuple[int, ...] = ()  # GPUs held below their clocks for THROTTLED_PCT of the window or more
+    throttles: tuple[Throttle, ...] = ()  # GPUs held below their clocks at all this window (none: a healthy node)
+    blind: tuple[Blind, ...] = ()  # GPUs that report no utilisation (MIG before Hopper): kept out of ``gpu_rows``
+    cpu_util: float | None = None  # the host's CPUs, mean %: a data loader that holds every core shows here
 
 
 _MD = re.compile(r"^(md\d+|dm-\d+)$")
@@ -286,6 +315,7 @@ class _BirthView:
     limits: dict[int, float | None]
     members: frozenset[str]
     devices: frozenset[int]  # the GPU indices it lists
+    blind: frozenset[int] = frozenset()  # those it says report no utilisation (``GpuInfo.util_unavailable``)
 
 
 _VIEWS: dict[int, tuple[Birth, _BirthView]] = {}
@@ -305,6 +335,7 @@ def _view(birth: Birth | None) -> _BirthView:
         {g.index: g.power_limit_w for g in birth.gpus},
         frozenset(d.name for d in birth.disks if d.member_of),
         frozenset(g.index for g in birth.gpus),
+        frozenset(g.index for g in birth.gpus if g.util_unavailable),
     )
     _VIEWS[id(birth)] = (birth, view)
     return view
@@ -327,11 +358,16 @@ def digest(
     nic_roles, limits = view.roles, view.limits
     flat: list[float] = [ROW_SERIES_AT]  # the rows' width, set below
     seconds = []
+    blind: list[Blind] = []
     for g in window.gpus:
         util = g.util
-        if util is None:
-            continue
         link = sum(map(_first, filter(None, _links(g))), 0.0)
+        if util is None:
+            if g.util_unavailable or g.index in view.blind:
+                # said to have no utilisation (not merely missing it): its memory and links still tell what runs
+                mem_used = g.mem_used_mib
+                blind.append(Blind(g.index, mem_used[MAX] if mem_used is not None else _NONE, min(link, FLOAT32_MAX)))
+            continue
         index, mem, power = g.index, g.mem_used_mib, g.power_w
         limit = g.power_limit_w or limits.get(index)  # the window's enforced limit, else the birth's
         series = g.util_series
@@ -366,6 +402,7 @@ def digest(
             north += rate
             north_rx += rx
             north_tx_peak += tx_bps[MAX] if tx_bps else 0.0
+    throttles = tuple(filter(None, (_throttle(g, limits) for g in window.gpus)))
     own = counted_disks(birth, [d.name for d in window.disks])
     disks = [d for d in window.disks if d.name in own]
     # What a workload pins is read only where it shares a GPU (time-slicing, MPS): kept for those windows alone.
@@ -400,7 +437,10 @@ def digest(
         read_bps=sum(d.read_bps[MEAN] for d in disks if d.read_bps),
         volatile=tuple(volatile),
         write_bps=sum(d.write_bps[MEAN] for d in disks if d.write_bps),
-        throttled=tuple(g.index for g in window.gpus if _held_down(g)),
+        throttled=tuple(t.gpu for t in throttles if t.held_pct >= THROTTLED_PCT),
+        throttles=throttles,
+        blind=tuple(blind),
+        cpu_util=window.host.cpu_util[MEAN] if window.host.cpu_util is not None else None,
     )
 
 
@@ -409,15 +449,16 @@ def digest(
 THROTTLED_PCT = 20.0
 
 
-def _held_down(g: WindowGpu) -> bool:
-    """Whether the GPU's clock event reasons or violation time say it was held down for THROTTLED_PCT or more."""
-    for stats in (
-        g.power_capped_pct,
-        g.thermal_slowdown_pct,
-        g.hw_slowdown_pct,
-        g.power_violation_pct,
-        g.thermal_violation_pct,
-    ):
-        if stats is not None and stats[MEAN] >= THROTTLED_PCT:
-            return True
-    return False
+def _mean_of(stats: Sequence[float] | None) -> float:
+    return min(stats[MEAN], 100.0) if stats is not None else 0.0
+
+
+def _throttle(g: WindowGpu, limits: dict[int, float | None]) -> Throttle | None:
+    """What held the GPU below its clocks, from its clock event reasons and violation time; None: nothing did."""
+    power = max(_mean_of(g.power_capped_pct), _mean_of(g.power_violation_pct))
+    thermal = max(_mean_of(g.thermal_slowdown_pct), _mean_of(g.thermal_violation_pct))
+    hardware = _mean_of(g.hw_slowdown_pct)
+    if power <= 0 and thermal <= 0 and hardware <= 0:
+        return None
+    limit = g.power_limit_w or limits.get(g.index)
+    return Throttle(g.index, power, thermal, hardware, limit if limit else _NONE)
