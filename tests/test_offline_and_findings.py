@@ -15,6 +15,12 @@ from optimizer.decide.catalog import load_catalog
 from optimizer.plan.recommend import PlanSettings, build_plan
 
 T, INF, B = WorkloadClass.TRAINING, WorkloadClass.INFERENCE, WorkloadClass.BATCH_INFERENCE
+REST_OF_NODE = {
+    FindingKind.INPUT_STARVED_TRAINING,
+    FindingKind.CHECKPOINT_STALL,
+    FindingKind.SLOW_COLD_START,
+    FindingKind.MIXED_NODE,
+}
 
 
 def test_macro_f1_by_hand() -> None:
@@ -60,7 +66,8 @@ def test_findings_name_each_planted_misplacement_with_its_waste() -> None:
     fleet, _ = simulated_fleet("demo", 8, windows=12, site="s")
     plan = build_plan(fleet, "s", load_catalog(), PlanSettings(pinned=["*"]))  # nothing may move...
     assert plan.recommendations == []
-    kinds = {f.workload_name: f.kind for f in plan.findings}  # ...yet the misplacements are reported
+    # ...yet the misplacements are reported (the GPUs waiting on the rest of their node are tests/test_nodefit.py's)
+    kinds = {f.workload_name: f.kind for f in plan.findings if f.kind not in REST_OF_NODE}
     assert kinds == {
         "chat-serving": FindingKind.SERVING_ON_TRAINING_HARDWARE,
         "vision-finetune-ddp": FindingKind.TRAINING_WITHOUT_NVLINK,

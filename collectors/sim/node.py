@@ -232,6 +232,7 @@ class SimulatedNode:
             self._netns[w.id] = (tx + n * dt, rx + nrx * dt, seconds + dt)
             tx, rx = self.netns_bytes.get(w.id, (0.0, 0.0))
             self.netns_bytes[w.id] = (tx + n * dt, rx + nrx * dt)
+        realistic.contended(self, self.specs, gpus, t)
         if self.background is not None:  # the node's own: not in any workload's network namespace
             tx, rx, read, write = self.background.traffic(self._background_rng, t)
             north_bps += tx
@@ -321,7 +322,9 @@ class SimulatedNode:
                 Entity.HOST,
                 "host",
                 gauges={
-                    "cpu_util": round(5 + busy * 0.3 + self.rng.gauss(0, 1) ** 2, 1),
+                    "cpu_util": round(
+                        realistic.host_cpu(self.specs, 5 + busy * 0.3 + self.rng.gauss(0, 1) ** 2, self.rng), 1
+                    ),
                     "mem_used_pct": 35.0,
                 },
             )
@@ -342,6 +345,8 @@ class SimulatedNode:
     def _drive(self, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> realistic.Traffic:
         """Set GPU state for ``w`` at simulation second ``t``; return (fabric, north tx, north rx, read, write)
         bytes/s."""
+        if w.pattern is Pattern.INFERENCE and (loading := realistic.loading_weights(self, w, t, gpus)) is not None:
+            return loading
         if w.pattern is Pattern.INFERENCE and w.request_gpu_s > 0:
             return realistic.compute_service(self, w, t, gpus)
         if w.pattern in _REALISTIC:
@@ -399,20 +404,29 @@ class SimulatedNode:
         jobs, the fabric; checkpoint write bursts every ``checkpoint_period_s``; data-loader stalls."""
         p, rng = self.profile, self.rng
         stalled = self.episode(w, t, w.stall_rate, w.stall_seconds)
-        common = w.level * 100 + rng.gauss(0, w.noise)
+        saving = realistic.synchronous_save(w, t)
+        common = realistic.starved(w, w.level * 100) + rng.gauss(0, w.noise)
         mem = w.mem_fraction * p.memory_mib
+        exchange = realistic.exchanging(w, t)
         for g in w.gpus:
             util = 3.0 if stalled else common + rng.gauss(0, w.noise * 0.6)
+            if saving is not None:  # the loop waits for the write: no kernel runs
+                util = rng.uniform(0, 2)
             gpus[g].util = util
             gpus[g].mem_mib = mem * (1 + rng.gauss(0, 0.002))
-            sync = util / 100 if len(w.gpus) > 1 else 0.0
+            sync = util / 100 if len(w.gpus) > 1 and exchange else 0.0
             if p.nvlink_links:
                 gpus[g].nvlink_bps = p.nvlink_gbps * GB * 0.35 * sync * self.jitter(0.1)
                 gpus[g].pcie_bps = 2 * GB * util / 100
             else:
                 gpus[g].pcie_bps = (12 * GB * sync + 2 * GB * util / 100) * self.jitter(0.1)
         fabric = 25 * GB * len(w.gpus) / 8 * self.jitter(0.1) if w.multi_node and not stalled else 0.0
-        write = 3 * GB * self.jitter(0.1) if (t % w.checkpoint_period_s) < w.checkpoint_seconds else 0.0
+        if saving is not None:
+            write = saving * self.jitter(0.05)
+        elif w.sync_save:
+            write = 0.0
+        else:  # asynchronous: written while the GPUs compute
+            write = 3 * GB * self.jitter(0.1) if (t % w.checkpoint_period_s) < w.checkpoint_seconds else 0.0
         read = 0.0 if stalled else 0.2 * GB
         return fabric, 0.02 * GB * len(w.gpus) / 8, read, write
 

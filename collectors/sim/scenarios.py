@@ -4,6 +4,10 @@
   training on L4s without NVLink, an idle allocation on A100s) among well-placed work; from the eleventh node on,
   a speech service holding twice the L40S GPUs its daily peak needs, 8-GPU training on L40S cards and two small
   services on an H100 node that belong on L40S cards: the training's H100s are free only once they have left.
+  One of each rest-of-node problem (``rest_of_node``): the H100 pretraining saving its checkpoints synchronously,
+  the H100 fine-tuning (tenth node) starved by its CPU-bound data loader, the translation service's replicas
+  reading 68 GB of weights from object storage, and the OCR service beside the L4 training that exchanges
+  gradients over their shared PCIe.
 * ``mixed``: a heterogeneous fleet in which about a fifth of the workloads are misplaced.
 * ``well-placed``: a heterogeneous fleet with nothing worth moving.
 * ``training-heavy`` / ``inference-heavy``: mostly one kind of work, a few misplaced.
@@ -31,6 +35,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from agent.protocol import FindingKind
 from collectors.sim.node import SimulatedNode
 from collectors.sim.profiles import PROFILES
 from collectors.sim.spec import Pattern, WorkloadSpec
@@ -106,12 +111,36 @@ Layout = list[tuple[str, list[Job]]]
 
 # The demo's first eight nodes, then well-placed filler.
 _DEMO: Layout = [
-    ("h100", [training(8, "llm-pretrain")]),
+    # Its checkpoints saved synchronously: a 13B model's weights and Adam state (13e9 x 16 bytes = 208 GB) at the
+    # NVMe volume's 4 GB/s, 52 s every 5.5 minutes with the GPUs waiting. The periods here are not divisors of
+    # the 10 minutes between the windows of the demo's replayed day, so those windows fall at every phase.
+    (
+        "h100",
+        [
+            training(
+                8,
+                "llm-pretrain",
+                sync_save=True,
+                save_bytes=208e9,
+                save_write_bps=4e9,
+                checkpoint_period_s=330.0,
+                checkpoint_offset_s=100.0,
+            )
+        ],
+    ),
     ("h100", [inference(8, "chat-serving", level=0.25, misplaced=True)]),
     ("h100", []),
     ("l40s", [inference(4, "embeddings-api", level=0.45)]),
     ("l40s", []),
-    ("l4", [training(4, "vision-finetune-ddp", misplaced=True), inference(4, "ocr-api", level=0.5)]),
+    # Gradients exchanged once per optimizer step (accumulation over ~35 s of micro-batches) over the PCIe that
+    # the OCR service's cards share: the service's requests take longer while they cross (the mixed node).
+    (
+        "l4",
+        [
+            training(4, "vision-finetune-ddp", misplaced=True, exchange_every_s=35.0, exchange_s=12.0),
+            inference(4, "ocr-api", level=0.5),
+        ],
+    ),
     ("l4", [inference(8, "asr-api", level=0.5)]),
     ("a100", [idle(4, "forgotten-notebook-alloc")]),
 ]
@@ -135,7 +164,20 @@ _DEMO_MORE: Layout = [
     (
         "h100",
         [
-            online(4, "translate-api", 0.08, "uvicorn", misplaced=True, peers=40),
+            # A 34B translation model in FP16 (68 GB) read from object storage at 2 GB/s by each new replica (34 s),
+            # one every 190 s as the autoscaler follows load: any few minutes of the demo see one start.
+            online(
+                4,
+                "translate-api",
+                0.08,
+                "uvicorn",
+                misplaced=True,
+                peers=40,
+                restart_s=190.0,
+                restart_offset_s=60.0,
+                weights_bytes=68e9,
+                weights_read_bps=2e9,
+            ),
             online(4, "search-api", 0.08, "gunicorn", misplaced=True, peers=40),
         ],
     ),
@@ -147,6 +189,13 @@ _WELL_PLACED: Layout = [
     ("l40s", [inference(8, "image-gen-api", level=0.45)]),
     ("h200", [training(8, "moe-pretrain")]),
     ("l40s", [fine_tuning(1, "lora-finetune"), notebook(1, "research-notebook"), inference(6, "tts-api", level=0.4)]),
+]
+# The demo's filler: the well-placed templates, its supervised fine-tuning starved by its data loader (tokenising
+# and packing on the fly in too few workers: every core busy, the GPUs waiting 55 % of each step).
+_DEMO_FILLER: Layout = [
+    _WELL_PLACED[0],
+    ("h100", [training(8, "llm-sft", input_wait=0.55, loader_cpu_bound=True)]),
+    *_WELL_PLACED[2:4],
 ]
 _TRAINING: Layout = [("h100", [training(8, "pretrain")]), ("h200", [training(8, "pretrain-large")])]
 _INFERENCE: Layout = [("l4", [inference(8, "serving", level=0.5)]), ("l40s", [inference(8, "serving", level=0.45)])]
@@ -175,7 +224,7 @@ def _layout(scenario: str, nodes: int, rng: random.Random) -> Layout:
     if scenario == "demo":
         if nodes < len(_DEMO):
             raise ValueError(f"the demo fleet needs at least {len(_DEMO)} nodes")
-        filler = [_WELL_PLACED[i % 4] for i in range(nodes - len(_DEMO))]
+        filler = [_DEMO_FILLER[i % 4] for i in range(nodes - len(_DEMO))]
         return _DEMO + filler[:2] + _DEMO_MORE[: max(0, nodes - len(_DEMO) - 2)] + filler[2 + len(_DEMO_MORE) :]
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
@@ -550,3 +599,20 @@ def services_layout(nodes: int, rng: random.Random) -> Layout:
         (_SERVICES if i % 2 == 0 else _REALISTIC)[rng.randrange(len(_SERVICES if i % 2 == 0 else _REALISTIC))]
         for i in range(nodes)
     ] + _SPARE[: max(1, nodes // 10)]
+
+
+def rest_of_node(node: ScenarioNode) -> dict[str, FindingKind]:
+    """The rest-of-node problems planted on ``node`` (collectors/sim/workloads.py), by workload id: the ground
+    truth optimizer/decide/nodefit.py is scored against (bench/nodefit.py)."""
+    out: dict[str, FindingKind] = {}
+    exchanging = any(w.exchange_every_s > 0 for w in node.workloads) and not PROFILES[node.profile].nvlink_links
+    for w in node.workloads:
+        if w.input_wait > 0 and w.loader_cpu_bound:
+            out[w.id] = FindingKind.INPUT_STARVED_TRAINING
+        elif w.sync_save and w.save_bytes > 0:
+            out[w.id] = FindingKind.CHECKPOINT_STALL
+        elif w.restart_s > 0 and w.weights_bytes > 0 and not w.weights_local:
+            out[w.id] = FindingKind.SLOW_COLD_START
+        elif exchanging and w.pattern is Pattern.INFERENCE:
+            out[w.id] = FindingKind.MIXED_NODE
+    return out

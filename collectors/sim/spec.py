@@ -93,6 +93,19 @@ class WorkloadSpec:
     request_gpu_s: float = 0.0  # compute-bound online service: GPU seconds of dense work per request (0: not one)
     request_bytes: tuple[float, float] = (0.0, 0.0)  # compute-bound online service: bytes in and out per request
     speed: float = 1.0  # how fast its GPUs serve its load against those it was sized on (collectors/sim/speed.py)
+    # The rest of the node (collectors/sim/workloads.py, "the rest of the node"); the defaults change nothing.
+    input_wait: float = 0.0  # training: share of each step its GPUs wait for the next batch
+    loader_cpu_bound: bool = False  # that wait is the data loader's workers holding every host CPU
+    sync_save: bool = False  # training: checkpoints written with the GPUs waiting (torch.save, DCP without async_save)
+    save_write_bps: float = 3e9  # the checkpoint volume's write bandwidth (a synchronous save's length)
+    checkpoint_offset_s: float = 0.0  # seconds into each checkpoint period a synchronous save starts
+    restart_s: float = 0.0  # online inference: a replica starts every restart_s seconds (0: none starts)
+    restart_offset_s: float = 0.0  # seconds into each such period a replica starts
+    weights_bytes: float = 0.0  # what a starting replica reads before it serves
+    weights_read_bps: float = 2e9  # how fast it reads them
+    weights_local: bool = False  # from a local NVMe cache (disk reads), not NFS or object storage (front end)
+    exchange_every_s: float = 0.0  # training: one gradient exchange per optimizer step this long (0: every second)
+    exchange_s: float = 0.0  # how long that exchange holds the PCIe links
 
 
 @dataclass(slots=True)

@@ -46,6 +46,30 @@ Each model states the assumption it rests on, from how the real systems work; no
   cAdvisor scraped every 15 or 30 s, a log shipper (fluent-bit, vector, promtail) sending the node's and its
   containers' logs, kubelet's status updates, lease renewals and watches against the API server, journald and
   container logs flushed to disk by the file system's 5 s commit. Together 0.3–1 MB/s out, a tenth of that in.
+
+The rest of the node: GPUs that wait on the CPU, on storage or on a neighbour (optimizer/decide/nodefit.py finds
+them; docs/nodefit.md).
+
+* Input-starved training (``input_wait``): a PyTorch DataLoader with too few workers, or too few cores for them,
+  decodes and augments (JPEG, audio, video) slower than the GPUs consume batches, so every step waits for its batch
+  and NVML, which counts the time a kernel runs, reads the step's compute share: 20–60 %. Steps are sub-second, so
+  the 1 Hz reading is level, not dipping. With ``loader_cpu_bound`` the workers keep every core busy whatever the
+  GPUs do (host CPU 92–100 %); without it the wait is storage's (the existing loader-bound model).
+* Synchronous checkpointing (``sync_save``): ``torch.save`` or ``torch.distributed.checkpoint.save`` blocks the
+  training loop until the model and optimiser state are written: ~16 bytes a parameter with Adam in mixed precision
+  (fp16 weights and gradients, fp32 master weights, two fp32 moments), 1.1 TB for a 70B model across the job, each
+  node its share, at the volume's write bandwidth; the GPUs idle for the whole write. With
+  ``torch.distributed.checkpoint.async_save`` the state is copied to host memory in a second or two and written in
+  the background while the GPUs compute (the default model: writes while busy).
+* Cold starts (``restart_s``): an autoscaled service (KServe, Knative, a Deployment behind an HPA) starts replicas
+  as load rises; a new replica reads its weights (140 GB for a 70B model in FP16) before its GPUs do any work,
+  from NFS or object storage at ~1–5 GB/s (30–140 s), or from a local NVMe cache at several GB/s. Memory fills as
+  the weights arrive; the GPUs idle until the engine serves.
+* Training beside a latency-sensitive service on one node (``exchange_every_s``): a job that accumulates gradients
+  exchanges them once per optimizer step, for seconds, over the PCIe switches and host bridge the service's GPUs
+  also use (on cards without NVLink). While it does, the service's requests wait for their transfers: each takes
+  longer (an estimate: half as long again) and how much longer varies second to second, so the service's per-second
+  load is more variable in the windows its neighbour exchanges.
 """
 
 from __future__ import annotations
@@ -54,7 +78,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from collectors.sim.spec import GpuState, Node, WorkloadSpec
+from collectors.sim.spec import GpuState, Node, Pattern, WorkloadSpec
 
 GB = 1e9
 MB = 1e6
@@ -276,3 +300,69 @@ def draw_background(rng: random.Random) -> Background:
         control_bps=rng.uniform(5e3, 25e3),
         journal_bps=rng.uniform(0.1e6, 1e6),
     )
+
+
+# ----------------------------------------------------------------------------------------- the rest of the node
+
+CPU_SATURATED = 92.0  # host CPU (%) while a data loader's workers hold every core: their queue never empties
+CONTENDED_SLOWDOWN = 1.5  # an estimate: a request's GPU time while a neighbour's exchange holds the PCIe links
+CONTENDED_SIGMA = 0.5  # an estimate: how that stretch varies second to second (log-normal sigma)
+
+
+def starved(w: WorkloadSpec, level: float) -> float:
+    """Utilisation (%) of training whose steps wait ``input_wait`` of their time for input."""
+    return level * (1 - w.input_wait)
+
+
+def host_cpu(specs: list[WorkloadSpec], cpu: float, rng: random.Random) -> float:
+    """The node's CPU (%): ``cpu`` as the GPUs' work leaves it, or saturated where a data loader is CPU-bound."""
+    if any(w.loader_cpu_bound and w.input_wait > 0 for w in specs):
+        return min(100.0, CPU_SATURATED + abs(rng.gauss(0, 3)))
+    return cpu
+
+
+def synchronous_save(w: WorkloadSpec, t: float) -> float | None:
+    """Bytes/s written while a synchronous save of ``save_bytes`` holds the GPUs at second ``t``; None outside."""
+    if not w.sync_save or w.save_bytes <= 0:
+        return None
+    length = w.save_bytes / w.save_write_bps
+    return w.save_write_bps if (t - w.checkpoint_offset_s) % w.checkpoint_period_s < length else None
+
+
+def exchanging(w: WorkloadSpec, t: float) -> bool:
+    """Whether training that accumulates gradients is exchanging them at second ``t`` (always, without accumulation)."""
+    if w.exchange_every_s <= 0:
+        return True
+    return t % w.exchange_every_s < w.exchange_s
+
+
+def loading_weights(node: Node, w: WorkloadSpec, t: float, gpus: list[GpuState]) -> Traffic | None:
+    """A starting replica reading its weights at second ``t``: GPUs idle, memory filling; None once it serves."""
+    if w.restart_s <= 0 or w.weights_bytes <= 0:
+        return None
+    length = w.weights_bytes / w.weights_read_bps
+    phase = (t - w.restart_offset_s) % w.restart_s
+    if phase >= length:
+        return None
+    for g in w.gpus:
+        state = gpus[g]
+        state.util = 0.0
+        state.mem_mib = w.mem_fraction * node.profile.memory_mib * phase / length
+        state.pcie_bps = w.weights_read_bps / len(w.gpus)  # host to device as the shards arrive
+        state.nvlink_bps = 0.0
+    read = w.weights_read_bps * node.jitter(0.05)
+    return (0.0, 0.02 * MB, 0.0, read, 0.0) if w.weights_local else (0.0, 0.02 * MB, read, 0.0, 0.0)
+
+
+def contended(node: Node, specs: list[WorkloadSpec], gpus: list[GpuState], t: float) -> None:
+    """Online services' GPUs while a training neighbour without NVLink exchanges gradients over the shared PCIe."""
+    if node.profile.nvlink_links:
+        return
+    training = [w for w in specs if w.exchange_every_s > 0]
+    if not training or not any(exchanging(w, t) for w in training):
+        return
+    for w in specs:
+        if w.listen_ports or w.pattern is Pattern.INFERENCE:
+            for g in w.gpus:
+                stretch = CONTENDED_SLOWDOWN * math.exp(node.rng.gauss(0, CONTENDED_SIGMA))
+                gpus[g].util = min(100.0, gpus[g].util * stretch)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from agent.protocol import Finding, FindingKind, WorkloadClass
 from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.costs import Demand, fit_problem, grown, monthly_cost
+from optimizer.decide.nodefit import detect as rest_of_node
 from optimizer.decide.snapshot import Resolved, SnapshotNode, hardware_of
 
 MIN_WASTE_USD_PER_HOUR = 0.05
@@ -139,7 +140,8 @@ def detect(
     """Findings for classified workloads, most wasteful first. ``planned``: what the plan does with each workload
     it acts on, named instead of any other hardware; ``present``: the site's hardware keys."""
     hours = catalog.defaults.hours_per_month
-    out = []
+    workloads = list(workloads)
+    out = rest_of_node((r.w, r.hardware) for r in workloads)  # GPUs waiting on the rest of their node
     for r in workloads:
         w, hw, cls = r.w, r.hardware, r.w.workload_class
         slowed = throttled(r)

@@ -19,6 +19,7 @@ from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.classify import classify
 from optimizer.decide.costs import Demand
 from optimizer.decide.features import WorkloadFeatures, workload_features
+from optimizer.decide.nodefit import NodeFit, cores_needed, measure
 from optimizer.decide.shape import measured_shape
 from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
 from optimizer.ingest.fleet import Fleet
@@ -103,6 +104,9 @@ class SnapshotWorkload(_Strict):
     )
     needs: WorkloadNeeds | None = Field(
         default=None, description="what it needs of its node beside GPUs; a move goes only where a node meets it"
+    )
+    node_fit: NodeFit | None = Field(
+        default=None, description="what its node showed beside its GPUs: CPU, saves, cold starts, neighbours"
     )
     scales_with_load: bool = Field(
         default=False,
@@ -332,6 +336,7 @@ def from_fleet(
         if ref.owner
     }
     workloads = []
+    fits = measure(fleet, site)
     for f in workload_features(fleet, site):
         if not set(f.nodes) <= known:
             continue
@@ -360,6 +365,10 @@ def from_fleet(
                 mig_profile=profile,
                 shape=measured_shape(f),
                 owner=owners.get(f.id),
+                node_fit=fits.get(f.id),
+                needs=WorkloadNeeds(cpu_cores_per_gpu=cores)
+                if (cores := cores_needed(result.workload_class, fits.get(f.id)))
+                else None,
                 throttling=_throttling(f),
                 util_unavailable=f.util_unavailable,
             )

@@ -208,11 +208,13 @@ def render_table(plan: Plan, every_answer: bool = False) -> str:
     if plan.findings:
         waste = sum(f.wasted_usd_per_hour for f in plan.findings)
         lines.append("")
-        lines.append(f"misplacements, wasting ${waste:,.2f}/hour:")
+        lines.append(
+            f"findings (misplacements and GPUs waiting on the rest of their node), wasting ${waste:,.2f}/hour:"
+        )
         for f in plan.findings:
             lines.append(
                 f"  {f.workload_name} on {','.join(f.nodes)} [{f.hardware}]: {f.kind.value.replace('_', ' ')}, "
-                f"${f.wasted_usd_per_hour:,.2f}/hour ({f.detail})"
+                f"${f.wasted_usd_per_hour:,.2f}/hour ({f.detail})" + (f"; fix: {f.fix}" if f.fix else "")
             )
     if plan.recommendations:
         lines.append("")
