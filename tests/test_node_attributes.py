@@ -16,6 +16,8 @@ from collectors.sim.scenarios import ScenarioNode, build_scenario
 from optimizer.decide.catalog import load_catalog
 from optimizer.decide.snapshot import Snapshot, SnapshotNode, SnapshotWorkload, from_fleet
 from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.nodeexporter import host_infos
+from optimizer.ingest.promapi import Series
 from optimizer.plan.model import solve
 from optimizer.plan.problem import Host, Movable, Needs, NodeSlot, Problem
 from optimizer.plan.recommend import PlanSettings, plan_snapshot
@@ -250,3 +252,39 @@ def test_a_service_that_scales_with_load_prefers_local_nvme() -> None:
         service = _job("chat", "h100", cls="inference", mean_util=5.0, p95_util=10.0, scales_with_load=scales)
         plan = plan_snapshot(Snapshot(site="s1", nodes=nodes, workloads=[service]), load_catalog(), PlanSettings())
         assert [r.to_node for r in plan.recommendations if r.kind == "move"] == [target]
+
+
+def test_node_exporter_series_give_an_agentless_node_s_host() -> None:
+    """node_exporter's series joined to dcgm-exporter's node names through node_uname_info (an FQDN's first label),
+    or the instance's host part where uname is not scraped; an instance naming no node and a figure out of range
+    are counted, not taken. Deliberate bugs it catches: joining on the instance alone (10.0.0.5:9100 names no
+    node), a node whose disks are read and none is NVMe left unread instead of 0."""
+    t = [1_000.0]
+    answers = {
+        "names": [Series({"instance": "10.0.0.5:9100", "nodename": "gpu-17.cluster.local"}, t, [1.0])],
+        "cpus": [
+            Series({"instance": "10.0.0.5:9100"}, t, [224.0]),
+            Series({"instance": "gpu-18:9100"}, t, [64.0]),
+            Series({"instance": "stranger:9100"}, t, [8.0]),
+        ],
+        "memory": [
+            Series({"instance": "10.0.0.5:9100"}, t, [2.0 * 2**40]),
+            Series({"instance": "gpu-18:9100"}, t, [1e30]),
+        ],
+        "network": [Series({"instance": "10.0.0.5:9100", "mountpoint": "/datasets", "fstype": "nfs4"}, t, [1e14])],
+        "disks": [
+            *(Series({"instance": "10.0.0.5:9100", "device": d}, t, [1.0]) for d in ("nvme0n1", "nvme1n1", "sda")),
+            Series({"instance": "gpu-18:9100", "device": "sda"}, t, [1.0]),
+        ],
+        "nvme_fs": [
+            Series({"instance": "10.0.0.5:9100", "device": "/dev/nvme0n1p1"}, t, [3.84e12]),
+            Series({"instance": "10.0.0.5:9100", "device": "/dev/nvme1n1"}, t, [3.84e12]),
+        ],
+    }
+    hosts, skipped = host_infos(answers, ["gpu-17", "gpu-18"])
+    big, small = hosts["gpu-17"], hosts["gpu-18"]
+    assert (big.cpu_cores, big.memory_mib, big.local_nvme_bytes) == (224, 2 * 2**20, int(7.68e12))
+    assert big.local_nvme_read_bps is None  # node_exporter exports no PCIe link
+    assert [(m.path, m.fstype) for m in big.network_mounts] == [("/datasets", "nfs4")]
+    assert (small.cpu_cores, small.memory_mib, small.local_nvme_bytes) == (64, None, 0)
+    assert skipped == {"host_instance": 1, "host_value": 1}

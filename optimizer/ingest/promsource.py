@@ -11,6 +11,8 @@ kube-state-metrics gives each pod its controller (``kube_pod_owner``, ``kube_rep
 capacity team would move) and, with ``owner_label``, its team (``kube_pod_labels``). cAdvisor gives each pod's own
 network traffic (``container_network_*_bytes_total``: the pod's network namespace, the same figure the agent reads
 from ``/proc/PID/net/dev``). Both are optional: without them a pod is named by itself and owned by its namespace.
+node_exporter gives each node's CPUs, memory, NVMe and network file systems as its birth's host
+(optimizer/ingest/nodeexporter.py), where it is scraped too.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from agent.protocol import TopicKind, node_topic
+from agent.protocol import HostInfo, TopicKind, node_topic
 from optimizer.ingest.dcgm import (
     FB_USED,
     GPU_UTIL,
@@ -46,6 +48,7 @@ from optimizer.ingest.dcgm import (
     windows,
 )
 from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.nodeexporter import QUERIES, host_infos
 from optimizer.ingest.promapi import PromClient, PrometheusError, Series, TooLarge
 
 log = logging.getLogger(__name__)
@@ -152,6 +155,8 @@ class PrometheusSource:
         self.progress = progress
         self.skip_node = skip_node or (lambda node: False)
         self.sent_births: dict[str, int] = {}  # node -> devices in the birth last sent
+        self.hosts: dict[str, HostInfo] = {}  # node -> its host from node_exporter, as the last read found it
+        self.sent_hosts: dict[str, HostInfo | None] = {}  # node -> the host in the birth last sent
 
     async def node_label(self, start: float, end: float, required: bool = True) -> tuple[str, list[str]]:
         """The label naming nodes, and the nodes it names between ``start`` and ``end``; with none found, an error
@@ -198,6 +203,7 @@ class PrometheusSource:
                 len(report.bad_nodes), label, report.bad_nodes[0],
             )  # fmt: skip
         pods = await self._pods(start, end, report)
+        self.hosts.update(await self._hosts(end, nodes, report))
         span = min(end - start, s.step * MAX_POINTS_PER_SERIES)
         span = max(s.window, math.floor(span / s.window) * s.window)
         # a node's points over the span: utilisation at every step, one figure a window for the rest
@@ -258,6 +264,21 @@ class PrometheusSource:
         for pod, owner in labels.items():
             out.setdefault(pod, PodMeta(owner=owner, uid=uids.get(pod) or None))
         return out
+
+    async def _hosts(self, at: float, nodes: list[str], report: ReadReport) -> dict[str, HostInfo]:
+        """Each node's CPUs, memory, NVMe and network file systems from node_exporter, where the server has it
+        (optimizer/ingest/nodeexporter.py)."""
+        answers: dict[str, list[Series]] = {}
+        for key, query in QUERIES.items():
+            try:
+                answers[key] = await self.client.query_range(query, at, at, 60)
+            except PrometheusError as exc:
+                log.info("node_exporter's %s not read (%s)", key, exc)
+                continue
+            report.queries += 1
+        found, skipped = host_infos(answers, nodes)
+        report.skipped.update(skipped)
+        return found
 
     async def _group(
         self,
@@ -421,13 +442,17 @@ class PrometheusSource:
             if not node.devices:
                 continue
             devices = len(node.devices)
-            if self.sent_births.get(name) != devices:
+            host = self.hosts.get(name)
+            if self.sent_births.get(name) != devices or self.sent_hosts.get(name) != host:
                 payload = birth(node, s.site, start, self.power_limit)
+                if host is not None:
+                    payload["host"] = host.model_dump(mode="json")
                 topic = node_topic(self.fleet.prefix, s.site, name, TopicKind.BIRTH)
                 if not self.ingest(topic, msgspec.json.encode(payload)):
                     report.refused += 1
                     continue
                 self.sent_births[name] = devices
+                self.sent_hosts[name] = host
                 report.nodes_read += 1
             # the node's latest point, not the read's end: a server repeats a series' last value for a while
             # (Prometheus' lookback) after its exporter is gone
@@ -447,6 +472,8 @@ class PrometheusSource:
         for name in lost:
             del self.seen[name]
             self.sent_births.pop(name, None)
+            self.sent_hosts.pop(name, None)
+            self.hosts.pop(name, None)
         return lost
 
 
