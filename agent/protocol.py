@@ -524,6 +524,8 @@ class GpuWindow(_Model):
     pcie_rx_bps: Stats | None = None
     nvlink_tx_bps: Stats | None = None
     nvlink_rx_bps: Stats | None = None
+    c2c_tx_bps: Stats | None = Field(default=None, description="GPM: NVLink-C2C payload to the Grace CPU, bytes/s")
+    c2c_rx_bps: Stats | None = Field(default=None, description="GPM: NVLink-C2C payload from the Grace CPU, bytes/s")
     sm_active: Percentages | None = Field(default=None, description="GPM (Hopper and newer): SM activity, %")
     tensor_active: Percentages | None = Field(default=None, description="GPM: tensor-core activity, %")
     dram_active: Percentages | None = Field(default=None, description="GPM: DRAM bandwidth utilisation, %")

@@ -350,7 +350,7 @@ def summarise(windows: list[tuple[str, Telemetry]], birth: Birth) -> None:
         print(
             f"{phase}: {len(ws)} windows; util {mean_of('util')} %, mem {mean_of('mem_used_mib')} MiB, "
             f"power {mean_of('power_w')} W, SM active {mean_of('sm_active')} %, tensor {mean_of('tensor_active')} %, "
-            f"SM occupancy {mean_of('sm_occupancy')} %, "
+            f"SM occupancy {mean_of('sm_occupancy')} %, C2C tx {mean_of('c2c_tx_bps')} B/s, "
             f"PCIe tx {mean_of('pcie_tx_bps')} B/s, peak disk write {peak_write / 1e6:.0f} MB/s, "
             f"XIDs {sum(g.xid_events for w in ws for g in w.gpus)}"
         )

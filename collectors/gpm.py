@@ -19,6 +19,8 @@ from typing import Any
 # nvmlGpmMetricsGet call as the others: one more slot, no more calls.
 GPM_ACTIVITY = {1: "gpm_util", 2: "sm_active", 3: "sm_occupancy", 5: "tensor_active", 10: "dram_active"}
 GPM_PCIE = {20: "pcie_tx_mibps", 21: "pcie_rx_mibps"}
+# NVLink-C2C payload to and from the Grace CPU (NVML_GPM_METRIC_C2C_DATA_TX/RX_PER_SEC), asked of GPUs with the link
+GPM_C2C = {102: "c2c_tx_mibps", 103: "c2c_rx_mibps"}
 
 
 class GpmReader:

@@ -37,7 +37,8 @@ What real drivers do, and what the collector does about it (docs/agent.md has th
 - PCIe byte fields exist from R555 and wrap at the width of the value type NVML returns; older drivers on
   Hopper and newer get PCIe MiB/s from GPM instead; ``pcie_source`` in the birth says which.
 - NVLink-C2C (Grace Hopper, Grace Blackwell) is read once per GPU, for the birth: every other GPU answers
-  ``nvmlDeviceGetC2cModeInfoV`` with NOT_SUPPORTED, and a driver without that call is asked the C2C fields.
+  ``nvmlDeviceGetC2cModeInfoV`` with NOT_SUPPORTED, and a driver without that call is asked the C2C fields. A GPU
+  with C2C links up has their payload bytes (``c2c_tx_bps`` / ``c2c_rx_bps``) in the GPM call it makes anyway.
 - Utilisation is not supported on MIG instances (nor on a GPU in MIG mode): GPM samples each instance.
 - ``nvmlDeviceGetUtilizationRates`` covers one sample period (1/6 s to 1 s); ``nvmlDeviceGetSamples`` returns
   every sample since the previous tick, so bursty work does not read as 0 or 100.
@@ -59,7 +60,7 @@ from agent.metrics import Family, counter, gauge
 from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
 from collectors.attribution import Attributor
 from collectors.base import Entity, Inventory, Sample
-from collectors.gpm import GPM_ACTIVITY, GPM_PCIE, GpmReader
+from collectors.gpm import GPM_ACTIVITY, GPM_C2C, GPM_PCIE, GpmReader
 from collectors.pids import NO_HOST_PIDS, PidResolver
 
 log = logging.getLogger(__name__)
@@ -371,6 +372,7 @@ class NvmlGpuCollector:
         device.pcie_source = self._pcie_source(handle, gpm)
         if gpm:
             metrics = GPM_ACTIVITY | (GPM_PCIE if device.pcie_source == "gpm" else {})
+            metrics |= GPM_C2C if device.c2c_links else {}
             device.gpm = self._gpm_reader(handle, None, metrics)
             if device.gpm is None and device.pcie_source == "gpm":
                 device.pcie_source = None
@@ -833,7 +835,7 @@ class NvmlGpuCollector:
                 for name in ("sm_active", "tensor_active", "dram_active", "sm_occupancy"):
                     if name in gpm:
                         gauges[name] = gpm[name]
-                for name in ("pcie_tx", "pcie_rx"):
+                for name in ("pcie_tx", "pcie_rx", "c2c_tx", "c2c_rx"):
                     if f"{name}_mibps" in gpm:
                         gauges[f"{name}_bps"] = gpm[f"{name}_mibps"] * 2**20
             counters = self._fields(d) if d.parent is None else {}

@@ -85,6 +85,26 @@ def test_c2c_is_read_from_the_fields_on_a_driver_without_the_mode_call() -> None
     assert (second.c2c_links, second.c2c_max_bps) == (None, None)
 
 
+def test_c2c_traffic_comes_in_the_gpm_call_of_a_gpu_with_c2c_links_only() -> None:
+    """Deliberate bugs caught: MiB/s taken for bytes/s (or MB/s: a 2**20 against 10**6 error of 5 %); asking
+    GPUs without C2C for the C2C metrics (a slot of every H100's GPM call each second for nothing: the stand-in
+    H100 here would answer, a real one fails the slot)."""
+    gh200 = _grace_hopper()
+    gh200.gpm = {2: 50.0, 102: 1000.0, 103: 3000.0}
+    h100 = FakeGpu(gpm={2: 50.0, 102: 7.0, 103: 7.0})
+    nvml = make_fake_nvml([gh200, h100])
+    collector = open_gpu_collector(nvml)
+    builder = WindowBuilder("n1", "s1", 1)
+    for t in range(3):
+        builder.add(collector.sample(), float(t))
+    assert nvml.calls.count("gpm_metrics") == 4  # type: ignore[attr-defined]  # one per GPU a tick, after the first
+    grace, other = builder.close(0, 0.0, 2.0, []).gpus
+    assert grace.c2c_tx_bps is not None and grace.c2c_rx_bps is not None
+    # 1000 and 3000 MiB/s, to the four significant digits a window keeps
+    assert (grace.c2c_tx_bps.mean, grace.c2c_rx_bps.mean) == (1.049e9, 3.146e9)
+    assert other.c2c_tx_bps is None and other.c2c_rx_bps is None and other.sm_active is not None
+
+
 def test_a_birth_with_an_implausible_c2c_bandwidth_is_refused_and_counted() -> None:
     fleet = Fleet("fleetfit/v1")
     good = _birth([GpuInfo(index=0, uuid="GPU-0", model="NVIDIA GH200 480GB", memory_mib=97_871, c2c_links=10)])

@@ -90,6 +90,8 @@ class WindowGpu(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     pcie_rx_bps: Stats | None = None
     nvlink_tx_bps: Stats | None = None
     nvlink_rx_bps: Stats | None = None
+    c2c_tx_bps: Stats | None = None
+    c2c_rx_bps: Stats | None = None
     sm_active: Percentages | None = None
     tensor_active: Percentages | None = None
     dram_active: Percentages | None = None
