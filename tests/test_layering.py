@@ -23,6 +23,7 @@ LAYERS = (
     "optimizer.ingest",
     "optimizer.decide",
     "optimizer.plan",
+    "optimizer.act",
     "optimizer.serve",
     "optimizer.commands",
 )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from agent.protocol import Plan
-from optimizer.commands import cliargs, importer, token
+from optimizer.commands import apply, cliargs, importer, token
 
 if TYPE_CHECKING:
     from agent.service import Agent
@@ -46,6 +46,7 @@ COMMAND_EXTRAS = {
     "alerts": "optimizer",
     "import": "optimizer",
     "token": "optimizer",
+    "apply": "optimizer",
 }
 OWN_PACKAGES = ("agent", "collectors", "optimizer")
 
@@ -898,6 +899,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     importer.add_parser(sub)
+    apply.add_parser(sub)
     token.add_parser(sub)
 
     p = sub.add_parser(

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, IPvAnyNetwork, SecretStr, fie
 
 from agent.config import MqttSettings, Section, credential_path, secret_or_file
 from agent.protocol import Ident
+from optimizer.act.registry import Scheduler
+from optimizer.act.settings import KubernetesSettings, SlurmSettings
 from optimizer.plan.recommend import PlanSettings
 from optimizer.serve.alerts.settings import AlertSettings
 from optimizer.serve.audit import MAX_ENTRIES, RETENTION_DAYS
@@ -195,6 +197,18 @@ class SiteSettings(Section):
         description="CSV (node,hardware,gpus) from the site's inventory of record: nodes are planned "
         "from it, and a node that claims other or more GPUs is flagged",
     )
+    scheduler: Scheduler | None = Field(
+        default=None, description="the scheduler `fleetfit apply` carries acknowledged actions out through"
+    )
+    slurm: SlurmSettings | None = None
+    kubernetes: KubernetesSettings | None = None
+
+    @model_validator(mode="after")
+    def _one_scheduler(self) -> SiteSettings:
+        for name in ("slurm", "kubernetes"):
+            if getattr(self, name) is not None and self.scheduler != name:
+                raise ValueError(f"[{name}] is set but scheduler is {self.scheduler or 'not set'}")
+        return self
 
 
 class PrometheusSource(Section):

@@ -24,7 +24,8 @@ from typing import ParamSpec, TypeVar
 from agent.protocol import Plan, Recommendation
 from optimizer.plan.ordering import waiting_on
 from optimizer.plan.render import order_key
-from optimizer.serve import outcomes
+from optimizer.serve import executions, outcomes
+from optimizer.serve.executions import Execution
 from optimizer.serve.outcomes import Outcome
 
 DB_NAME = "fleetfit.db"
@@ -118,6 +119,7 @@ class Lifecycle:
         self._db.executescript(_SCHEMA)
         self._add_columns()
         self._db.executescript(outcomes.SCHEMA)
+        self._db.executescript(executions.SCHEMA)
         self.problem: str | None = None  # why states are not kept where they belong (optimizer.serve.statedb)
 
     def _add_columns(self) -> None:
@@ -350,6 +352,14 @@ class Lifecycle:
             for rec_id, follow, kept_owner in self._db.execute(query, [*args, *chunk]):
                 out[rec_id] = (follow, kept_owner)
         return out
+
+    def add_execution(self, execution: Execution) -> None:
+        """Keep what ``fleetfit apply`` ran for an action and the scheduler's answer."""
+        executions.add(self._db, execution)
+
+    def executions_of(self, rec_ids: Iterable[str]) -> dict[str, Execution]:
+        """The last execution of each of ``rec_ids`` that has one."""
+        return executions.latest(self._db, builtins.list(rec_ids))
 
     def outcomes(self, site: str | None = None, now: float | None = None) -> builtins.list[Outcome]:
         """Applied actions and what was observed after them (those of the last day, if ``now`` is given)."""

@@ -16,10 +16,13 @@ class Status(StrEnum):
     REMINDER = "reminder"  # still proposed and unacknowledged after repeat_interval
     APPLIED = "applied"  # resolved: the workload now runs on the recommended hardware
     EXPIRED = "expired"  # resolved: plans stopped proposing it
+    # `fleetfit apply --execute` (optimizer/commands/apply.py): the scheduler's answer, with its command
+    CARRIED_OUT = "carried_out"  # the scheduler accepted the change; the move is applied once seen on its target
+    FAILED = "failed"  # the scheduler refused it or could not be reached
 
     @property
     def resolved(self) -> bool:
-        return self in (Status.APPLIED, Status.EXPIRED)
+        return self in (Status.APPLIED, Status.EXPIRED, Status.CARRIED_OUT, Status.FAILED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,7 @@ class Item:
     recommendation: Recommendation
     status: Status
     severity: Severity
+    detail: str = ""  # carried out or failed: the backend and its command, or what it said
 
     @property
     def id(self) -> str:
@@ -67,8 +71,12 @@ class Notice:
         parts = []
         if firing:
             parts.append(f"{len(firing)} action(s) would save {total_text(i.recommendation for i in firing)}")
-        if resolved:
-            parts.append(f"{len(resolved)} resolved")
+        done = [i for i in resolved if i.status not in (Status.CARRIED_OUT, Status.FAILED)]
+        if done:
+            parts.append(f"{len(done)} resolved")
+        for status, word in ((Status.CARRIED_OUT, "carried out"), (Status.FAILED, "failed")):
+            if n := sum(1 for i in resolved if i.status == status):
+                parts.append(f"{n} {word}")
         return f"fleetfit · {self.site}: " + ", ".join(parts or ["nothing to report"])
 
 

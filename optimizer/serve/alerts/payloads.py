@@ -82,7 +82,12 @@ def _facts(item: Item, numbers: dict[str, int], esc: Callable[[str], str] = _sam
 
 def _resolved_line(item: Item, name: Escape = _same, esc: Escape = _same) -> str:
     r = item.recommendation
-    how = f"applied: now on {esc(r.to_hardware)}" if item.status == "applied" else "expired: no longer proposed"
+    if item.status == "carried_out":
+        how = f"carried out: {esc(_clip(item.detail, 300))}"
+    elif item.status == "failed":
+        how = f"failed: {esc(_clip(item.detail, 300))}"
+    else:
+        how = f"applied: now on {esc(r.to_hardware)}" if item.status == "applied" else "expired: no longer proposed"
     return f"{action_text(_named(r, name, esc))}: {how}"
 
 
@@ -223,7 +228,7 @@ def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
 
 class GenericMove(BaseModel):
     id: str
-    status: Literal["new", "reminder", "applied", "expired"]
+    status: Literal["new", "reminder", "applied", "expired", "carried_out", "failed"]
     severity: Severity
     workload: str
     workload_name: str
@@ -248,6 +253,7 @@ class GenericMove(BaseModel):
     blocked_by: list[str] = Field(default_factory=list)
     number: int | None = Field(default=None, description="its place in the order to carry the actions out (firing)")
     action: str = Field(default="", description="the action in words, as the console and the command line put it")
+    detail: str = Field(default="", description="carried_out or failed: the backend and its command, or its output")
 
 
 class GenericAlert(BaseModel):
@@ -278,6 +284,7 @@ def _generic_move(item: Item, number: int | None = None) -> GenericMove:
         severity=item.severity,
         number=number,
         action=action_text(item.recommendation),
+        detail=item.detail,
     )
 
 

@@ -1,0 +1,53 @@
+"""One command run with a deadline, its output kept: what every scheduler command goes through."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+MAX_OUTPUT = 4000  # characters of a command's output kept with its result (the state file holds every one)
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """What one command did: its exit status (None: it never ran or was stopped at its deadline) and output."""
+
+    argv: tuple[str, ...]
+    code: int | None
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @property
+    def line(self) -> str:
+        return shlex.join(self.argv)
+
+
+def _kept(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= MAX_OUTPUT else text[: MAX_OUTPUT - 1] + "…"
+
+
+def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> Ran:
+    """Run ``argv`` (no shell) for at most ``timeout`` seconds. A missing program, a deadline passed or a non-zero
+    exit is a result, never an exception: the caller records it as failed with what it said."""
+    full_env = {**os.environ, "LC_ALL": "C", **(env or {})}
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, timeout=timeout, check=False, env=full_env, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError:
+        return Ran(tuple(argv), None, f"{argv[0]}: not installed (not found)")
+    except subprocess.TimeoutExpired as exc:
+        said = (exc.stdout or b"") + (exc.stderr or b"")
+        text = said.decode(errors="replace") if isinstance(said, bytes) else str(said)
+        return Ran(tuple(argv), None, _kept(f"stopped after {timeout:g} s without an answer. {text}"))
+    except OSError as exc:
+        return Ran(tuple(argv), None, f"{argv[0]}: {exc.strerror or exc}")
+    output = (done.stdout + done.stderr).decode(errors="replace")
+    return Ran(tuple(argv), done.returncode, _kept(output))
