@@ -95,6 +95,8 @@ MAX_CONNECTIONS = 2**32
 # NVLink-C2C bandwidth of one GPU in bytes/s: 10 TB/s, over 10x Grace Hopper's and Grace Blackwell's 900 GB/s
 # (NVIDIA GH200 and GB200 datasheets)
 MAX_C2C_BPS = 10e12
+# compute partitions of one GPU: 8, CPX on an Instinct GPU of 8 XCDs (AMD Instinct docs, "GPU partitioning")
+MAX_PARTITIONS = 8
 # a GPU's power limit in W: 10 kW, over 7x the largest accelerator's (1,400 W: AMD MI355X datasheet)
 MAX_POWER_LIMIT_W = 10_000
 # a workload's GPUs across nodes and a plan's actions and waves: 100,000 GPUs, the largest single clusters built
@@ -420,6 +422,13 @@ class Birth(_Model):
         physical = {g.index for g in self.gpus if g.parent is None} | failed
         if physical and any(g.parent is not None and g.parent not in physical for g in self.gpus):
             raise ValueError("gpus: a MIG instance names a parent GPU that is not listed")
+        # An AMD compute partition names its GPU's first partition, listed or unreadable, and no GPU is split into
+        # more than MAX_PARTITIONS: the optimizer counts GPUs by these names.
+        named = [g.physical for g in self.gpus if g.physical is not None]
+        if any(p not in physical or named.count(p) > MAX_PARTITIONS for p in set(named)):
+            raise ValueError(
+                f"gpus: a partition names a GPU not listed, or more than {MAX_PARTITIONS} partitions name one GPU"
+            )
         return self
 
 

@@ -227,6 +227,25 @@ def test_a_second_vendors_partitions_name_their_gpu_by_its_shifted_index(tmp_pat
     assert layout(_birth(list(gpus.values()))).gpus == 3
 
 
+@pytest.mark.parametrize(("devices", "named"), [(9, 0), (8, 40)])
+def test_a_birth_whose_partitions_name_no_gpu_an_agent_could_see_is_refused(devices: int, named: int) -> None:
+    """Deliberate bug caught: ``physical`` taken on trust: nine devices naming one GPU (no GPU has more than eight
+    partitions) would count as one GPU and slip under the node's GPU limit; a name no device has would count a
+    GPU that is not there."""
+    gpus = [
+        GpuInfo(
+            index=i, uuid=f"p{i}", model="AMD Instinct MI300X", memory_mib=24_576, mig_profile="CPX", physical=named
+        )
+        for i in range(devices)
+    ]
+    raw = json.loads(encode(_birth([]))) | {"gpus": [json.loads(g.model_dump_json()) for g in gpus]}
+    fleet = Fleet("fleetfit/v1")
+    assert fleet.ingest("fleetfit/v1/s1/n1/birth", json.dumps(raw).encode()) is None
+    assert fleet.rejected == {"schema": 1}
+    raw["gpus"] = [g | {"physical": 0} for g in raw["gpus"][:8]]
+    assert fleet.ingest("fleetfit/v1/s1/n1/birth", json.dumps(raw).encode()) is not None
+
+
 def test_simulated_partitions_name_their_gpu() -> None:
     from agent.sources import simulated_gpus
 
