@@ -33,9 +33,10 @@ from optimizer.ingest.fleet import Fleet
 MIB = 40_960  # a 3g.40gb instance
 
 
-def _a100_in_mig_mode(windows: int = 6) -> Fleet:
+def _a100_in_mig_mode(windows: int = 6, hot: bool = False) -> Fleet:
     """An A100 in MIG mode as the agent reports it: two 3g.40gb instances, no utilisation for any of them. A vLLM
-    server with four clients holds 90 % of one instance; a scoring batch nobody connects to holds a tenth of the other."""
+    server with four clients holds 90 % of one instance; a scoring batch nobody connects to holds a tenth of the other.
+    ``hot``: the GPU held down by heat all the while (the agent reads clock events for the GPU, not its instances)."""
     now = time.time() - windows * 10
     gpus = [
         GpuInfo(index=0, uuid="GPU-0", model="NVIDIA A100-SXM4-80GB", memory_mib=81_920, mig_mode=True,
@@ -53,7 +54,12 @@ def _a100_in_mig_mode(windows: int = 6) -> Fleet:
     for seq in range(windows):
         start = now + 10 * seq
         gpu_windows = [
-            GpuWindow(index=0, power_w=Stats.of([250.0]), util_unavailable=1),
+            GpuWindow(
+                index=0,
+                power_w=Stats.of([250.0]),
+                util_unavailable=1,
+                thermal_slowdown_pct=Stats.of([100.0 if hot else 0.0]),
+            ),
             GpuWindow(index=1, mem_used_mib=Stats.of([0.9 * MIB]), util_unavailable=1),
             GpuWindow(index=2, mem_used_mib=Stats.of([0.1 * MIB]), util_unavailable=1),
         ]
@@ -109,3 +115,10 @@ def test_mig_instances_read_through_dcgm_exporter_keep_their_utilisation() -> No
     (f,) = workload_features(fleet, "s")
     assert f.util_unavailable is None and round(f.mean_util) == 35 and f.windows >= 3
     assert not any("utilisation unavailable" in e for e in classify(f).evidence)
+
+
+def test_a_throttled_gpu_in_mig_mode_holds_down_every_instance_on_it() -> None:
+    """Deliberate bug caught: a MIG instance's throttle looked up under its own index only. Clock event reasons are
+    read for the physical GPU, so a workload on an instance of an overheating A100 would never be named."""
+    features = {f.id: f for f in workload_features(_a100_in_mig_mode(hot=True), "s")}
+    assert {wid: f.throttle_thermal for wid, f in features.items()} == {"k8s/ml/llm": 1.0, "k8s/ml/job": 1.0}

@@ -341,10 +341,13 @@ def _held_down(
     """Add what held the workload's GPUs below their clocks this window; whether any was held THROTTLED_PCT or
     more. A power cap counts only under a limit lowered below the board's TDP (LOWERED_LIMIT)."""
     down = False
-    # a MIG instance runs on its GPU's clocks: what holds the GPU down holds the instance
-    boards = {*gpus, *(p for g in gpus if g in gpu_info and (p := gpu_info[g].parent) is not None)}
-    for t in throttles:
-        if t.gpu not in boards:
+    by_gpu = {t.gpu: t for t in throttles}
+    for g in gpus:
+        t = by_gpu.get(g)
+        info = gpu_info.get(g)
+        if t is None and info is not None and info.parent is not None:
+            t = by_gpu.get(info.parent)  # a MIG instance runs on its GPU's clocks: what holds the GPU holds it
+        if t is None:
             continue
         tdp = _board_tdp(gpu_info, t.gpu)
         lowered = tdp is not None and not math.isnan(t.power_limit_w) and t.power_limit_w < LOWERED_LIMIT * tdp
