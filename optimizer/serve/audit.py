@@ -72,7 +72,8 @@ class Entry:
 
 
 class AuditLog:
-    """The ``audit`` table of one state file, on one connection (usable from one thread at a time)."""
+    """The ``audit`` table of one state file: one connection writes, another reads (WAL lets a page read while a
+    write waits for the lock), each usable from any thread, one at a time."""
 
     def __init__(self, path: Path, retention_days: float = RETENTION_DAYS, max_entries: int = MAX_ENTRIES) -> None:
         self.path = path
@@ -82,11 +83,15 @@ class AuditLog:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
         self._written = 0
         self.prune()
 
     def close(self) -> None:
         self._db.close()
+        if self._reader is not None:
+            self._reader.close()
 
     def add(
         self,
@@ -155,8 +160,10 @@ class AuditLog:
                 clauses.append(clause)
                 args.append(value)
         where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
-        with self._lock:
-            rows = self._db.execute(
+        with self._read_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path, timeout=10, check_same_thread=False)
+            rows = self._reader.execute(
                 "SELECT id, at, action, who, client, target, workload, result, detail FROM audit "
                 f"{where}ORDER BY id DESC LIMIT ?",
                 (*args, max(1, min(limit, PAGE_MAX))),

@@ -235,7 +235,9 @@ class JsonApi:
         if tracker is None or audit_log is None:
             return web.json_response({"entries": [], "next": None, "note": "this optimizer keeps no state file"})
         try:
-            entries = await tracker.write(audit_log.query, q.get("workload"), q.get("who"), since, before, limit)
+            entries = await tracker.read(
+                lambda _: audit_log.query(q.get("workload"), q.get("who"), since, before, limit)
+            )
         except sqlite3.Error as exc:
             raise web.HTTPServiceUnavailable(text=f"audit log unreadable: {exc}\n") from None
         following = None

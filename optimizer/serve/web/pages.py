@@ -183,7 +183,7 @@ class Console:
         if tracker is None or audit_log is None:
             return []
         try:
-            return await tracker.write(audit_log.query, workload, None, None, None, MAX_ROWS)
+            return await tracker.read(lambda _: audit_log.query(workload, limit=MAX_ROWS))
         except sqlite3.Error:  # the trail is a courtesy on this page: /api/v1/audit says what is wrong
             return []
 
