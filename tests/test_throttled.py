@@ -16,6 +16,7 @@ from optimizer.decide.features import workload_features
 from optimizer.decide.findings import detect
 from optimizer.decide.snapshot import Snapshot, from_fleet, resolve
 from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.history import Digest, DigestRing
 
 NODES = build_scenario("mixed", 6, seed=3)
 L4_SERVING = NODES[0]  # eight L4s serving requests, about half busy
@@ -86,11 +87,18 @@ def test_load_seen_while_throttled_does_not_make_a_service_look_busier() -> None
     """Deliberate bugs caught: windows on GPUs held down by heat kept among the load figures (the same requests on
     a GPU at 70 % of its clock keep kernels running 1/0.7 as long, so the service's load reads higher, and the
     planner would want more or faster GPUs to carry it); a class read from load seen only while throttled acted on
-    at full confidence."""
+    at full confidence; the ten-minute digest the hot windows fall in kept, whose peak is the projection's p95."""
     clean = _windows(L4_SERVING)
     hot = _windows(L4_SERVING, frozenset({"throttle_thermal"}))
     # the same requests, the last three windows on an overheating node
-    features = workload_features(_fleet(L4_SERVING, clean[:5] + hot[5:]), "s")
+    fleet = _fleet(L4_SERVING, clean[:5] + hot[5:])
+    record = fleet.record("s", L4_SERVING.name)
+    assert record is not None
+    first, last = record.windows[0], record.windows[-1]
+    wid = first.workloads[0].id
+    # ten minutes earlier at a 50 % peak, and the ten minutes that hold the hot windows at a 100 % peak
+    record.history.digests[wid] = DigestRing([Digest(first.start - 1, 40.0, 50.0, 0.0), Digest(last.end, 60, 100, 0)])
+    features = workload_features(fleet, "s")
     unthrottled = workload_features(_fleet(L4_SERVING, clean[:5]), "s")
     throttled = workload_features(_fleet(L4_SERVING, hot), "s")
     (f,), (expected,), (slowed,) = features, unthrottled, throttled
@@ -99,5 +107,6 @@ def test_load_seen_while_throttled_does_not_make_a_service_look_busier() -> None
     hot_only = classify(slowed)
     assert hot_only.workload_class is WorkloadClass.INFERENCE and hot_only.confidence <= THROTTLED_LOAD_CONFIDENCE
     assert f.mean_util == pytest.approx(expected.mean_util) and f.p95_util == pytest.approx(expected.p95_util)
+    assert f.daily_peak_p95 == 50.0
     assert f.throttled_left_out == 3 and f.throttle_thermal == pytest.approx(3 / 8, abs=0.05)
     assert any("3 window(s) on GPUs held below their clocks" in e for e in classify(f).evidence)

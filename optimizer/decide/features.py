@@ -35,7 +35,7 @@ from agent.protocol import GpuInfo
 from optimizer.decide.catalog import load_catalog
 from optimizer.ingest.digest import ROW_SECONDS, ROW_SERIES_AT, THROTTLED_PCT, Blind, Throttle, WindowDigest
 from optimizer.ingest.fleet import Fleet
-from optimizer.ingest.history import Digest
+from optimizer.ingest.history import DIGEST_SECONDS, Digest
 from optimizer.ingest.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
 
 CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
@@ -286,6 +286,7 @@ class _Acc:
     lowered_limit: float | None = None
     left_out: int = 0
     throttled_load: bool = False
+    held_spans: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of windows held down
     blind_windows: int = 0
     blind_reason: str | None = None
 
@@ -936,6 +937,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                     continue  # none of its GPUs reported this window: nothing of it to fold
                 acc.gpu_windows += len(blind) or sum([1 for g in held_gpus if g in present])
                 held_down = bool(window.throttles) and _held_down(acc, window.throttles, held_gpus, gpu_info)
+                if held_down:
+                    acc.held_spans.append((window.start, window.end))
                 if blind:
                     _fold_blind(acc, blind, shared["east"][ref.id][i], north, ckpt)
                     if acc.blind_reason is None:
@@ -1001,6 +1004,10 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
         held = fleet.record(site, node)
         if held is not None:
             digests += held.history.of(wid)
+    if acc.held_spans:
+        # Ten minutes with a window held down in them peak at what the throttle inflated: left out, as the windows
+        # are, while the node's recent windows show them (older ones are no longer known).
+        digests = [d for d in digests if not any(s < d.end and e > d.end - DIGEST_SECONDS for s, e in acc.held_spans)]
     hours, daily_peak, diurnal = _daily(digests)
     placements = list(acc.placements.values())
     memory = max((p.gpu_memory_mib for p in placements), default=0)
