@@ -136,7 +136,7 @@ PartitionName=l40s Nodes=l40s-1 State=UP
     cluster = Cluster(conf, env)
     try:
         deadline = time.monotonic() + 15
-        states = ""
+        states: list[str] = []
         while time.monotonic() < deadline:
             argv = ["sinfo", "-h", "-N", "-o", "%N=%t"]
             states = subprocess.run(argv, capture_output=True, text=True, env=env, check=False).stdout.split()
@@ -182,7 +182,7 @@ def move(job_id: str, kind: str = "move") -> Recommendation:
         to_hardware="L40S 48GB",
         monthly_savings_usd=1500.0,
         reason="batch inference at 30 % on an H100",
-        kind=kind,  # type: ignore[arg-type]
+        kind=kind,
     )
 
 
