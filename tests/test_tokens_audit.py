@@ -106,9 +106,11 @@ async def test_a_viewer_cannot_decide_an_approver_can_and_the_audit_names_them(t
     assert re.search(r"<td>bob</td><td>ack</td>", decisions) and "forbidden" in decisions
 
 
-async def test_an_unknown_token_is_refused_and_a_reloaded_file_revokes_without_a_restart(tmp_path: Path) -> None:
-    """Deliberate bug caught: refresh() never rereading the file (bob's token would still acknowledge after his
-    line is gone)."""
+async def test_an_unknown_token_is_refused_and_a_reloaded_file_revokes_without_a_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Deliberate bugs caught: refresh() never rereading the file (bob's token would still acknowledge after his
+    line is gone); `fleetfit recommendations ack` on the optimizer's host leaving no audit entry."""
     path = tokens_file(tmp_path / "tokens", line("bob", "approver", APPROVER))
     async with serving(tmp_path, ApiSettings(port=0, tokens_file=path)) as (base, rec_id):
         ack = f"{base}/api/v1/recommendations/{rec_id}/ack"
@@ -128,6 +130,13 @@ async def test_an_unknown_token_is_refused_and_a_reloaded_file_revokes_without_a
                 metrics = await r.text()
     assert metric(metrics, "fleetfit_api_auth_refused_total", 'reason="unknown_token"') == 2
     assert metric(metrics, "fleetfit_api_auth_refused_total", 'reason="no_token"') == 1
+    # refused by the API, acknowledged from the shell by whoever may write the state file
+    assert main(["recommendations", "--state-dir", str(tmp_path / "state"), "ack", rec_id]) == 0
+    assert capsys.readouterr().out.strip() == f"{rec_id} acknowledged"
+    trail = AuditLog(tmp_path / "state" / "fleetfit.db")
+    (entry,) = trail.query()
+    trail.close()
+    assert entry.who.startswith("local:") and (entry.where, entry.action, entry.result) == ("local", "ack", "ok")
 
 
 async def test_a_malformed_line_is_rejected_alone_and_the_old_shared_token_still_works(
