@@ -25,7 +25,8 @@ demo: $(VENV)/.runtime  # the console stays up after the run until Ctrl-C
 	$(BIN)/fleetfit demo --keep-serving
 
 # Real programs the tests start: Mosquitto (the broker), VictoriaMetrics (the InfluxDB v2 write API's stand-in),
-# Chromium (renders the optimizer's page headless), systemd-analyze and openssl. Only the missing ones are
+# Chromium (renders the optimizer's page headless), systemd-analyze, openssl, and Slurm's controller, node daemon
+# and munge (`fleetfit apply` moves real jobs, tests/test_apply_slurm.py). Only the missing ones are
 # installed (one apt-get update), so a developer's installed packages are never upgraded behind their back.
 deps-test: $(VENV)/.test
 	@missing=""; \
@@ -35,6 +36,9 @@ deps-test: $(VENV)/.test
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	{ command -v slurmctld >/dev/null || [ -x /usr/sbin/slurmctld ]; } || missing="$$missing slurmctld"; \
+	{ command -v slurmd >/dev/null || [ -x /usr/sbin/slurmd ]; } || missing="$$missing slurmd"; \
+	{ command -v munged >/dev/null || [ -x /usr/sbin/munged ]; } || missing="$$missing munge"; \
 	[ -z "$$missing" ] || { echo "installing:$$missing"; $(APT) update && DEBIAN_FRONTEND=noninteractive \
 		$(APT) install -y --no-install-recommends $$missing; }
 
