@@ -68,10 +68,14 @@ ROWS: list[Row] = [
     ("a step period", {}, "period_s", 8, None, TR, +1),
     # power and GPM
     ("tensor pipes >= 40 %", {"dram_share": 0.3}, "tensor_share", 0.41, 0.39, TR, +1),
-    ("memory-bound: tensor pipes <= 32 %", {"dram_share": 0.7}, "tensor_share", 0.31, 0.33, INF, +1),
+    # DRAM's share of DRAM and tensor activity, on shape.py's anchors (0.35 -> 0, 0.80 -> 1), at DECODE_SHARE 0.55:
+    # 0.5975; with DRAM at 55 % that is tensor pipes up to 37.05 %
+    ("memory-bound: DRAM's share of the two >= 0.5975", {"dram_share": 0.55}, "tensor_share", 0.36, 0.38, TR, -1),
     ("memory-bound: DRAM >= 55 %", {"tensor_share": 0.2}, "dram_share", 0.56, 0.54, INF, +1),
     ("compute-bound power >= 0.78", {}, "intensity", 0.79, 0.77, TR, +1),
     ("memory-bound power <= 0.68", {}, "intensity", 0.67, 0.69, INF, +1),
+    # GPM's decode reading with the power sensor agreeing (<= 0.68) weighs more against training, once
+    ("decode measured twice: power <= 0.68", {"tensor_share": 0.2, "dram_share": 0.7}, "intensity", 0.68, 0.69, TR, -1),
     # listening ports and clients (schema 2)
     ("a server: >= 3 clients", {"listen_ports": (8000,), "inbound_connections": 6}, "inbound_peers", 3, 2, INF, +1),
     ("one client connected", {"listen_ports": (8000,), "inbound_peers": 1}, "inbound_connections", 1, 0, INF, +1),
