@@ -88,6 +88,8 @@ async def test_a_viewer_cannot_decide_an_approver_can_and_the_audit_names_them(t
                 entries = (await r.json())["entries"]
             async with http.get(f"{base}/api/v1/audit?who=bob&limit=1", headers=bearer(VIEWER)) as r:
                 page = await r.json()
+            async with http.get(f"{base}/api/v1/audit?since=2100-01-01", headers=bearer(VIEWER)) as r:
+                assert (await r.json())["entries"] == []  # nothing is recorded in the future
             async with http.get(f"{base}/metrics") as r:
                 metrics = await r.text()
             workload = entries[0]["workload"]
@@ -158,13 +160,19 @@ async def test_a_malformed_line_is_rejected_alone_and_the_old_shared_token_still
         reopen = f"{base}/api/v1/recommendations/{rec_id}/reopen"
         async with http.post(reopen, headers=bearer("old-shared-secret")) as r:
             assert r.status == 200 and (await r.json())["state"] == "new"
+        reload = f"{base}/api/v1/tokens/reload"
+        async with http.post(reload, headers=bearer(APPROVER)) as r:
+            assert r.status == 403  # an admin's
+        async with http.post(reload, headers=bearer("old-shared-secret")) as r:
+            assert (await r.json())["tokens"] == {"approver": 1, "admin": 1}  # bob, and the shared token
         async with http.get(f"{base}/api/v1/audit", headers=bearer("old-shared-secret")) as r:
-            entries = (await r.json())["entries"]
+            entries = [e for e in (await r.json())["entries"] if e["action"] != "reload_tokens"]
         async with http.get(f"{base}/metrics") as r:
             metrics = await r.text()
     assert [(e["who"], e["action"]) for e in entries] == [("shared-token", "reopen"), ("bob", "dismiss")]
-    assert metric(metrics, "fleetfit_api_token_lines_rejected_total", 'reason="role"') == 1
-    assert metric(metrics, "fleetfit_api_token_lines_rejected_total", 'reason="hash"') == 1
+    # the file was read twice, at start and by the reload: each read counts its bad lines
+    assert metric(metrics, "fleetfit_api_token_lines_rejected_total", 'reason="role"') == 2
+    assert metric(metrics, "fleetfit_api_token_lines_rejected_total", 'reason="hash"') == 2
     assert metric(metrics, "fleetfit_api_shared_token") == 1
     said = [r.getMessage() for r in caplog.records]
     assert any("line 2 rejected (role)" in m for m in said) and any("line 3 rejected (hash)" in m for m in said)
