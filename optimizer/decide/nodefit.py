@@ -58,9 +58,11 @@ MIN_LOADING_WINDOWS = 2  # windows seen loading (whole starts or not) before a s
 # Read at under half of what local NVMe delivers: a local copy would at least halve each start.
 LOCAL_SPEEDUP = 2.0
 CONTIGUOUS_S = 2.0  # windows this close follow each other: a load phase or a save is read across them
-# Exchange windows: a neighbour's NVLink + PCIe traffic per GPU at twice its median and at least 1 GB/s
-# (gradients move GB/s; a service's requests and a loader's batches, MB/s).
+# Exchange windows: a neighbour's NVLink + PCIe traffic per GPU at twice its calm level and at least 1 GB/s
+# (gradients move GB/s; a service's requests and a loader's batches, MB/s); calm windows within a quarter of that
+# level (the 1 Hz counters' own spread is a few percent).
 EXCHANGE_FACTOR = 2.0
+CALM_FACTOR = 1.25
 EXCHANGE_MIN_BPS = 1e9
 # A service's per-second variability (cv within a window) 30 % higher in its neighbour's exchange windows than
 # outside them: requests waiting on shared links. Over three windows or more a side, the sampling spread of a
@@ -299,14 +301,15 @@ def _neighbours(fit: NodeFit, s: _Seen, seen: Mapping[str, _Seen], wid: str) -> 
     for other_id, other in seen.items():
         if other_id == wid or not other.link:
             continue
-        usual = statistics.median(other.link)
+        # its calm level: the quietest quarter of its windows (an exchange may fill half of them or more)
+        usual = statistics.quantiles(other.link, n=4)[0] if len(other.link) >= 4 else min(other.link)
         floor = max(EXCHANGE_FACTOR * usual, EXCHANGE_MIN_BPS)
         during: list[tuple[float, float]] = []
         apart: list[tuple[float, float]] = []
         for i, link in zip(other.at, other.link, strict=True):
             if i in mine and link >= floor:
                 during.append(mine[i])
-            elif i in mine and link <= usual:  # calm: windows an exchange only grazed count on neither side
+            elif i in mine and link <= CALM_FACTOR * usual:  # windows an exchange only grazed count on neither side
                 apart.append(mine[i])
         if len(during) < MIN_SIDE_WINDOWS or len(apart) < MIN_SIDE_WINDOWS:
             continue
