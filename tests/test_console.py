@@ -645,3 +645,30 @@ async def test_an_applied_moves_owner_and_the_totals_of_each_state(tmp_path: Pat
         summary = re.search(r'<p id="summary">(.*?)</p>', page).group(1)  # type: ignore[union-attr]
         assert f"open ${open_total:,.0f}/month" in summary
         assert f"applied ${applied.monthly_savings_usd:,.0f}/month" in summary
+
+
+async def test_each_action_shows_the_schedulers_command(tmp_path: Path) -> None:
+    """Under "Why", an action `fleetfit apply` ran shows its backend, the command and the scheduler's answer; an
+    acknowledged one not yet run says how to run it. Deliberate bug caught: the executions not read for the page
+    (no command shown)."""
+    from optimizer.serve.executions import Execution
+    from optimizer.serve.lifecycle import RecState
+
+    async with console(tmp_path) as (optimizer, base), aiohttp.ClientSession() as http:
+        assert optimizer.tracker is not None
+        lifecycle = optimizer.tracker.lifecycle
+        ran, waiting = optimizer.plans["lab"].recommendations[:2]
+        for r in (ran, waiting):
+            await optimizer.tracker.write(lifecycle.set_state, r.id, RecState.ACKNOWLEDGED)
+        said = "$ scontrol update JobId=7 Partition=l40s\nslurm_update error: Invalid job id specified"
+        done = Execution(
+            ran.id, "lab", 0.0, "slurm", "failed", ("scontrol update JobId=7 Partition=l40s",), said, "ops"
+        )
+        await optimizer.tracker.write(lifecycle.add_execution, done)
+        async with http.get(base + "/recommendations") as r:
+            page = await r.text()
+    assert (
+        '<span class="ran" data-status="failed">slurm, 1970-01-01 00:00 UTC, failed: '
+        "<code>scontrol update JobId=7 Partition=l40s</code> (slurm_update error: Invalid job id specified).</span>"
+    ) in page
+    assert f"Not carried out yet: <code>fleetfit apply {waiting.id}</code>" in page

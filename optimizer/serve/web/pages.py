@@ -32,6 +32,7 @@ from optimizer.plan.render import (
     waves_of,
 )
 from optimizer.serve.audit import AuditLog, Entry
+from optimizer.serve.executions import Execution
 from optimizer.serve.lifecycle import OPEN, Lifecycle, RecState, Tracked
 from optimizer.serve.outcomes import Outcome
 from optimizer.serve.report import UNATTRIBUTED, By, live_showback, nodes_online, owners_of, site_owners
@@ -164,6 +165,16 @@ class Console:
             if live is not None or owner is not None:
                 out[rec_id] = live or owner or UNATTRIBUTED
         return out
+
+    async def _executions_of(self, rec_ids: list[str]) -> dict[str, Execution]:
+        """What `fleetfit apply` last ran for each action, where it ran something."""
+        tracker = self.optimizer.tracker
+        if tracker is None or not rec_ids:
+            return {}
+        try:
+            return await tracker.read(lambda db: db.executions_of(rec_ids))
+        except sqlite3.Error:  # a courtesy, as the owner column: the page stands without it
+            return {}
 
     def _page(self, title: str, path: str, body: str) -> web.Response:
         return web.Response(text=layout(title, path, body), content_type="text/html", charset="utf-8")
@@ -428,9 +439,12 @@ class Console:
                 numeric=(0, 1, 7),
             ),
         ]
+        shown = selected[:MAX_ROWS]
+        ran = await self._executions_of([r.id for _, r, _ in shown])
         details = "".join(
-            f"<li><strong>{esc(action_text(r))}</strong>: {esc(r.reason)}. Impact: {esc(r.performance_impact)}.</li>"
-            for _, r, _ in selected[:MAX_ROWS]
+            f"<li><strong>{esc(action_text(r))}</strong>: {esc(r.reason)}. Impact: {esc(r.performance_impact)}."
+            f"{_ran(ran.get(r.id), r.id, state)}</li>"
+            for _, r, state in shown
         )
         if details:
             body.append(f"<section><h2>Why</h2><ul>{details}</ul></section>")
@@ -722,6 +736,21 @@ def _totals(selected: list[tuple[str, Recommendation, str]]) -> str:
         return f"{total_text([r for _, r, _ in selected], money)} in all"
     order = ["open", *(s.value for s in RecState if s not in OPEN)]
     return "; ".join(f"{g} {total_text(groups[g], money)}" for g in order if g in groups)
+
+
+def _ran(e: Execution | None, rec_id: str, state: str) -> str:
+    """The scheduler's command for an action and its answer, as `fleetfit apply` recorded them (docs/apply.md)."""
+    if e is None:
+        if state != RecState.ACKNOWLEDGED:
+            return ""
+        return f' <span class="ran">Not carried out yet: <code>fleetfit apply {esc(rec_id)}</code>.</span>'
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.at))
+    commands = "; ".join(e.commands) or "nothing to run"
+    said = e.output.strip().splitlines()[-1] if e.output.strip() else ""
+    return (
+        f' <span class="ran" data-status="{esc(e.status)}">{esc(e.backend)}, {esc(when)} UTC, {esc(e.status)}: '
+        f"<code>{esc(commands)}</code>{f' ({esc(said)})' if said and e.status != 'applied' else ''}.</span>"
+    )
 
 
 def _choices(found: list[tuple[Plan, WorkloadView]]) -> str:
