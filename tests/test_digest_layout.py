@@ -60,7 +60,9 @@ def test_a_windows_gpus_cost_no_allocation_of_their_own(node: tuple[Birth, Telem
     digest(as_window(one), birth, {})
     blocks_one, bytes_one, _ = _retained(one, birth)
     blocks_all, bytes_all, kept = _retained(window, birth)
-    assert blocks_all == blocks_one
+    # An object per GPU would add seven blocks; a block more or less is a dict or cache of the interpreter's
+    # resizing between the reads, which a long run sees now and then.
+    assert abs(blocks_all - blocks_one) <= 2
     assert kept.gpu_rows.gpu_count == 8
     row = 4 * (HEAD + 1 + len(window.gpus[0].util_series))
     # pymalloc rounds a block up to 16 bytes, and a buffer may move from pymalloc to the system allocator
