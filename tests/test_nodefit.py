@@ -20,6 +20,8 @@ from optimizer.decide.findings import detect
 from optimizer.decide.nodefit import NodeFit
 from optimizer.decide.snapshot import Snapshot, from_fleet, resolve
 from optimizer.ingest.fleet import Fleet
+from optimizer.plan.recommend import PlanSettings, plan_snapshot
+from optimizer.plan.render import render_table
 
 REST = {
     FindingKind.INPUT_STARVED_TRAINING,
@@ -182,3 +184,28 @@ def test_costs_are_the_gpu_time_paid_while_waiting() -> None:
     for subject, cost in cases:
         (f,) = nodefit.detect([(subject, l40s)])  # type: ignore[list-item]
         assert f.wasted_usd_per_hour == pytest.approx(cost, abs=0.001)
+
+
+def test_a_snapshot_written_by_hand_gets_the_finding_and_the_plan_text_its_fix() -> None:
+    """8 L40S at $0.85 waiting 45 % of their time: 8 x 0.85 x 0.45 = $3.06 an hour. Deliberate bug caught: the
+    plan's text without the fix (the problem read, what to change not)."""
+    snapshot = Snapshot.model_validate(
+        {
+            "site": "s",
+            "nodes": [{"name": "l40s-001", "hardware": "l40s", "gpus": 8}],
+            "workloads": [
+                {
+                    "id": "t",
+                    "name": "speech-train",
+                    "class": "training",
+                    "nodes": ["l40s-001"],
+                    "gpus": 8,
+                    "mean_util": 40,
+                    "node_fit": {"starved_share": 0.9, "starved_util": 40, "starved_cpu": 97, "starved_wait": 0.45},
+                }
+            ],
+        }
+    )
+    text = render_table(plan_snapshot(snapshot, CATALOG, PlanSettings()))
+    assert "speech-train on l40s-001 [L40S 48GB]: input starved training, $3.06/hour (its GPUs at 40 %" in text
+    assert "; fix: more DataLoader workers" in text
