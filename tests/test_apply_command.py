@@ -43,7 +43,7 @@ KUBE = """[sites.eu-1]
 scheduler = "kubernetes"
 [sites.eu-1.kubernetes]
 namespace = "ml"
-products = {"L40S 48GB" = "NVIDIA-L40S"}
+products = {l40s = "NVIDIA-L40S"}  # by catalog key; the plan names it "L40S 48GB"
 """
 
 
@@ -67,7 +67,8 @@ def test_only_acknowledged_actions_are_taken(tmp_path: Path, capsys: pytest.Capt
 
 def test_kubernetes_dry_run_prints_patch_and_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without a kubeconfig the patch and the manifest are printed for the owner, and --execute records the action
-    as notified, never applied (deliberate bug caught: a proposal with nothing to run recorded as applied)."""
+    as notified, never applied; the site names its hardware by catalog key (deliberate bugs caught: a proposal with
+    nothing to run recorded as applied; hardware looked up by the plan's name alone, which finds no product)."""
     lifecycle = state(tmp_path, "eu-1", [rec(1, "k8s/a")], ["rec-1"])
     config = tmp_path / "optimizer.toml"
     config.write_text(KUBE)

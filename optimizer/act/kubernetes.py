@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from agent.protocol import Recommendation
 from optimizer.act.backend import Options, Proposal, Step
 from optimizer.act.runner import Ran
-from optimizer.act.settings import KubernetesSettings
+from optimizer.act.settings import KubernetesSettings, pick
 from optimizer.plan.render import kind_of
 
 NAME = "kubernetes"
@@ -282,7 +282,7 @@ class Kubernetes:
         gpus = None
         if rec.gpus_after is not None and round(rec.gpus_after) != rec.gpus and rec.gpus_after >= 1:
             gpus = round(rec.gpus_after)
-        return Change(self.settings.products.get(rec.to_hardware), gpus, self.settings.queues.get(rec.to_hardware))
+        return Change(pick(self.settings.products, rec.to_hardware), gpus, pick(self.settings.queues, rec.to_hardware))
 
     def propose(self, rec: Recommendation, owner: str | None, options: Options) -> Proposal:
         kind = kind_of(rec)

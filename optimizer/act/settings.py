@@ -3,14 +3,30 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from pydantic import Field
 
 from agent.config import Section
 
-# Hardware names as the catalog and the plan spell them ("H100 80GB"); values are scheduler names.
+# Hardware by the name a plan gives it ("L40S 48GB") or its catalog key ("l40s"); values are scheduler names.
 HardwareMap = dict[str, str]
+
+
+@functools.cache
+def _catalog_keys() -> dict[str, str]:
+    from optimizer.decide.catalog import load_catalog
+
+    return {g.name: g.key for g in load_catalog().gpu}
+
+
+def pick(mapping: HardwareMap, hardware: str) -> str | None:
+    """The value ``mapping`` gives ``hardware`` (a plan's name for it): by that name, else by its catalog key."""
+    if hardware in mapping:
+        return mapping[hardware]
+    key = _catalog_keys().get(hardware)
+    return mapping.get(key) if key is not None else None
 
 
 class SlurmSettings(Section):

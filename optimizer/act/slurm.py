@@ -19,7 +19,7 @@ from typing import Any
 from agent.protocol import Recommendation
 from optimizer.act.backend import Options, Proposal, Step
 from optimizer.act.runner import run
-from optimizer.act.settings import SlurmSettings
+from optimizer.act.settings import SlurmSettings, pick
 from optimizer.plan.render import kind_of
 
 NAME = "slurm"
@@ -138,13 +138,13 @@ class Slurm:
         if job is None:
             said = problem.strip().splitlines()[-1] if problem.strip() else "not in the queue"
             return Proposal(rec.id, NAME, runnable=False, note=f"job {job_id}: {said}")
-        partition = self.settings.partitions.get(rec.to_hardware)
+        partition = pick(self.settings.partitions, rec.to_hardware)
         if partition is None:
             known = ", ".join(sorted(self.settings.partitions)) or "none"
             note = f"no partition for {rec.to_hardware} in [sites.*.slurm] partitions (known: {known})"
             return Proposal(rec.id, NAME, runnable=False, note=note)
         change = [f"Partition={partition}"]
-        if feature := self.settings.features.get(rec.to_hardware):
+        if feature := pick(self.settings.features, rec.to_hardware):
             change.append(f"Features={feature}")
         if kind != "move":
             gpus = rec.gpus_after if rec.gpus_after is not None else rec.gpus
@@ -153,7 +153,7 @@ class Slurm:
                 f"(-p {partition} --gres=gpu:{max(1, round(gpus))})"
             )
             return Proposal(rec.id, NAME, (self._step("scontrol", "update", f"JobId={job_id}", *change),), False, note)
-        target_type = self.settings.gres_types.get(rec.to_hardware)
+        target_type = pick(self.settings.gres_types, rec.to_hardware)
         if job.gpu_type is not None and job.gpu_type != target_type:
             gres = f"gpu:{target_type}:{job.gpus}" if target_type else f"gpu:{job.gpus}"
             note = (
