@@ -97,7 +97,8 @@ def test_a_plan_beside_a_pinned_workload_reaches_the_bound() -> None:
     Deliberate bug caught: the bound's capacity counted without the GPUs held by workloads that cannot move."""
     workloads = [
         SnapshotWorkload.model_validate(
-            {"id": "pinned", "class": "training", "nodes": ["l4-1"], "gpus": 6, "mean_util": 90.0, "pinned": True}
+            # a batch job, not training: services moved beside training pay the mixed-node penalty
+            {"id": "pinned", "class": "batch_inference", "nodes": ["l4-1"], "gpus": 6, "mean_util": 90.0, "pinned": True}
         )
     ] + [
         SnapshotWorkload.model_validate(
