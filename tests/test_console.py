@@ -612,7 +612,7 @@ async def test_the_biggest_problems_say_what_the_plan_does_and_where_hardware_is
         for item in items:
             name = next((n for n in [*blocked, *moved] if f">{n}</a>" in item), None)
             if name is None:  # GPUs waiting on the rest of their node (docs/nodefit.md): fixed where they are
-                fixed = "No move needed: the fix is a change of configuration." in item and "Fix: " in item
+                fixed = "No move needed: the fix is on its node." in item and "Fix: " in item
                 assert fixed or ("mixed node" in item and item.endswith("No action planned."))
             elif name in blocked:
                 assert f"<strong>Not moved</strong>: {html.escape(blocked[name].reason)}" in item

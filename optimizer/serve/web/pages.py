@@ -722,8 +722,8 @@ def _what_the_plan_does(plan: Plan, f: Finding) -> str:
     blocked = next((b for b in plan.blocked if b.workload == f.workload), None)
     if blocked is not None:
         return f"<strong>Not moved</strong>: {esc(blocked.reason)}; {esc(unblock(blocked.reason))}."
-    if f.fix:  # GPUs waiting on the rest of their node: a change of configuration, not a move
-        return "No move needed: the fix is a change of configuration."
+    if f.fix:  # GPUs waiting on the rest of their node, or slowed by it: fixed there, not by a move
+        return "No move needed: the fix is on its node."
     return "No action planned."
 
 
