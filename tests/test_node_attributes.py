@@ -201,8 +201,9 @@ def test_the_starting_placements_respect_needs_too() -> None:
 
 def test_mixed_node_penalty_decides_between_equal_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two H100 nodes with four GPUs free each, one beside a pinned online service, the other beside a batch job:
-    the training moves beside the batch job. Deliberate bug it catches: no penalty (the service's node, whose
-    name sorts first, is taken)."""
+    the training moves beside the batch job, and so it does where the service is not pinned but has nowhere
+    better to go. Deliberate bugs it catches: no penalty (the service's node, whose name sorts first, is taken);
+    only pinned neighbours counted."""
     nodes = [
         SnapshotNode(name=n, hardware=h, gpus=8) for n, h in (("l4", "l4"), ("h100-a", "h100"), ("h100-b", "h100"))
     ]
@@ -213,6 +214,11 @@ def test_mixed_node_penalty_decides_between_equal_targets(monkeypatch: pytest.Mo
     ]
     snapshot = Snapshot(site="s1", nodes=nodes, workloads=workloads)
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())
+    assert [(r.workload, r.to_node) for r in plan.recommendations] == [("job", "h100-b")]
+    # the service unpinned, but too busy for any other hardware of the site: it stays, and still counts
+    busy = workloads[1].model_copy(update={"pinned": False})
+    unpinned = snapshot.model_copy(update={"workloads": [workloads[0], busy, workloads[2]]})
+    plan = plan_snapshot(unpinned, load_catalog(), PlanSettings())
     assert [(r.workload, r.to_node) for r in plan.recommendations] == [("job", "h100-b")]
     monkeypatch.setattr(problem_module, "MIXED_NODE_PENALTY", 0.0)
     plan = plan_snapshot(snapshot, load_catalog(), PlanSettings())

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 from ortools.sat.python import cp_model
 
-from agent.protocol import SolverReport
+from agent.protocol import SolverReport, WorkloadClass
 from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.costs import Demand, fit_problem, grown, monthly_cost, right_sized, shared, units
 from optimizer.plan.bound import Bound, BoundOptions, per_type_bound
@@ -336,6 +336,34 @@ def _pool_capacity(model: cp_model.CpModel, pool: Pool, terms: list[tuple[int, c
         model.add(sum(large) <= pool.size)  # one large workload per member
 
 
+def _neighbours(problem: Problem, options: dict[str, _Options], slots: dict[str, NodeSlot]) -> Problem:
+    """The problem with each node's host counting, beside the workloads that cannot move, the movable ones no other
+    hardware is worth moving to: they stay (but for moves within their hardware), so a workload moved beside them
+    pays the mixed-node penalty. ``slots`` and the options' node costs are updated to match. One that could leave
+    is not counted: whether it does is what the plan decides."""
+    held: dict[str, set[WorkloadClass]] = {}
+    for w in problem.movable:
+        if not options[w.id].types:
+            held.setdefault(w.node, set()).add(w.demand.workload_class)
+    changed = {}
+    for n in problem.nodes:
+        classes = held.get(n.name, set())
+        training = n.host.training or WorkloadClass.TRAINING in classes
+        serving = n.host.serving or WorkloadClass.INFERENCE in classes
+        if (training, serving) != (n.host.training, n.host.serving):
+            changed[n.name] = replace(n, host=replace(n.host, training=training, serving=serving))
+    if not changed:
+        return problem
+    slots.update({name: slot for name, slot in changed.items() if name in slots})
+    for w in problem.movable:
+        o = options[w.id]
+        for node in o.nodes:
+            if node in changed and node != w.node:
+                base = o.types.get(slots[node].hardware, o.nodes[w.node])
+                o.nodes[node] = base + w.host_cost(slots[node].host, base)
+    return replace(problem, nodes=[changed.get(n.name, n) for n in problem.nodes])
+
+
 def _host_label(host: Host) -> str:
     """A short name for a node's host, told apart in pool keys."""
     cpus = "?" if host.cpu_cores_per_gpu is None else f"{host.cpu_cores_per_gpu:g}"
@@ -391,6 +419,7 @@ def solve(catalog: Catalog, problem: Problem) -> Solution:
         options[w.id] = o = _candidates(catalog, problem, targets, w, slots, offered)
         if len(o.nodes) == 1 and o.why_not:
             blocked[w.id] = o.why_not
+    problem = _neighbours(problem, options, slots)
     bonus = _preferences(problem, options, slots, member_of, hardware)
     bound: Bound | None = None
     if problem.start is not None:

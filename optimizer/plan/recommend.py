@@ -495,17 +495,13 @@ def plan_snapshot(
     # partitions' eighths need it to count exactly), else in whole GPUs
     fractions = [w.share for w in snapshot.workloads if w.share < 1]
     per_gpu = share_units(fractions, SHARE_UNITS) if settings.sharing or fractions else 1
-    classes: dict[str, set[WorkloadClass]] = {}
-    for w in snapshot.workloads:
-        for name in w.nodes:
-            classes.setdefault(name, set()).add(w.workload_class)
     nodes = []
     for n in snapshot.nodes:
         hw = hardware_of(catalog, n.hardware)
         if hw is not None:
-            host = node_host(n, classes.get(n.name, ()))
-            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus * per_gpu, host=host))
+            nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus * per_gpu))
     known = {n.name for n in nodes}
+    staying: dict[str, set[WorkloadClass]] = {}  # node -> classes of the workloads that cannot move
     fixed: dict[str, int] = {}
     movable = []
     recommendations = []
@@ -533,6 +529,11 @@ def plan_snapshot(
             for node in r.w.nodes:
                 held = math.ceil(r.w.gpus // len(r.w.nodes) * r.w.share * per_gpu - 1e-9)
                 fixed[node] = fixed.get(node, 0) + held
+                staying.setdefault(node, set()).add(r.w.workload_class)
+    # A node's neighbours for the mixed-node penalty: those that cannot move here; the planner adds the movable
+    # ones that have nowhere better to go (optimizer/plan/model.py).
+    by_name = {n.name: n for n in snapshot.nodes}
+    nodes = [replace(slot, host=node_host(by_name[slot.name], staying.get(slot.name, ()))) for slot in nodes]
     problem = Problem(
         nodes=nodes,
         fixed_usage=fixed,
