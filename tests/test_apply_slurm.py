@@ -244,6 +244,24 @@ def test_running_job_is_moved_only_with_requeue(slurm: Cluster) -> None:
         slurm.run("scancel", job)
 
 
+def test_a_failed_requeue_leaves_the_job_released(slurm: Cluster) -> None:
+    """A requeue whose partition change Slurm refuses is recorded failed with Slurm's words, and the job is
+    released again, not left held (deliberate bug caught: the release skipped after a failed update, which leaves
+    the job held until someone notices)."""
+    job = slurm.submit("-p", "h100", "--gres=gpu:1")
+    try:
+        assert slurm.wait(job, "RUNNING")[:2] == ("RUNNING", "h100")
+        broken = settings(slurm, partitions={"L40S 48GB": "no-such-partition"})
+        result = carry_out(Slurm(broken).propose(move(job), None, Options(requeue=True)))
+        assert result.status == Status.FAILED
+        assert "Invalid partition name specified" in result.answer
+        assert f"$ scontrol release {job}" in result.output
+        reason = slurm.run("squeue", "-h", "-j", job, "-o", "%r")
+        assert "Held" not in reason
+    finally:
+        slurm.run("scancel", job)
+
+
 def test_typed_gres_request_is_left_to_its_owner(slurm: Cluster) -> None:
     """A job that asked for H100s by GRES type is not retyped (Slurm 22.05 would then never run it); its owner
     is told how to resubmit (deliberate bug caught: the type check dropped, which updates the job into a state it

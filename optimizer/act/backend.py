@@ -48,10 +48,13 @@ class Proposal:
     runnable: bool = True
     note: str = ""
     manifest: str = ""  # a document for ``kubectl apply -f``, when the backend writes one
+    # run once the first step has succeeded, whatever the others do: undoing a hold the first step put on, so a
+    # failed change never leaves a job held
+    always: tuple[Step, ...] = ()
 
     @property
     def commands(self) -> list[str]:
-        return [s.text for s in self.steps]
+        return [s.text for s in (*self.steps, *self.always)]
 
     def describe(self) -> str:
         """The proposal as ``fleetfit apply`` prints it and the console shows it."""
@@ -72,6 +75,16 @@ class Result:
     status: Status
     commands: tuple[str, ...]
     output: str
+
+    @property
+    def answer(self) -> str:
+        """The scheduler's words in one line: for a failure, the last line the failing step printed; else the
+        last line of all."""
+        lines = [line for line in self.output.splitlines() if line.strip()]
+        for n, line in enumerate(lines):
+            if line.startswith("failed (") and n > 0:
+                return line if lines[n - 1].startswith("$ ") else lines[n - 1]
+        return lines[-1] if lines else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,13 +111,25 @@ def carry_out(proposal: Proposal) -> Result:
         said = proposal.note or "not run"
         return Result(proposal.rec_id, proposal.backend, Status.NOTIFIED, tuple(proposal.commands), said)
     outputs: list[str] = []
-    for step in proposal.steps:
-        ran = step()
-        outputs.append(f"$ {step.text}\n{ran.output}".rstrip())
-        if not ran.ok:
-            code = "no exit status" if ran.code is None else f"exit status {ran.code}"
-            outputs.append(f"failed ({code})")
-            return Result(
-                proposal.rec_id, proposal.backend, Status.FAILED, tuple(proposal.commands), "\n".join(outputs)
-            )
-    return Result(proposal.rec_id, proposal.backend, Status.APPLIED, tuple(proposal.commands), "\n".join(outputs))
+    failed = False
+    for n, step in enumerate(proposal.steps):
+        failed = not _ran(step, outputs)
+        if failed:
+            if n > 0:
+                for undo in proposal.always:
+                    _ran(undo, outputs)
+            break
+    else:
+        for undo in proposal.always:
+            failed = not _ran(undo, outputs) or failed
+    status = Status.FAILED if failed else Status.APPLIED
+    return Result(proposal.rec_id, proposal.backend, status, tuple(proposal.commands), "\n".join(outputs))
+
+
+def _ran(step: Step, outputs: list[str]) -> bool:
+    """Run ``step``, add what it said to ``outputs``; whether it succeeded."""
+    ran = step()
+    outputs.append(f"$ {step.text}\n{ran.output}".rstrip())
+    if not ran.ok:
+        outputs.append(f"failed ({'no exit status' if ran.code is None else f'exit status {ran.code}'})")
+    return ran.ok

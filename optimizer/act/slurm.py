@@ -166,12 +166,13 @@ class Slurm:
         if job.state == "PENDING":
             return Proposal(rec.id, NAME, (update,))
         if job.state == "RUNNING":
-            steps = (self._step("scontrol", "requeuehold", job_id), update, self._step("scontrol", "release", job_id))
+            steps = (self._step("scontrol", "requeuehold", job_id), update)
+            release = (self._step("scontrol", "release", job_id),)
             if self.settings.requeue_running or options.requeue:
-                return Proposal(rec.id, NAME, steps)
+                return Proposal(rec.id, NAME, steps, always=release)
             note = (
                 f"job {job_id} is running: requeueing restarts it (requeue_running = true or --requeue); "
                 f"for its owner ({job.user or '?'})"
             )
-            return Proposal(rec.id, NAME, steps, runnable=False, note=note)
+            return Proposal(rec.id, NAME, steps, runnable=False, note=note, always=release)
         return Proposal(rec.id, NAME, runnable=False, note=f"job {job_id} is {job.state}: nothing to move")

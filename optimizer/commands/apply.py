@@ -87,6 +87,8 @@ def _chosen(lifecycle: Lifecycle, args: argparse.Namespace) -> tuple[list[Tracke
         found = lifecycle.get(rec_id)
         if found is None:
             refused.append(f"{rec_id}: no such recommendation")
+        elif found.state == RecState.ACKNOWLEDGED:
+            refused.append(f"{rec_id}: of site {found.site}, not {args.site}")
         else:
             ack = f"fleetfit recommendations ack {rec_id}"
             refused.append(f"{rec_id}: {found.state}, not acknowledged (acknowledge it first: {ack})")
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
                     rec.id, t.site, time.time(), result.backend, result.status, result.commands, result.output, who
                 )
             )
-            first = result.output.strip().splitlines()[-1] if result.output.strip() else ""
+            first = result.answer
             audit.record(
                 "apply", who, f"local:{who}", rec.id, result.status.value, f"{result.backend}: {first}"[:500],
                 workload=rec.workload,
@@ -176,11 +178,10 @@ def post_items(done: list[Done]) -> dict[str, list[tuple[Done, str]]]:
     for d in done:
         if d.result.status == Status.NOTIFIED:
             continue  # nothing changed: the owner has the commands, the chat nothing new
-        said = d.result.output.strip().splitlines()
         if d.result.status == Status.APPLIED:
             detail = f"{d.result.backend}: {'; '.join(d.result.commands)}"
         else:
-            detail = f"{d.result.backend}: {said[-2] if len(said) > 1 else (said or [''])[0]}"
+            detail = f"{d.result.backend}: {d.result.answer}"
         out.setdefault(d.tracked.site, []).append((d, detail))
     return out
 
@@ -206,10 +207,9 @@ def _post(config: OptimizerConfig, done: list[Done]) -> None:
                 try:
                     if not await webhook.post(render(receiver.kind, notice, receiver.byte_limit)):
                         log.warning("apply: %s did not accept the results for site %s", receiver.name, site)
+                except (OSError, ValueError) as exc:  # its URL unset or unreadable: the others still get theirs
+                    log.warning("apply: the results were not posted to %s: %s", receiver.name, exc)
                 finally:
                     await webhook.close()
 
-    try:
-        asyncio.run(send())
-    except (OSError, ValueError) as exc:
-        log.warning("apply: the results were not posted: %s", exc)
+    asyncio.run(send())
