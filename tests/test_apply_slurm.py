@@ -3,6 +3,7 @@ h100 and l40s, each node with eight GPUs as GRES without device nodes, all start
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -20,8 +21,10 @@ from optimizer.act.backend import Options, Status, carry_out
 from optimizer.act.settings import SlurmSettings
 from optimizer.act.slurm import Slurm, from_format
 from optimizer.commands.cli import main
+from optimizer.ingest.dcgm import SLURM_JOBS, Tally, workload_of
 from optimizer.serve.audit import AuditLog
 from optimizer.serve.lifecycle import DB_NAME, Lifecycle, RecState
+from optimizer.serve.promfeed import slurm_jobs
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "scancel")
 SBIN = ("/usr/sbin", "/usr/bin")
@@ -203,6 +206,25 @@ def test_jobs_read_with_identity_owner_and_gpus(slurm: Cluster) -> None:
         assert [(j.id, j.partition, j.gpus, j.gpu_type) for j in plain] == [(job, "h100", 2, "h100")]
     finally:
         slurm.run("scancel", job)
+
+
+def test_agentless_jobs_get_their_name_and_account_from_squeue(slurm: Cluster) -> None:
+    """A GPU dcgm-exporter labels with a job id alone is held by a workload named and owned as Slurm says; a held
+    job holds nothing and is not read (deliberate bug caught: the account left out, so showback charges the job to
+    nobody)."""
+    running = slurm.submit("-p", "h100", "--gres=gpu:1", "-A", "team-nlp", "-J", "train-llama")
+    held = slurm.submit("--hold", "-p", "h100", "--gres=gpu:1")
+    try:
+        assert slurm.wait(running, "RUNNING")[0] == "RUNNING"
+        jobs = asyncio.run(slurm_jobs(settings(slurm))())
+        assert set(jobs) == {running}
+        key = workload_of({"hpc_job": running, "gpu": "0"}, {(SLURM_JOBS, j): m for j, m in jobs.items()}, Tally())
+        assert key is not None
+        assert (key.id, key.name, key.owner) == (f"slurm/{running}", "train-llama", "team-nlp")
+        bare = workload_of({"hpc_job": held, "gpu": "1"}, {}, Tally())
+        assert bare is not None and (bare.name, bare.owner) == (f"job {held}", None)
+    finally:
+        slurm.run("scancel", running, held)
 
 
 def test_pending_job_moves_and_runs_on_the_target_partition(slurm: Cluster) -> None:

@@ -28,13 +28,16 @@ class Ran:
         return shlex.join(self.argv)
 
 
-def _kept(text: str) -> str:
+def _kept(text: str, limit: int | None = MAX_OUTPUT) -> str:
     text = text.strip()
-    return text if len(text) <= MAX_OUTPUT else text[: MAX_OUTPUT - 1] + "…"
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
-def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> Ran:
-    """Run ``argv`` (no shell) for at most ``timeout`` seconds. A missing program, a deadline passed or a non-zero
+def run(
+    argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None, limit: int | None = MAX_OUTPUT
+) -> Ran:
+    """Run ``argv`` (no shell) for at most ``timeout`` seconds, keeping ``limit`` characters of its output (None:
+    all of it, for output that is read rather than recorded). A missing program, a deadline passed or a non-zero
     exit is a result, never an exception: the caller records it as failed with what it said."""
     full_env = {**os.environ, "LC_ALL": "C", **(env or {})}
     try:
@@ -50,4 +53,4 @@ def run(argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = Non
     except OSError as exc:
         return Ran(tuple(argv), None, f"{argv[0]}: {exc.strerror or exc}")
     output = (done.stdout + done.stderr).decode(errors="replace")
-    return Ran(tuple(argv), done.returncode, _kept(output))
+    return Ran(tuple(argv), done.returncode, _kept(output, limit))

@@ -9,6 +9,7 @@ by name is therefore left to its owner, with the commands to resubmit it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -18,7 +19,7 @@ from typing import Any
 
 from agent.protocol import Recommendation
 from optimizer.act.backend import Options, Proposal, Step
-from optimizer.act.runner import run
+from optimizer.act.runner import MAX_OUTPUT, run
 from optimizer.act.settings import SlurmSettings, pick
 from optimizer.plan.render import kind_of
 
@@ -105,19 +106,24 @@ class Slurm:
     def _bin(self, program: str) -> str:
         return str(Path(self.settings.bin_dir) / program) if self.settings.bin_dir else program
 
-    def jobs(self, job_ids: list[str] | None = None) -> tuple[list[SlurmJob], str]:
-        """Jobs squeue lists (those of ``job_ids``, when given) and, when it could not answer, why."""
+    def jobs(self, job_ids: list[str] | None = None, running: bool = False) -> tuple[list[SlurmJob], str]:
+        """Jobs squeue lists (those of ``job_ids``, when given; the running ones only, with ``running``) and, when
+        it could not answer, why."""
         wanted = ["-j", ",".join(job_ids)] if job_ids else []
-        ran = run([self._bin("squeue"), "--json", *wanted], self.settings.timeout, self.env)
+        wanted += ["-t", "RUNNING"] if running else []
+        ran = run([self._bin("squeue"), "--json", *wanted], self.settings.timeout, self.env, limit=None)
+        found: list[SlurmJob] | None = None
         if ran.ok:
-            try:
-                return from_json(json.loads(ran.output)), ""
-            except (ValueError, AttributeError, TypeError):
-                pass  # output clipped or not JSON: read the plain format instead
-        plain = run([self._bin("squeue"), "-h", *wanted, "-o", "|".join(_FIELDS)], self.settings.timeout, self.env)
-        if plain.ok:
-            return from_format(plain.output), ""
-        return [], plain.output or ran.output
+            with contextlib.suppress(ValueError, AttributeError, TypeError):  # not JSON: the plain format instead
+                found = from_json(json.loads(ran.output))
+        if found is None:
+            argv = [self._bin("squeue"), "-h", *wanted, "-o", "|".join(_FIELDS)]
+            plain = run(argv, self.settings.timeout, self.env, limit=None)
+            if not plain.ok:
+                return [], (plain.output or ran.output)[-MAX_OUTPUT:]
+            found = from_format(plain.output)
+        # squeue 22.05's JSON output lists every state whatever -t asks for
+        return [j for j in found if not running or "RUNNING" in j.state.split(",")], ""
 
     def _step(self, *argv: str) -> Step:
         full = (self._bin(argv[0]), *argv[1:])

@@ -125,9 +125,15 @@ def valid_node(name: str) -> bool:
     return bool(_IDENT.match(name))
 
 
+# The key of a Slurm job's entry among the pods' (namespace, pod): no Kubernetes namespace is empty, so a job's
+# (SLURM_JOBS, job id) never meets a pod's.
+SLURM_JOBS = ""
+
+
 @dataclass(frozen=True, slots=True)
 class PodMeta:
-    """What kube-state-metrics says of a pod: the controller a capacity team would move, and the owner."""
+    """What kube-state-metrics says of a pod: the controller a capacity team would move, and the owner; or, under
+    (``SLURM_JOBS``, job id), what squeue says of a Slurm job: its name and account."""
 
     name: str | None = None  # the controller's name (a Deployment's, past its ReplicaSet), else None
     kind: str | None = None  # Deployment, StatefulSet, Job, LeaderWorkerSet...
@@ -225,7 +231,9 @@ def workload_of(labels: Mapping[str, str], pods: Mapping[tuple[str, str], PodMet
         if len(wid) > MAX_ID or printable(wid) != wid:
             tally.skip("workload_id")
             return None
-        return WorkloadKey(wid, WorkloadKind.SLURM_JOB, f"job {job}")
+        meta = pods.get((SLURM_JOBS, job), PodMeta())  # the scheduler's own word, where it was asked
+        name = _clean(meta.name, MAX_ID) or f"job {job}"
+        return WorkloadKey(wid, WorkloadKind.SLURM_JOB, name, _clean(meta.owner, 128))
     return None
 
 

@@ -37,6 +37,7 @@ from optimizer.ingest.dcgm import (
     NODE_LABELS,
     PEAKS,
     RAW,
+    SLURM_JOBS,
     STORE_ONLY,
     NodeSeries,
     PodMeta,
@@ -157,6 +158,9 @@ class PrometheusSource:
         self.sent_births: dict[str, int] = {}  # node -> devices in the birth last sent
         self.hosts: dict[str, HostInfo] = {}  # node -> its host from node_exporter, as the last read found it
         self.sent_hosts: dict[str, HostInfo | None] = {}  # node -> the host in the birth last sent
+        # job id -> its name and account, as the site's Slurm told the caller (optimizer/serve/promfeed.py): what
+        # dcgm-exporter's hpc_job label alone does not say
+        self.jobs: dict[str, PodMeta] = {}
 
     async def node_label(self, start: float, end: float, required: bool = True) -> tuple[str, list[str]]:
         """The label naming nodes, and the nodes it names between ``start`` and ``end``; with none found, an error
@@ -203,6 +207,7 @@ class PrometheusSource:
                 len(report.bad_nodes), label, report.bad_nodes[0],
             )  # fmt: skip
         pods = await self._pods(start, end, report)
+        pods.update({(SLURM_JOBS, job): meta for job, meta in self.jobs.items()})
         self.hosts.update(await self._hosts(end, nodes, report))
         span = min(end - start, s.step * MAX_POINTS_PER_SERIES)
         span = max(s.window, math.floor(span / s.window) * s.window)

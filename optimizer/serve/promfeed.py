@@ -16,20 +16,23 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
 from agent.config import credential_path
 from agent.protocol import SCHEMA_VERSION, NodeStatus, TopicKind, node_topic
+from optimizer.act.settings import SlurmSettings
+from optimizer.act.slurm import Slurm
 from optimizer.decide.catalog import Catalog
-from optimizer.ingest.dcgm import SOURCE
+from optimizer.ingest.dcgm import SOURCE, PodMeta
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.promapi import Endpoint, PromClient, PrometheusError
 from optimizer.ingest.promsource import PrometheusSource, ReadSettings
 from optimizer.serve.config import PrometheusSource as SourceSettings
 
 log = logging.getLogger(__name__)
+jobs_read: Counter[str] = Counter()  # reads of a Slurm site's jobs, by result: ok, failed
 
 GONE_INTERVALS = 3  # reads a node may be missing from before it is said offline
 MAX_CATCH_UP = 86_400.0  # what the fleet takes of a node's time at once (node_replay_seconds' default)
@@ -47,6 +50,26 @@ def has_agent(fleet: Fleet, site: str, node: str) -> bool:
     return record is not None and record.birth is not None and record.birth.agent_version != SOURCE
 
 
+def slurm_jobs(settings: SlurmSettings) -> Callable[[], Awaitable[dict[str, PodMeta]]]:
+    """A reader of the running jobs of a Slurm site (``squeue``, on a worker thread with a deadline): each job's
+    name and account by job id; none, with one log line, when squeue does not answer."""
+    backend = Slurm(settings)
+
+    async def read() -> dict[str, PodMeta]:
+        try:
+            jobs, problem = await asyncio.wait_for(asyncio.to_thread(backend.jobs, None, True), settings.timeout + 5)
+        except TimeoutError:
+            jobs, problem = [], f"no answer in {settings.timeout + 5:g} s"
+        if problem:
+            jobs_read["failed"] += 1
+            log.info("slurm: jobs not read, workloads keep their job ids as names: %s", problem.splitlines()[-1])
+            return {}
+        jobs_read["ok"] += 1
+        return {j.id: PodMeta(name=j.name or None, owner=j.account or None) for j in jobs if j.id}
+
+    return read
+
+
 class PrometheusFeed:
     """Reads ``settings`` every interval into ``fleet`` through ``ingest``."""
 
@@ -57,8 +80,12 @@ class PrometheusFeed:
         ingest: Callable[[str, bytes], bool],
         catalog: Catalog,
         clock: Callable[[], float] = time.time,
+        jobs: Callable[[], Awaitable[dict[str, PodMeta]]] | None = None,
     ) -> None:
+        """``jobs`` reads the site's Slurm jobs (name and account by job id) before each read, where the site names
+        Slurm as its scheduler: dcgm-exporter labels a GPU with its job's id alone."""
         self.settings = settings
+        self.jobs = jobs
         self.fleet = fleet
         self.ingest = ingest
         self.catalog = catalog
@@ -120,6 +147,8 @@ class PrometheusFeed:
         self._source.client = client
         if end <= start:
             return 0
+        if self.jobs is not None:
+            self._source.jobs = await self.jobs()
         report = await self._source.read(start, end, required=False)
         self.done_until = end
         self.windows += report.windows

@@ -39,6 +39,7 @@ from agent.protocol import (
     resend_topic,
     subscription_filters,
 )
+from optimizer.act.settings import SlurmSettings
 from optimizer.decide.catalog import Catalog, Correction
 from optimizer.decide.inventory import inventory_check, load_inventories
 from optimizer.decide.snapshot import Snapshot, from_fleet
@@ -56,7 +57,7 @@ from optimizer.serve.intake import Intake
 from optimizer.serve.lifecycle import Lifecycle, Offloaded, RecState
 from optimizer.serve.outcomes import OBSERVE_HOURS, Learning, Outcome, learning, missed, observe
 from optimizer.serve.ownership import Ownership
-from optimizer.serve.promfeed import PrometheusFeed, from_prometheus
+from optimizer.serve.promfeed import PrometheusFeed, from_prometheus, slurm_jobs
 from optimizer.serve.report import Ledger, nodes_online, owners_of
 from optimizer.serve.store import Store, plan_points, window_points
 
@@ -147,7 +148,10 @@ class Optimizer:
             alerter.on_post = lambda _site: self._handover_due.set()
         # agentless nodes, read from dcgm-exporter's series in Prometheus (docs/prometheus.md)
         source = config.sources.prometheus
-        self.feed = PrometheusFeed(source, self.fleet, self._take_read, self.catalog) if source else None
+        site = config.sites.get(source.site) if source else None
+        # a Slurm site's job names and accounts, which dcgm-exporter's hpc_job label leaves out
+        jobs = slurm_jobs(site.slurm or SlurmSettings()) if site is not None and site.scheduler == "slurm" else None
+        self.feed = PrometheusFeed(source, self.fleet, self._take_read, self.catalog, jobs=jobs) if source else None
 
     async def _ingest(self) -> None:
         """Subscribe and take messages in; reconnect with backoff after any failure, whatever it was (a broker
