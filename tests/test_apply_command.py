@@ -102,3 +102,22 @@ def test_backend_settings_must_match_the_scheduler(tmp_path: Path, capsys: pytes
     err = capsys.readouterr().err
     assert "sites.eu-1" in err and "[kubernetes] is set but scheduler is slurm" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_state_file_with_another_executions_table_is_set_aside(tmp_path: Path) -> None:
+    """A state file whose executions table is not fleetfit's is moved aside by the daemon, as any foreign table,
+    and the new one takes executions (deliberate bug caught: executions missing from the tables checked, which
+    leaves every apply failing on the foreign table)."""
+    import sqlite3
+
+    from optimizer.serve.executions import Execution
+    from optimizer.serve.lifecycle import DB_NAME
+
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    db.execute("CREATE TABLE executions (id INTEGER PRIMARY KEY, job TEXT)")
+    db.commit()
+    db.close()
+    lifecycle = Lifecycle.in_state_dir(tmp_path, repair=True)
+    assert lifecycle.problem is not None and "executions lacks" in lifecycle.problem
+    lifecycle.add_execution(Execution("rec-1", "eu-1", 1.0, "slurm", "applied", ("scancel 5",), "", "ops"))
+    assert lifecycle.executions_of(["rec-1"])["rec-1"].commands == ("scancel 5",)

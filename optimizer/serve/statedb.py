@@ -26,6 +26,7 @@ REQUIRED_COLUMNS = {
     "alert_log": {"receiver", "rec_id", "site", "first_sent", "last_sent", "resolved_sent"},
     "usage": {"hour", "site", "owner", "hardware", "workload_class", "waste_kind", "gpu_hours", "held_usd"},
     "audit": {"id", "at", "action", "who", "client", "target", "workload", "result", "detail"},
+    "executions": {"rec_id", "site", "at", "backend", "status", "commands", "output", "who"},
 }
 
 # Why the state file was not used as found, by reason (``fleetfit_state_problems_total``); for this process.
