@@ -68,14 +68,15 @@ def test_only_acknowledged_actions_are_taken(tmp_path: Path, capsys: pytest.Capt
 def test_kubernetes_dry_run_prints_patch_and_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without a kubeconfig the patch and the manifest are printed for the owner, and --execute records the action
     as notified, never applied; the site names its hardware by catalog key (deliberate bugs caught: a proposal with
-    nothing to run recorded as applied; hardware looked up by the plan's name alone, which finds no product)."""
+    nothing to run recorded as applied; hardware looked up by the plan's name alone, which finds no product; the
+    proposal made printable as one block, which turns its line breaks into U+FFFD)."""
     lifecycle = state(tmp_path, "eu-1", [rec(1, "k8s/a")], ["rec-1"])
     config = tmp_path / "optimizer.toml"
     config.write_text(KUBE)
     args = ["apply", "--config", str(config), "--state-dir", str(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "$ kubectl -n ml patch deployments.apps chat --type=strategic -p " in out
+    assert "\n    $ kubectl -n ml patch deployments.apps chat --type=strategic -p " in out  # a line of its own
     assert '"nvidia.com/gpu.product": "NVIDIA-L40S"' in out
     assert main([*args, "--execute", "--no-post"]) == 0
     assert lifecycle.executions_of(["rec-1"])["rec-1"].status == "notified"

@@ -242,7 +242,8 @@ def server(fail: tuple[int, str, str] | None = None) -> tuple[Kubernetes, FakeAp
 
 def test_with_a_server_the_patch_is_dry_run_then_sent() -> None:
     """The pod's owner is found through its ReplicaSet; the patch goes first with dryRun=All, then for real, as a
-    strategic merge patch (deliberate bug caught: the dry run skipped, which sends an unchecked change)."""
+    strategic merge patch; a Deployment Kueue does not manage is not put in a queue (deliberate bugs caught: the
+    dry run skipped, which sends an unchecked change; the site's queue label added to any object moved)."""
     backend, fake = server()
     proposal = backend.propose(rec(), "ml", Options())
     assert proposal.runnable
@@ -257,6 +258,7 @@ def test_with_a_server_the_patch_is_dry_run_then_sent() -> None:
     assert json.loads(proposal.manifest)["spec"]["template"]["spec"]["nodeSelector"][PRODUCT_LABEL] == L40S
     sent = fake.bodies[-1]["spec"]["template"]["spec"]
     assert sent["nodeSelector"] == {PRODUCT_LABEL: L40S}  # the one key that changed; the others stay the server's
+    assert "metadata" not in fake.bodies[-1]  # not in Kueue on the server: a move does not put it in a queue
 
 
 @pytest.mark.parametrize(

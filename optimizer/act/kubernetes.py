@@ -316,6 +316,7 @@ class Kubernetes:
             ref = guess(pod, namespace)
             notes.append("no kubeconfig: the object is guessed from the pod's name and the manifest is partial")
         kinds = KINDS[ref.kind]
+        from_server = live is not None
         if live is None:
             live = {"apiVersion": kinds.api_version, "kind": ref.kind, "metadata": {"name": ref.name}}
             live["metadata"]["namespace"] = namespace
@@ -323,7 +324,10 @@ class Kubernetes:
             if change.gpus is not None:
                 notes.append("the GPU count is set in the live object's containers, read with a kubeconfig")
         if change.queue is not None and QUEUE_LABEL not in live.get("metadata", {}).get("labels", {}):
-            notes.append(f"{ref.kind} {ref.name} was not in a Kueue queue: it is put in {change.queue}")
+            if from_server:  # the object is not in Kueue: a move does not put it there
+                change = Change(change.product, change.gpus, None)
+            else:
+                notes.append(f"the Kueue queue is set to {change.queue}: leave it out if the workload is not in Kueue")
         moved = changed(live, change)
         patch = merge_patch(changed(live, Change()), moved) or {}
         manifest = json.dumps(moved, indent=2, sort_keys=True)

@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
             if isinstance(proposal, str):
                 print(printable(f"  {proposal}"))
                 continue
-            print(printable("  " + proposal.describe().replace("\n", "\n  ")))
+            for line in proposal.describe().splitlines():  # each line made printable: names come from outside
+                print(printable(f"  {line}"))
             if not args.execute:
                 continue
             result = carry_out(proposal)
