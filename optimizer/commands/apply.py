@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import getpass
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -113,9 +114,13 @@ def run(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or config.optimizer.state_dir
     if not (state_dir / DB_NAME).exists():
         return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
-    who = getpass.getuser()
+    try:
+        who = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+        who = f"uid {os.getuid()}"
     options = Options(requeue=args.requeue, cancel=args.cancel)
     done: list[Done] = []
+    lifecycle: Lifecycle | None = None
     try:
         lifecycle = Lifecycle.in_state_dir(state_dir)
         chosen, refused = _chosen(lifecycle, args)
@@ -158,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     except sqlite3.Error as exc:
         return _fail(f"{state_dir / DB_NAME}: {exc}")
     finally:
+        if lifecycle is not None:
+            lifecycle.close()
         if args.execute:
             current = audit.current()
             audit.use(None)
