@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIMIZER_ONLY = ("ortools", "aiohttp", "amqtt", "influxdb_client", "numpy", "msgspec")
+# kubernetes: `fleetfit apply` imports it only to reach an API server (its own extra, `kubernetes`)
+OPTIMIZER_ONLY = ("ortools", "aiohttp", "amqtt", "influxdb_client", "numpy", "msgspec", "kubernetes")
 # The module each distribution installs, where the two names differ.
 MODULE_OF = {"influxdb-client": "influxdb_client", "nvidia-ml-py": "pynvml", "paho-mqtt": "paho"}
 
@@ -66,7 +67,8 @@ def test_every_module_the_optimizer_imports_is_installed_by_its_extras_and_block
     this file does not block would let the commands below pass where an agent-only install crashes."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     base = _modules(project["dependencies"])
-    extras = _modules(project["optional-dependencies"]["optimizer"] + project["optional-dependencies"]["demo"])
+    optional = project["optional-dependencies"]
+    extras = _modules(optional["optimizer"] + optional["demo"] + optional["kubernetes"])
     needed = _third_party_imports("optimizer") - base - {"pydantic_core"}  # pydantic_core comes with pydantic
     assert needed <= extras, f"imported by optimizer/ but in no extra: {needed - extras}"
     assert needed <= set(OPTIMIZER_ONLY), f"not blocked by this test: {needed - set(OPTIMIZER_ONLY)}"
@@ -97,6 +99,7 @@ OPTIMIZER_SIDE = {
     "catalog": [],
     "alerts": ["test", "--receiver", "ops"],
     "import": ["prometheus", "http://127.0.0.1:1", "--since", "1h"],
+    "apply": ["--state-dir", str(ROOT)],
 }
 
 
