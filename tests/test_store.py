@@ -66,7 +66,9 @@ async def test_windows_and_plans_round_trip_through_victoria_metrics(victoria: V
 @pytest.mark.slow
 @pytest.mark.fault
 async def test_a_store_outage_loses_nothing(victoria: VictoriaMetrics) -> None:
-    outage = fault_size(30, 60)  # seconds without the server
+    # seconds without the server: the short one still spans several retries (at most 2 s apart) and a buffer of
+    # unsent points; the full one is `make faults`'
+    outage = fault_size(10, 60)
     rounds = outage + 10
     nodes = build_scenario("mixed", 4, seed=5)
     produced = [(birth, windows) for birth, windows in (offline_windows(n, rounds, site="s1") for n in nodes)]
