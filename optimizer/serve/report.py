@@ -372,6 +372,10 @@ KIND_HEADERS = {
     "idle_allocation": "IDLE $",
     "uncatalogued_hardware": "UNCATALOGUED $",
     "projection_missed": "OFF-PROJECTION $",
+    "input_starved_training": "STARVED $",
+    "checkpoint_stall": "CKPT-STALL $",
+    "slow_cold_start": "COLD-START $",
+    "mixed_node": "MIXED-NODE $",
 }
 TABLE_WIDTH = 120  # columns of a terminal the table fits by default; --wide has no limit
 KEY_WIDTH = 28  # an owner, site or hardware name longer than this is cut (with …) to fit
