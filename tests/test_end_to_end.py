@@ -149,7 +149,10 @@ async def test_killed_agent_is_marked_offline_by_its_last_will(
 
 
 @pytest.mark.slow
-async def test_agent_rides_out_a_20_s_broker_outage_without_losing_windows(tmp_path: Path, prefix: str) -> None:
+async def test_agent_rides_out_a_broker_outage_without_losing_windows(tmp_path: Path, prefix: str) -> None:
+    """An agent process publishing a window a second while its broker is away for 8 s (longer outages, under 50
+    nodes at once, are test_faults.py's): every window comes, once and in order. Deliberate bug caught: a window
+    closed while the broker is away published at once and lost, instead of queued."""
     broker = private_broker(tmp_path, persistent=True)
     port = broker.port
     broker.start()
@@ -161,10 +164,10 @@ async def test_agent_rides_out_a_20_s_broker_outage_without_losing_windows(tmp_p
     try:
         await wait_until(lambda: len(received) >= 2, 20, "windows before the outage")
         broker.stop()
-        await asyncio.sleep(20)  # ~20 windows close while the broker is away
+        await asyncio.sleep(8)  # ~8 windows close while the broker is away
         broker.start()
         before = len(received)
-        await wait_until(lambda: len(received) >= before + 22, 40, "windows after the outage")
+        await wait_until(lambda: len(received) >= before + 10, 40, "windows after the outage")
         seqs = [json.loads(p)["seq"] for p in received]
         # every window, in order; QoS 1 is at least once, so a window in flight as the broker went may come twice
         once = list(dict.fromkeys(seqs))
