@@ -145,23 +145,29 @@ class _Seen:
 
 
 def _fold(windows: Sequence[WindowDigest], devices: Mapping[str, tuple[int, ...]]) -> dict[str, _Seen]:
+    """Each workload's figures per window, read straight from the window's packed rows (a GPU's head: index,
+    util_mean, util_p95, util_std, mem_max_mib, link_bps): no GPU copied out, a plan at fleet size reads them all."""
     seen: dict[str, _Seen] = {}
     for i, w in enumerate(windows):
         rows = w.gpu_rows
-        by_index = {int(index): k for k, index in enumerate(rows.column(0))}
+        width = int(rows[0])
+        starts = {int(index): 1 + k * width for k, index in enumerate(rows[1::width])}
         for ref in w.workloads:
-            held = devices.get(ref.id, tuple(ref.gpus))
-            views = [rows.view(by_index[g]) for g in held if g in by_index]
-            if not views:
+            at = [starts[g] for g in devices.get(ref.id, tuple(ref.gpus)) if g in starts]
+            if not at:
                 continue
-            s = seen.setdefault(ref.id, _Seen(ref.name))
+            s = seen.get(ref.id)
+            if s is None:
+                s = seen[ref.id] = _Seen(ref.name)
             s.listens = s.listens or bool(ref.listen_ports)
+            n = len(at)
+            means = [rows[a + 1] for a in at]
             s.at.append(i)
-            s.util.append(statistics.fmean(v.util_mean for v in views))
-            s.p95.append(max(v.util_p95 for v in views))
-            s.cv.append(statistics.fmean(v.util_std / max(v.util_mean, 1.0) for v in views))
-            s.link.append(statistics.fmean(v.link_bps for v in views))
-            mems = [m for v in views if (m := v.mem_max_mib) is not None]
+            s.util.append(sum(means) / n)
+            s.p95.append(max([rows[a + 2] for a in at]))
+            s.cv.append(sum([rows[a + 3] / max(m, 1.0) for a, m in zip(at, means, strict=True)]) / n)
+            s.link.append(sum([rows[a + 5] for a in at]) / n)
+            mems = [m for a in at if not math.isnan(m := rows[a + 4])]
             s.mem.append(max(mems) if mems else math.nan)
     return seen
 
