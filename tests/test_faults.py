@@ -52,7 +52,7 @@ def _rss_mib() -> float:
 
 @pytest.mark.slow
 async def test_broker_outage_under_50_sampling_nodes_loses_no_window(tmp_path: Path, prefix: str) -> None:
-    outage = fault_size(15, 120)  # seconds of real time without a broker
+    outage = fault_size(8, 120)  # seconds of real time without a broker (50 windows queue up each second)
     broker = private_broker(tmp_path, persistent=True)
     broker.start()
     received: list[bytes] = []
