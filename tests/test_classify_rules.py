@@ -71,6 +71,8 @@ ROWS: list[Row] = [
     # DRAM's share of DRAM and tensor activity, on shape.py's anchors (0.35 -> 0, 0.80 -> 1), at DECODE_SHARE 0.55:
     # 0.5975; with DRAM at 55 % that is tensor pipes up to 37.05 %
     ("memory-bound: DRAM's share of the two >= 0.5975", {"dram_share": 0.55}, "tensor_share", 0.36, 0.38, TR, -1),
+    # decode with a partly filled batch (tensor pipes <= PARTIAL_BATCH_TENSOR, 32 %) leans to serving; full, not
+    ("decode, batch partly filled: tensor pipes <= 32 %", {"dram_share": 0.7}, "tensor_share", 0.31, 0.33, INF, +1),
     ("memory-bound: DRAM >= 55 %", {"tensor_share": 0.2}, "dram_share", 0.56, 0.54, INF, +1),
     ("compute-bound power >= 0.78", {}, "intensity", 0.79, 0.77, TR, +1),
     ("memory-bound power <= 0.68", {}, "intensity", 0.67, 0.69, INF, +1),

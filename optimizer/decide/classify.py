@@ -63,8 +63,21 @@ UNSEEN_CONFIDENCE = 0.55  # at most, for a class nothing only it does was seen i
 REQUEST_STARTS_PER_MIN = 1.5
 REQUEST_GAP_CV = 0.5  # of the variation random arrivals give
 PARTIAL_BATCH_LEVEL = 95.0  # % busy, below which a memory-bound engine's batch is not full
+# GPM's tensor-pipe share of busy time up to which decode runs a partly filled batch: one sequence reads every weight
+# for a row of multiply-adds, and each sequence batched with it reuses the same read, so tensor activity grows with
+# the batch while DRAM stays the bound (an estimate from the roofline, the bar this rule held before it read the
+# share). Partly filled is serving's lean (its batch follows the requests in flight); full, serving at peak and
+# offline generation alike.
+PARTIAL_BATCH_TENSOR = 0.32
 DECODE_SHARE = 0.55  # memory-bound share of GPU time (optimizer/decide/shape.py) from which the work is decode
 COMPUTE_SHARE = 0.35  # and up to which it is dense compute (an image, speech or encoder model), for the headline
+# Without utilisation (an A100 or A30 in MIG mode: NVML has none per instance, and GPM, which would sample each,
+# came with Hopper) a class rests on memory held, processes and traffic. It is shown, never acted on (under the
+# planner's 0.6): the planner cannot project onto other hardware a load nobody measured.
+UTIL_UNAVAILABLE_CONFIDENCE = 0.5
+# Load read only while its GPUs were held below their clocks (heat, a lowered power limit, the power brake) is more
+# than the work needs on a GPU running at its clocks: the class may stand, a move sized on that load may not.
+THROTTLED_LOAD_CONFIDENCE = 0.55
 
 TR, INF, BAT, NB = (
     WorkloadClass.TRAINING,
@@ -224,21 +237,22 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
         if f.tensor_share >= 0.4:
             # Embedding and scoring batches are dense too; offline LLM generation, like serving, is not.
             # Image, speech, embedding and vision services run dense kernels too: only LLM decode is not.
-            led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.5, I=0.5)
+            led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.5, I=-0.3)
         elif f.dram_share >= 0.55 and _gpm_memory_share(f.tensor_share, f.dram_share) >= DECODE_SHARE:
             # Read as a share, as shape.py reads it: a full decode batch keeps the tensor pipes busier than a single
             # stream (more sequences per weight read) while DRAM stays the bound.
             line = f"memory-bound: DRAM {f.dram_share:.0%}, tensor pipes {f.tensor_share:.0%} of busy time (decode)"
-            # Decode is what an LLM engine does whether clients wait for its tokens or a file of prompts feeds it
-            # (vLLM's server and its LLM class run the same engine): it weighs against training, and alike for
-            # serving and batch; clients, traffic and load that follows requests tell those two apart.
-            if f.intensity is not None and f.intensity <= 0.68:
+            if f.tensor_share > PARTIAL_BATCH_TENSOR:
+                # Its batch full: an engine serving at peak and one generating offline (vLLM's server and its LLM
+                # class run the same engine) read alike; clients, traffic and load that follows requests tell them.
+                led.add(f"{line}, its batch full", I=0.7, B=0.7, T=-1.0)
+            elif f.intensity is not None and f.intensity <= 0.68:
                 # The power sensor agrees with the profiling counters: one fact, measured twice, surer but not
                 # twice the evidence. (Dense compute is not weighed up so: training, batch and services share it.)
                 line += f", power {f.intensity:.0%} of what its utilisation allows"
-                led.add(line, I=1.0, B=1.0, T=-1.5)
+                led.add(line, I=1.5, B=0.4, T=-1.5)
             else:
-                led.add(line, I=0.7, B=0.7, T=-1.0)
+                led.add(line, I=1.0, B=0.4, T=-1.0)
     shape = shape_reading(f)
     if shape is not None and shape[0] >= DECODE_SHARE and f.mean_util >= 70 and f.busy_level < PARTIAL_BATCH_LEVEL:
         # A continuous-batching engine reads 86 % with one request in flight and ~98 % with its batch full (the
@@ -255,11 +269,9 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
         return
     if f.intensity >= 0.78:
         line = f"draws {f.intensity:.0%} of the power its utilisation allows (compute-bound)"
-        led.add(line, T=1.0, B=0.5, I=0.5)
+        led.add(line, T=1.0, B=0.5, I=-0.3)
     elif f.intensity <= 0.68:
-        # LLM decode, served or offline alike (above)
-        line = f"draws only {f.intensity:.0%} of the power its utilisation allows (memory-bound)"
-        led.add(line, I=0.7, B=0.7, T=-1.2)
+        led.add(f"draws only {f.intensity:.0%} of the power its utilisation allows (memory-bound)", I=1.0, T=-1.2)
 
 
 def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
@@ -271,10 +283,9 @@ def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
     elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8 and not together:
         # GPUs whose load moves as one are in collectives however few bytes those carry (tensor-parallel decode at
         # a small batch exchanges ~1 GB/s per GPU), so few bytes say nothing against them.
-        # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work. A batch
-        # job's replicas exchange nothing, and neither do a service's (one engine per GPU behind a load balancer).
+        # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work.
         led.add(
-            f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=0.6, I=0.6, T=-1.0
+            f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
         )
     _together(f, led)
     if f.multi_node:
@@ -316,9 +327,7 @@ def _together(f: WorkloadFeatures, led: _Ledger) -> None:
             led.add(f"{line}: ranks waiting for each other in collectives", T=0.6, I=0.5, B=-0.3)
         elif f.lockstep <= 0.3:
             line = f"each of its {f.gpus} GPUs' load moves on its own (correlation {f.lockstep:.2f})"
-            # Batch replicas, and a service's workers one per GPU (Triton's instance groups, an 8B model per card
-            # behind a load balancer) alike: whether each follows arrivals or its input tells them apart.
-            led.add(f"{line}: independent replicas, no collectives", B=0.7, I=0.7, T=-1.5)
+            led.add(f"{line}: independent replicas, no collectives", B=1.2, I=0.2, T=-1.5)
         return
     if f.gpus > 1 and f.gpu_link_bps >= 0.5e9 and f.gpu_spread < 0.15 and (f.busy_cv >= 0.05 or f.zero_seconds >= 0.1):
         # Only telling where the load moves: at a steady 90 % every workload's GPUs look alike.
@@ -361,6 +370,8 @@ RULES: tuple[Callable[[WorkloadFeatures, _Ledger], None], ...] = (
     _traffic,
     _writes_and_memory,
 )
+# those that stand without utilisation
+BLIND_RULES: tuple[Callable[[WorkloadFeatures, _Ledger], None], ...] = (_names, _server, _traffic, _writes_and_memory)
 
 
 def classify(f: WorkloadFeatures) -> Classification:
@@ -376,7 +387,9 @@ def classify(f: WorkloadFeatures) -> Classification:
     # Busy earlier in the day (the 10-minute digests' peak): a service at its trough or work between runs, not an
     # allocation nobody uses; the planner reclaims only what stayed idle.
     busy_today = f.history_hours >= 1 and f.daily_peak_p95 >= 30
-    if f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8 and not busy_today:
+    blind = f.util_unavailable is not None  # 0 % here is not a measurement: never taken for idle
+    quiet = f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8
+    if quiet and not busy_today and not blind:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
         if _matches(name, NOTEBOOK_NAMES):
@@ -399,7 +412,8 @@ def classify(f: WorkloadFeatures) -> Classification:
     if led.scores[best] - led.scores[second] < UNSURE_MARGIN or led.scores[best] < 1.0:
         sides = [f"{c.value}: {'; '.join(r for _, r in sorted(led.reasons[c], key=lambda wr: -wr[0])[:2]) or '—'}"
                  for c in (best, second)]  # fmt: skip
-        return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *sides, _deciders(f)))
+        caveats = (_blind(f),) if blind else ()
+        return Classification(WorkloadClass.UNKNOWN, 0.0, ("signals disagree", *caveats, *sides, _deciders(f)))
     reasons = tuple(r for _, r in sorted(led.reasons[best], key=lambda wr: -wr[0]))
     confidence = round(share * sufficiency, 2)
     if not _defining(best, f):
@@ -407,7 +421,34 @@ def classify(f: WorkloadFeatures) -> Classification:
         # batches share): a lean, not an answer to act on.
         confidence = min(confidence, UNSEEN_CONFIDENCE)
         reasons = (*reasons, f"nothing seen that only {_ARTICLE[best]} does: held below acting confidence")
+    if blind:
+        confidence = min(confidence, UTIL_UNAVAILABLE_CONFIDENCE)
+        reasons = (_blind(f), *reasons)
+    elif f.throttled_load:
+        confidence = min(confidence, THROTTLED_LOAD_CONFIDENCE)
+        reasons = (*reasons, f"load read only while its GPUs were held below their clocks ({_held(f)}): more than "
+                   "the work needs on a GPU at its clocks, held below acting confidence")  # fmt: skip
+    elif f.throttled_left_out:
+        reasons = (*reasons, f"{f.throttled_left_out} window(s) on GPUs held below their clocks ({_held(f)}) left "
+                   "out of its load")  # fmt: skip
     return Classification(best, confidence, (_headline(best, f), *reasons))
+
+
+def _blind(f: WorkloadFeatures) -> str:
+    return (
+        f"utilisation unavailable ({f.util_unavailable}): classified from memory held, processes and traffic, "
+        "held below acting confidence"
+    )
+
+
+def _held(f: WorkloadFeatures) -> str:
+    """What held its GPUs down, the most telling first, as shares of its GPU time."""
+    parts = [
+        (f.throttle_thermal, "heat"),
+        (f.throttle_power, "a lowered power limit"),
+        (f.throttle_hw, "the hardware slowdown signal"),
+    ]
+    return ", ".join(f"{what} {share:.0%}" for share, what in sorted(parts, reverse=True) if share > 0)
 
 
 def weigh(f: WorkloadFeatures) -> dict[WorkloadClass, float]:
@@ -417,6 +458,11 @@ def weigh(f: WorkloadFeatures) -> dict[WorkloadClass, float]:
 
 def _ledger(f: WorkloadFeatures) -> _Ledger:
     led = _Ledger({c: 0.0 for c in CLASSES}, {c: [] for c in CLASSES})
+    if f.util_unavailable is not None:
+        # Rules that read utilisation or its shape would read an unmeasured 0 %.
+        for rule in BLIND_RULES:
+            rule(f, led)
+        return led
     if f.mean_util < 2 and f.p95_util < 10:
         util = f"GPUs {f.mean_util:.0f} % busy on average (p95 {f.p95_util:.0f} %)"
         if _answering(f):
@@ -536,7 +582,7 @@ def _deciders(f: WorkloadFeatures) -> str:
 
 def _headline(c: WorkloadClass, f: WorkloadFeatures) -> str:
     """What kind of workload this is, in a capacity planner's words, with its level and what it lacks."""
-    level = f"{f.mean_util:.0f} % busy"
+    level = f"{f.mean_util:.0f} % busy" if f.util_unavailable is None else "utilisation unavailable"
     if c is INF:
         shape = shape_reading(f)
         dense = shape is not None and shape[0] <= COMPUTE_SHARE
