@@ -117,10 +117,10 @@ def test_demo_releases_resizes_and_orders_moves_from_a_day_of_its_own_telemetry(
     # the figures measured, the GPU time paid while waiting and a configuration fix where one exists (deliberate
     # bug caught: findings.detect leaving out nodefit's)
     names = {w.id: w.name for n in nodes for w in n.workloads}
-    waiting = {(names[wid], kind) for n in nodes for wid, kind in rest_of_node(n).items()}
-    assert len(waiting) == 4
+    rest = {(names[wid], kind) for n in nodes for wid, kind in rest_of_node(n).items()}
+    assert len(rest) == 4
     found = {(f.workload_name, f.kind): f for f in plan.findings}
-    for name, kind in waiting:
+    for name, kind in rest:
         f = found[(name, kind)]
         assert f.wasted_usd_per_hour > 0 and "an estimate" in f.detail and any(c.isdigit() for c in f.detail)
         assert (f.fix is None) == (kind is FindingKind.MIXED_NODE)
