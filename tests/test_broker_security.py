@@ -18,6 +18,7 @@ import aiomqtt
 import pytest
 from conftest import MosquittoServer, free_port, recent
 
+import agent.mqtt
 from agent.config import MqttSettings
 from agent.mqtt import Link, make_client, stop_tasks
 from agent.protocol import Birth, Telemetry, TopicKind, encode, node_topic
@@ -120,16 +121,25 @@ async def test_nodes_are_confined_to_their_own_topics(secure_broker: SecureBroke
         await task
 
 
-async def test_anonymous_wrong_password_and_plain_tcp_are_refused(secure_broker: SecureBroker) -> None:
+async def test_anonymous_wrong_password_and_plain_tcp_are_refused(
+    secure_broker: SecureBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliberate bug caught: a listener that takes anonymous clients, any password, or plain MQTT (each then
+    gets its CONNACK at once, and the publish goes through)."""
     refused = [
         secure_broker.settings(None),  # anonymous over TLS
         secure_broker.settings("node-a", password="not-the-password"),
-        secure_broker.settings("node-a", tls=False),  # plain MQTT to the TLS listener
     ]
     for settings in refused:
         with pytest.raises(aiomqtt.MqttError):
             async with make_client(settings, "intruder") as client:
                 await client.publish(f"{PREFIX}/lab/node-a/birth", b"{}", qos=1)
+    # Plain MQTT to the TLS listener is never answered: the client gives up when its wait for CONNACK ends, 10 s
+    # by default. A broker that took plain MQTT would answer in milliseconds, so 3 s tells the two apart.
+    monkeypatch.setattr(agent.mqtt, "PUBLISH_TIMEOUT_S", 3.0)
+    with pytest.raises(aiomqtt.MqttError):
+        async with make_client(secure_broker.settings("node-a", tls=False), "intruder") as client:
+            await client.publish(f"{PREFIX}/lab/node-a/birth", b"{}", qos=1)
 
 
 async def test_tls_refuses_a_broker_certificate_from_another_ca(secure_broker: SecureBroker, tmp_path: Path) -> None:
