@@ -19,6 +19,7 @@ from optimizer.decide.catalog import load_catalog
 from optimizer.decide.findings import detect
 from optimizer.decide.nodefit import NodeFit
 from optimizer.decide.snapshot import Snapshot, from_fleet, resolve
+from optimizer.ingest.digest import GpuRows, WindowDigest
 from optimizer.ingest.fleet import Fleet
 from optimizer.plan.recommend import PlanSettings, plan_snapshot
 from optimizer.plan.render import render_table
@@ -209,3 +210,44 @@ def test_a_snapshot_written_by_hand_gets_the_finding_and_the_plan_text_its_fix()
     text = render_table(plan_snapshot(snapshot, CATALOG, PlanSettings()))
     assert "speech-train on l40s-001 [L40S 48GB]: input starved training, $3.06/hour (its GPUs at 40 %" in text
     assert "; fix: more DataLoader workers" in text
+
+
+def _window(k: int, read_bps: float = 0.0) -> WindowDigest:
+    """The ``k``-th 10 s window of a node, back to back with the one before, reading ``read_bps``."""
+    return WindowDigest(k, k, k * 10.0, k * 10.0 + 10, GpuRows.of([]), 0.0, 0.0, 0.0, (), read_bps=read_bps)
+
+
+def test_an_exchange_window_is_twice_the_neighbours_calm_level_and_a_gigabyte_a_second() -> None:
+    """A trainer calm at 0.6 GB/s a GPU for six windows and at 1.2 GB/s (twice that, over 1 GB/s) for three; the
+    service beside it 20 % busier in those three. A trainer at 0.45 and 0.9 GB/s (twice, under 1 GB/s) exchanges
+    nothing gradients move. Deliberate bugs: EXCHANGE_FACTOR at 2.1, EXCHANGE_MIN_BPS at 1.3 GB/s (the first
+    trainer's windows missed), EXCHANGE_MIN_BPS at 0.8 GB/s (the second's taken)."""
+    windows = list(range(9))
+    service = nodefit._Seen("svc", at=windows, util=[50.0] * 6 + [60.0] * 3, cv=[0.3] * 9)
+
+    def beside(calm: float) -> NodeFit:
+        trainer = nodefit._Seen("trainer", at=windows, link=[calm] * 6 + [2 * calm] * 3)
+        fit = NodeFit()
+        nodefit._neighbours(fit, service, {"svc": service, "t": trainer}, "svc")
+        return fit
+
+    fit = beside(0.6e9)
+    assert fit.neighbour == "t" and fit.slowdown == pytest.approx(1.2) and fit.contended_share == pytest.approx(1 / 3)
+    assert beside(0.45e9).neighbour is None
+
+
+def test_a_load_phase_is_idle_gpus_filling_while_the_node_reads_until_they_serve() -> None:
+    """Three windows with its GPUs' busiest seconds under 5 % and memory below its peak while the node reads
+    2 GB/s beyond its usual nothing, then a window at 5 %: one start of 30 s and 60 GB. A node whose birth says
+    nothing of its NVMe is taken to read 6.9 GB/s (a PCIe Gen4 x4 drive's datasheet). Deliberate bugs: IDLE_PCT
+    at 5.1 (the served window read as loading: no start seen whole), at 4.8 (the loading windows not read),
+    LOCAL_NVME_READ_BPS at another figure."""
+    windows = [_window(k, 2e9 if 2 <= k <= 4 else 0.0) for k in range(10)]
+    p95 = [50.0, 50.0, 4.9, 4.9, 4.9, 5.0, 50.0, 50.0, 50.0, 50.0]
+    mem = [30e3, 30e3, 5e3, 15e3, 25e3, 30e3, 30e3, 30e3, 30e3, 30e3]
+    s = nodefit._Seen("svc", at=list(range(10)), util=[max(v - 10, 1.0) for v in p95], p95=p95, mem=mem)
+    fit = NodeFit()
+    nodefit._cold_starts(fit, s, windows, None)
+    assert fit.loading_windows == 3 and fit.loading_gbps == pytest.approx(2.0)
+    assert fit.cold_starts == 1 and fit.cold_start_s == pytest.approx(30) and fit.cold_start_gb == pytest.approx(60)
+    assert fit.local_read_gbps == pytest.approx(6.9)
