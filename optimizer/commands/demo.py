@@ -37,7 +37,7 @@ from agent.clock import Clock
 from agent.config import MqttSettings
 from agent.protocol import Plan
 from agent.simulate import SimulatedFleet
-from collectors.sim.scenarios import ScenarioNode, build_scenario
+from collectors.sim.scenarios import ScenarioNode, build_scenario, rest_of_node
 from optimizer.commands.demostate import DemoState, demo_state
 from optimizer.decide.catalog import load_catalog
 from optimizer.plan.recommend import PlanSettings
@@ -180,11 +180,16 @@ async def _run(
             fleet = SimulatedFleet(
                 nodes, mqtt, site=DEMO_SITE, clock=Clock(options.time_scale), seed=options.seed, history=options.history
             )
+            names = {w.id: w.name for n in nodes for w in n.workloads}
             log.info(
-                "simulating %d nodes at %gx real time; planted misplacements: %s",
+                "simulating %d nodes at %gx real time; planted misplacements: %s; GPUs waiting on the rest of "
+                "their node: %s",
                 len(nodes),
                 options.time_scale,
                 ", ".join(sorted(w.name for n in nodes for w in n.workloads if w.id in n.misplaced)),
+                ", ".join(
+                    sorted(f"{names[wid]} ({kind.value})" for n in nodes for wid, kind in rest_of_node(n).items())
+                ),
             )
             fleet_task = asyncio.create_task(fleet.run(stop), name="fleet")
             await _first(stop.wait(), fleet.live.wait(), fleet_task)  # the duration counts from when the fleet is live
