@@ -1,7 +1,8 @@
 """Rest-of-node findings priced on simulated fleets: planted against found, $ found against $ planted, and
 findings on workloads where nothing was planted.
 
-Each seed runs the demo's four planted nodes with their parameters drawn afresh (how long a step waits for its
+Each seed runs the demo's four planted nodes, and a fifth whose training waits on NFS bandwidth instead of its
+CPUs (counted under input_starved_training), with their parameters drawn afresh (how long a step waits for its
 batch, a checkpoint's size and period, a model's size and where it is read from, how often a neighbour exchanges
 gradients) and a realistic fleet with nothing planted (collectors/sim/scenarios.py), through the agent's window
 code and the optimizer's ingest, snapshot and findings (optimizer/decide/nodefit.py). The baseline, measured in the
@@ -48,6 +49,7 @@ KINDS = (
     FindingKind.MIXED_NODE,
 )
 PLANTED_NODES = (0, 5, 9, 12)  # the demo's: llm-pretrain, the l4 node of ocr-api, llm-sft, translate-api
+STARVED_NODE = 9  # llm-sft again, its loader waiting on NFS instead (storage_bound)
 
 
 def redrawn(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
@@ -77,10 +79,30 @@ def redrawn(spec: WorkloadSpec, rng: random.Random) -> WorkloadSpec:
     return spec
 
 
+def storage_bound(node: ScenarioNode, rng: random.Random) -> ScenarioNode:
+    """The demo's starved fine-tuning as if its loader waited on NFS instead of the CPUs: its dataset read at the
+    mount's limit (1-2 GB/s), the host's CPUs at the GPUs' own level (collectors/sim/workloads.py)."""
+    specs = tuple(
+        replace(
+            w,
+            id=f"{w.id}-nfs",
+            name=f"{w.name}-nfs",
+            loader_cpu_bound=False,
+            storage_read_bps=rng.uniform(1e9, 2e9),
+            input_wait=rng.uniform(0.3, 0.7),
+        )
+        for w in node.workloads
+    )
+    return replace(node, name=f"{node.name}-nfs", workloads=specs)
+
+
 def planted_nodes(seed: int) -> list[ScenarioNode]:
     rng = random.Random(f"nodefit:{seed}")
     demo = build_scenario("demo", 13, seed)
-    return [replace(n, workloads=tuple(redrawn(w, rng) for w in n.workloads)) for n in (demo[i] for i in PLANTED_NODES)]
+    nodes = [
+        replace(n, workloads=tuple(redrawn(w, rng) for w in n.workloads)) for n in (demo[i] for i in PLANTED_NODES)
+    ]
+    return [*nodes, storage_bound(demo[STARVED_NODE], rng)]
 
 
 def fleet_of(nodes: list[ScenarioNode], windows: int, seed: int) -> Fleet:

@@ -6,7 +6,7 @@ Catalog prices a GPU-hour: H100 $2.50, L40S $0.85, L4 $0.35. Simulated H100 node
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from conftest import FLEET_PREFIX
@@ -251,3 +251,58 @@ def test_a_load_phase_is_idle_gpus_filling_while_the_node_reads_until_they_serve
     assert fit.loading_windows == 3 and fit.loading_gbps == pytest.approx(2.0)
     assert fit.cold_starts == 1 and fit.cold_start_s == pytest.approx(30) and fit.cold_start_gb == pytest.approx(60)
     assert fit.local_read_gbps == pytest.approx(6.9)
+
+
+def test_training_waiting_on_nfs_bandwidth_is_named_with_storage_and_needs_local_nvme() -> None:
+    """The demo's llm-sft with its loader reading over NFS at 1.5 GB/s (the mount's limit) instead of waiting on
+    its CPUs, its GPUs waiting half of each step: found as input-starved on storage, fixed by local staging, and
+    moved only to nodes with local NVMe. Deliberate bugs: the storage judgement left out of ``_judge`` (no
+    finding), ``_needs`` without ``local_nvme`` (a plan could move it to a node that reads over NFS as well)."""
+    demo = build_scenario("demo", 13, seed=1)
+    node = demo[9]
+    specs = tuple(replace(w, loader_cpu_bound=False, storage_read_bps=1.5e9, input_wait=0.5) for w in node.workloads)
+    node = replace(node, workloads=specs)
+    assert set(rest_of_node(node).values()) == {FindingKind.INPUT_STARVED_TRAINING}
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, windows = offline_windows(node, WINDOWS, site="s", seed=1)
+    assert fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        assert fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(w))
+    snapshot = from_fleet(fleet, "s", [])
+    findings = [f for f in detect(CATALOG, resolve(CATALOG, snapshot)) if f.kind in REST]
+    assert [f.kind for f in findings] == [FindingKind.INPUT_STARVED_TRAINING]
+    assert "network file system at a flat 1.5 GB/s" in findings[0].detail
+    assert findings[0].fix is not None and "local NVMe" in findings[0].fix
+    (trainer,) = [w for w in snapshot.workloads if w.workload_class is WorkloadClass.TRAINING]
+    assert trainer.needs is not None and trainer.needs.local_nvme and trainer.needs.cpu_cores_per_gpu is None
+
+
+def _reading(rx_bps: list[float], read_bps: float = 0.0, cpu: float = 30.0) -> list[WindowDigest]:
+    return [replace(_window(k, read_bps), north_rx_bps=rx, cpu_util=cpu) for k, rx in enumerate(rx_bps)]
+
+
+def test_storage_starvation_is_a_plateau_at_the_storage_limit_while_the_cpus_are_free() -> None:
+    """Training at 40 % for ten windows. Over NFS at a flat 1.2 GB/s: starved in every window, its wait 0.45 of its
+    GPU time (85 - 40 points). At 0.95 GB/s, under one NFS client's 1 GB/s: not named. Reads jumping between
+    1.2 and 1.6 GB/s follow the GPUs' demand, not a ceiling: each window 14 % off their 1.4 GB/s median, none on a
+    plateau. With every CPU busy the wait is the loader's CPUs'. From local disks, 70 % of the node's 6.9 GB/s NVMe
+    estimate is the ceiling: 5 GB/s counts, 4 GB/s does not. Deliberate bugs: NETWORK_CEILING_BPS at 0.9 GB/s,
+    PLATEAU_SPREAD at 0.4, the CPU test dropped, NEAR_LOCAL at 0.5."""
+    s = nodefit._Seen("train", at=list(range(10)), util=[40.0] * 10)
+
+    def fit(windows: list[WindowDigest], network: bool = True) -> NodeFit:
+        out = NodeFit()
+        nodefit._storage(out, s, windows, None, network)
+        return out
+
+    flat = fit(_reading([1.2e9] * 10))
+    assert flat.storage_share == pytest.approx(1.0) and flat.storage_wait == pytest.approx(0.45)
+    assert flat.storage_gbps == pytest.approx(1.2) and flat.storage_network
+    assert nodefit.storage_starved(WorkloadClass.TRAINING, flat)
+    assert not nodefit.storage_starved(WorkloadClass.INFERENCE, flat)
+    assert not nodefit.storage_starved(WorkloadClass.TRAINING, fit(_reading([0.95e9] * 10)))
+    bursty = fit(_reading([1.2e9, 1.6e9] * 5))
+    assert not nodefit.storage_starved(WorkloadClass.TRAINING, bursty)
+    assert not nodefit.storage_starved(WorkloadClass.TRAINING, fit(_reading([1.2e9] * 10, cpu=95.0)))
+    assert nodefit.storage_starved(WorkloadClass.TRAINING, fit(_reading([0.0] * 10, read_bps=5e9), network=False))
+    assert not nodefit.storage_starved(WorkloadClass.TRAINING, fit(_reading([0.0] * 10, read_bps=4e9), network=False))

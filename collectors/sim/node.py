@@ -359,7 +359,11 @@ class SimulatedNode:
             gpus[g].tensor_share, gpus[g].dram_share = w.tensor_share, w.dram_share
         if w.pattern in (Pattern.TRAINING, Pattern.FINE_TUNING):
             fabric, north, read, write = self._training(w, t, gpus)
-            rx = 0.05 * north + w.input_bps * self.jitter(0.15)
+            # input read at the mount's limit is flat second to second (realistic.storage_bound_read)
+            intake = (
+                realistic.storage_bound_read(self, w) if w.storage_read_bps > 0 else w.input_bps * self.jitter(0.15)
+            )
+            rx = 0.05 * north + intake
             if w.save_to_network:
                 return fabric, north + write, rx, read, 0.0
             return fabric, north, rx, read, write

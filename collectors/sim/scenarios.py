@@ -607,7 +607,7 @@ def rest_of_node(node: ScenarioNode) -> dict[str, FindingKind]:
     out: dict[str, FindingKind] = {}
     exchanging = any(w.exchange_every_s > 0 for w in node.workloads) and not PROFILES[node.profile].nvlink_links
     for w in node.workloads:
-        if w.input_wait > 0 and w.loader_cpu_bound:
+        if w.input_wait > 0 and (w.loader_cpu_bound or w.storage_read_bps > 0):
             out[w.id] = FindingKind.INPUT_STARVED_TRAINING
         elif w.sync_save and w.save_bytes > 0:
             out[w.id] = FindingKind.CHECKPOINT_STALL

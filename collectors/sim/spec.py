@@ -96,6 +96,7 @@ class WorkloadSpec:
     # The rest of the node (collectors/sim/workloads.py, "the rest of the node"); the defaults change nothing.
     input_wait: float = 0.0  # training: share of each step its GPUs wait for the next batch
     loader_cpu_bound: bool = False  # that wait is the data loader's workers holding every host CPU
+    storage_read_bps: float = 0.0  # or storage's: its input read over NFS at the mount's limit, bytes/s (0: not)
     sync_save: bool = False  # training: checkpoints written with the GPUs waiting (torch.save, DCP without async_save)
     save_write_bps: float = 3e9  # the checkpoint volume's write bandwidth (a synchronous save's length)
     checkpoint_offset_s: float = 0.0  # seconds into each checkpoint period a synchronous save starts

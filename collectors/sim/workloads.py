@@ -54,7 +54,10 @@ them; docs/nodefit.md).
   decodes and augments (JPEG, audio, video) slower than the GPUs consume batches, so every step waits for its batch
   and NVML, which counts the time a kernel runs, reads the step's compute share: 20–60 %. Steps are sub-second, so
   the 1 Hz reading is level, not dipping. With ``loader_cpu_bound`` the workers keep every core busy whatever the
-  GPUs do (host CPU 92–100 %); without it the wait is storage's (the existing loader-bound model).
+  GPUs do (host CPU 92–100 %); without it the wait is storage's (the existing loader-bound model). With
+  ``storage_read_bps`` the loader reads its dataset over NFS at the mount's limit (~1-2 GB/s for one client over
+  one TCP connection, an estimate): the read stream runs at that ceiling every second (1 % spread), whatever the
+  GPUs do, and the host's CPUs stay at the GPUs' own level.
 * Synchronous checkpointing (``sync_save``): ``torch.save`` or ``torch.distributed.checkpoint.save`` blocks the
   training loop until the model and optimiser state are written: ~16 bytes a parameter with Adam in mixed precision
   (fp16 weights and gradients, fp32 master weights, two fp32 moments), 1.1 TB for a 70B model across the job, each
@@ -312,6 +315,11 @@ CONTENDED_SIGMA = 0.5  # an estimate: how that stretch varies second to second (
 def starved(w: WorkloadSpec, level: float) -> float:
     """Utilisation (%) of training whose steps wait ``input_wait`` of their time for input."""
     return level * (1 - w.input_wait)
+
+
+def storage_bound_read(node: Node, w: WorkloadSpec) -> float:
+    """Bytes/s a loader bound by its storage reads: the mount's limit, flat (a bandwidth-bound stream never idles)."""
+    return w.storage_read_bps * node.jitter(0.01)
 
 
 def host_cpu(specs: list[WorkloadSpec], cpu: float, rng: random.Random) -> float:

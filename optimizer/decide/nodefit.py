@@ -73,6 +73,18 @@ MIXED_CV_RATIO = 1.3
 MIXED_SLOWDOWN = 1.15
 MIN_SIDE_WINDOWS = 3
 SERVING = frozenset({WorkloadClass.INFERENCE, WorkloadClass.INTERACTIVE})
+# Storage-bound input. A pipeline bound by its storage's bandwidth reads at that bandwidth every second whatever its
+# GPUs do, so the node's reads sit on a plateau while the GPUs wait; one bound by its GPUs reads what they consume
+# and follows them. Plateau: the windows' mean reads within 10 % of their median (an estimate: a 10 s mean of a
+# read stream at its limit varies by a few percent).
+PLATEAU_SPREAD = 0.10
+# Near the ceiling: local disks at 70 % or more of the node's NVMe read estimate (a sequential figure from the
+# drives' PCIe links: a dataloader's reads of many files reach 70-90 % of it, an estimate).
+NEAR_LOCAL = 0.7
+# Over a network file system the ceiling is the mount's share of the filer and of the front-end NIC, which the node
+# does not report: one NFS client over one TCP connection delivers about 1-2 GB/s (no nconnect; an estimate), so a
+# plateau at 1 GB/s or more over the network is taken as the mount's limit.
+NETWORK_CEILING_BPS = 1e9
 
 
 class NodeFit(BaseModel):
@@ -104,6 +116,14 @@ class NodeFit(BaseModel):
     slowdown: float | None = Field(default=None, ge=0, description="its mean % in exchange windows / others")
     contended_share: float | None = Field(default=None, ge=0, le=1)
     contended_extra_util: float | None = Field(default=None, ge=0, le=100, description="% more busy in them")
+    storage_share: float | None = Field(
+        default=None, ge=0, le=1, description="GPUs below 85 % while the node's reads sit on a plateau at their limit"
+    )
+    storage_gbps: float | None = Field(default=None, ge=0, description="the node's reads in those windows, GB/s")
+    storage_limit_gbps: float | None = Field(default=None, ge=0, description="the ceiling they were read against")
+    storage_network: bool | None = Field(default=None, description="read over a network file system")
+    storage_util: float | None = Field(default=None, ge=0, le=100, description="its GPUs' mean % in those windows")
+    storage_wait: float | None = Field(default=None, ge=0, le=1, description="GPU time below 85 % in them, all windows")
 
 
 class Subject(Protocol):
@@ -203,6 +223,33 @@ def _starved(fit: NodeFit, s: _Seen, windows: Sequence[WindowDigest]) -> None:
     if hit:
         fit.starved_util = statistics.fmean(u for u, _ in hit)
         fit.starved_cpu = statistics.fmean(c for _, c in hit if c is not None)
+
+
+def _storage(fit: NodeFit, s: _Seen, windows: Sequence[WindowDigest], local_bps: float | None, network: bool) -> None:
+    """Windows in which its GPUs sit below a training's level, the host's CPUs are not what holds them, and the
+    node's storage reads (front-end traffic in, on a node with network mounts; its disks otherwise) are on a plateau
+    near their ceiling."""
+    waiting = [
+        (u, windows[i].north_rx_bps if network else windows[i].read_bps)
+        for u, i in zip(s.util, s.at, strict=True)
+        if u < TRAINING_BUSY_PCT and (windows[i].cpu_util or 0.0) < CPU_SATURATED_PCT
+    ]
+    reads = [r for _, r in waiting]
+    if not reads or not s.util:
+        return
+    level = statistics.median(reads)
+    ceiling = NETWORK_CEILING_BPS if network else NEAR_LOCAL * (local_bps or LOCAL_NVME_READ_BPS)
+    if level < max(ceiling, LOAD_READ_BPS):
+        return
+    hit = [(u, r) for u, r in waiting if abs(r - level) <= PLATEAU_SPREAD * level]
+    fit.storage_share = len(hit) / len(s.util)
+    fit.storage_wait = sum(TRAINING_BUSY_PCT - u for u, _ in hit) / 100 / len(s.util)
+    if not hit:
+        return
+    fit.storage_util = statistics.fmean(u for u, _ in hit)
+    fit.storage_gbps = statistics.fmean(r for _, r in hit) / GB
+    fit.storage_limit_gbps = (NETWORK_CEILING_BPS if network else local_bps or LOCAL_NVME_READ_BPS) / GB
+    fit.storage_network = network
 
 
 def _saves(fit: NodeFit, wid: str, s: _Seen, windows: Sequence[WindowDigest], bursts: list[bool]) -> None:
@@ -351,6 +398,7 @@ def measure(fleet: Fleet, site: str) -> dict[str, NodeFit]:
                 continue
             fit = NodeFit(windows=len(s.util), cores_per_gpu=cores)
             _starved(fit, s, windows)
+            _storage(fit, s, windows, local, bool(host is not None and host.network_mounts))
             _saves(fit, wid, s, windows, bursts)
             _cold_starts(fit, s, windows, local)
             _neighbours(fit, s, seen, wid)
@@ -368,6 +416,17 @@ def starved(cls: WorkloadClass, fit: NodeFit | None) -> bool:
         and fit is not None
         and (fit.starved_share or 0) >= STARVED_SHARE
         and bool(fit.starved_wait)
+    )
+
+
+def storage_starved(cls: WorkloadClass, fit: NodeFit | None) -> bool:
+    """Whether training waits on its storage's bandwidth in most of its windows (and not on its host's CPUs)."""
+    return (
+        cls is WorkloadClass.TRAINING
+        and fit is not None
+        and not starved(cls, fit)
+        and (fit.storage_share or 0) >= STARVED_SHARE
+        and bool(fit.storage_wait)
     )
 
 
@@ -413,6 +472,26 @@ def _judge(w: Subject, hw: GpuType, fit: NodeFit, classes: Mapping[str, Workload
                 f"Waste: GPU time below {TRAINING_BUSY_PCT:.0f} %, an estimate",
                 "more DataLoader workers (num_workers up to the cores per GPU), pin_memory=True and prefetch_factor, "
                 "or decode on the GPU (NVIDIA DALI); a node with more CPU cores per GPU if the cores are all busy",
+            )
+        )
+    if storage_starved(cls, fit):
+        where = "over its network file system" if fit.storage_network else "from its local disks"
+        limit = "one NFS client's usual limit" if fit.storage_network else "the node's NVMe read estimate"
+        out.append(
+            _finding(
+                w,
+                hw,
+                FindingKind.INPUT_STARVED_TRAINING,
+                hourly * (fit.storage_wait or 0.0),
+                w.confidence * min(1.0, fit.storage_share or 0),
+                f"its GPUs at {fit.storage_util or 0:.0f} % while the node reads {where} at a flat "
+                f"{fit.storage_gbps or 0:.1f} GB/s ({limit}: {fit.storage_limit_gbps or 0:.1f} GB/s) in "
+                f"{fit.storage_share or 0:.0%} of its windows: its input waits on storage bandwidth, not on the "
+                f"host's CPUs; faster GPUs would wait as long. Waste: GPU time below {TRAINING_BUSY_PCT:.0f} %, "
+                "an estimate",
+                "stage the dataset on local NVMe before the job starts (or cache it there: a node-local dataset "
+                "cache), read it in fewer, larger files (WebDataset shards) and raise prefetch_factor; a node with "
+                "local NVMe if this one has none",
             )
         )
     if cls is WorkloadClass.TRAINING and fit.save_idle is not None and fit.save_idle >= SAVE_IDLE:

@@ -19,7 +19,7 @@ from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.classify import classify
 from optimizer.decide.costs import Demand
 from optimizer.decide.features import WorkloadFeatures, workload_features
-from optimizer.decide.nodefit import NodeFit, cores_needed, measure
+from optimizer.decide.nodefit import NodeFit, cores_needed, measure, storage_starved
 from optimizer.decide.shape import measured_shape
 from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
 from optimizer.ingest.fleet import Fleet
@@ -287,6 +287,13 @@ def _throttling(f: WorkloadFeatures) -> Throttling | None:
     )
 
 
+def _needs(cls: WorkloadClass, fit: NodeFit | None) -> WorkloadNeeds | None:
+    """What its node-fit findings ask of a target: the cores a CPU-starved loader needs, or local NVMe for input
+    starved by its storage."""
+    cores, storage = cores_needed(cls, fit), storage_starved(cls, fit)
+    return WorkloadNeeds(cpu_cores_per_gpu=cores, local_nvme=storage) if cores or storage else None
+
+
 def from_fleet(
     fleet: Fleet,
     site: str,
@@ -366,9 +373,7 @@ def from_fleet(
                 shape=measured_shape(f),
                 owner=owners.get(f.id),
                 node_fit=fits.get(f.id),
-                needs=WorkloadNeeds(cpu_cores_per_gpu=cores)
-                if (cores := cores_needed(result.workload_class, fits.get(f.id)))
-                else None,
+                needs=_needs(result.workload_class, fits.get(f.id)),
                 throttling=_throttling(f),
                 util_unavailable=f.util_unavailable,
             )
