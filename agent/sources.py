@@ -8,6 +8,7 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.config import AgentSettings
 from collectors.attribution import Attributor
@@ -16,13 +17,12 @@ from collectors.host import HostCollector
 from collectors.nic import NicCollector
 from collectors.partitioned import PARTITIONS, PartitionedNode
 from collectors.pci import AMD_VENDOR_ID, NVIDIA_VENDOR_ID, VENDORS, accelerators
-from collectors.sim.node import SimulatedNode
-from collectors.sim.processes import ProcessBackedGpus
-from collectors.sim.profiles import PROFILES
-from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.storage import StorageCollector
 from collectors.vendors import GpuVendors
 from collectors.workload_facts import WithFacts
+
+if TYPE_CHECKING:
+    from collectors.sim.node import SimulatedNode
 
 log = logging.getLogger(__name__)
 LIBRARIES = {"NVIDIA": "NVML", "AMD": "amdsmi", "Habana": "HLML"}
@@ -33,6 +33,11 @@ _SPEC = re.compile(r"^(?P<model>[a-z0-9]+)x(?P<count>\d+)(?P<options>(?::[a-z_]+
 def simulated_gpus(spec: str, node: str) -> SimulatedNode | PartitionedNode:
     """``h100x8``, ``l4x4:inference`` or ``mi300x8:cpx``: N simulated GPUs of a profile running one workload of a
     pattern, AMD GPUs optionally in a compute partition mode (each GPU then listed as its partitions)."""
+    # the simulator stays out of a real node's agent: its modules hold 1.5 MiB of the 40 MiB budget
+    from collectors.sim.node import SimulatedNode
+    from collectors.sim.profiles import PROFILES
+    from collectors.sim.spec import Pattern, WorkloadSpec
+
     m = _SPEC.match(spec.lower())
     if not m:
         raise ValueError(
@@ -165,6 +170,8 @@ def node_collectors(
         raise ValueError("--simulate-pids: only with --simulate")
     gpu: Collector = simulated_gpus(simulate, settings.node) if simulate else gpu_collector(settings)
     if simulate_pids:
+        from collectors.sim.processes import ProcessBackedGpus
+
         attributor = Attributor(node=settings.node)
         gpu = WithFacts(ProcessBackedGpus(gpu, simulate_pids, attributor), attributor)
     return [
