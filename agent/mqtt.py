@@ -192,7 +192,7 @@ def refusal(exc: BaseException) -> tuple[str, str, str] | None:
     return None
 
 
-def _raise_if_cancelled() -> None:
+def raise_if_cancelled() -> None:
     """Python 3.11's asyncio.wait_for (inside aiomqtt's publish) swallows a cancellation that arrives as the
     acknowledgement does; the task is still marked cancelling, and a loop must end there rather than wait on."""
     task = asyncio.current_task()
@@ -386,7 +386,7 @@ class Link:
             if self._refusing:
                 self._refusing = False
                 self._backoff.reset()
-            _raise_if_cancelled()
+            raise_if_cancelled()
 
     def refusal_metrics(self) -> list[Family]:
         return [

@@ -18,7 +18,7 @@ import aiomqtt
 
 from agent.backoff import Backoff
 from agent.heap import trim
-from agent.mqtt import make_client
+from agent.mqtt import make_client, raise_if_cancelled
 from agent.notify import Notifier
 from agent.protocol import (
     MAX_HANDOVER_ENTRIES,
@@ -205,6 +205,9 @@ class Optimizer:
                 self.connected.clear()
                 self.ownership.disconnected()
                 self._client = None
+                # On Python 3.11 a cancellation that lands as aiomqtt's connect completes is swallowed by its
+                # asyncio.wait_for; the task stays marked cancelling, and must end here rather than reconnect.
+                raise_if_cancelled()
                 delay = self._backoff.next_delay()
                 what = "connection lost" if isinstance(exc, aiomqtt.MqttError) else "cannot connect"
                 log.warning(
@@ -728,17 +731,22 @@ class Optimizer:
             self.store.close()
 
 
-async def _stop(tasks: Iterable[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for each to end."""
+async def _stop(tasks: Iterable[asyncio.Task[None]], every: float = 0.5) -> None:
+    """Cancel ``tasks`` and wait for each to end, cancelling again any that swallowed the cancellation (Python
+    3.11's asyncio.wait_for can, inside a client library): a shutdown never hangs on one."""
     stopping = list(tasks)
     for t in stopping:
         t.cancel()
+    pending = {t for t in stopping if not t.done()}
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=every)
+        for t in pending:
+            t.cancel()
     for t in stopping:
-        try:
-            await t
-        except asyncio.CancelledError:
-            pass
-        except Exception as exc:  # it died before shutdown: already told, and no reason to skip the flush
+        if t.cancelled():
+            continue
+        exc = t.exception()
+        if exc is not None:  # it died before shutdown: already told, and no reason to skip the flush
             log.warning("task %s had stopped: %s", t.get_name(), _brief(exc))
 
 
