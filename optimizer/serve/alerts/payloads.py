@@ -289,6 +289,7 @@ def _generic_move(item: Item, number: int | None = None) -> GenericMove:
 
 
 def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int) -> Json:
+    numbers = notice.numbers  # sorts every firing action: once per message, not once per action
     alert = GenericAlert(
         site=notice.site,
         generated_at=datetime.fromtimestamp(notice.generated_at, UTC),
@@ -296,7 +297,7 @@ def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: i
         severity=notice.severity,
         monthly_savings_usd=round(notice.monthly_savings, 2),
         savings_by_kind={k: round(v, 2) for k, v in savings_by_kind(i.recommendation for i in notice.firing).items()},
-        firing=[_generic_move(i, notice.numbers[i.id]) for i in firing],
+        firing=[_generic_move(i, numbers[i.id]) for i in firing],
         resolved=[_generic_move(i) for i in resolved],
         omitted=omitted,
         link=notice.link,
