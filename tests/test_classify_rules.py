@@ -472,3 +472,49 @@ def test_an_allocation_busy_earlier_in_the_day_is_quiet_not_idle(history: dict[s
     assert (result.workload_class is IDLE) is idle, result
     if not idle:
         assert result.confidence < 0.6  # nothing to act on either way
+
+
+@pytest.mark.parametrize(
+    ("fields", "idle"),
+    [
+        ({"busy_seconds": 5, "busy_level": 68.0}, False),
+        ({"busy_seconds": 4, "busy_level": 68.0}, True),
+        ({"busy_seconds": 18, "busy_level": 31.0}, False),
+        ({"busy_seconds": 18, "busy_level": 29.0}, True),
+    ],
+)
+def test_a_cell_run_between_idle_minutes_is_a_notebook_not_an_idle_allocation(
+    fields: dict[str, Any], idle: bool
+) -> None:
+    """A Jupyter kernel holds its memory for hours and runs a cell now and then (seconds at a model's level):
+    its mean stays under 2 %, yet someone is at it. Red when the idle gate ignores the cell's run (the
+    notebook is reclaimed as idle at 0.95), or when CELL_SECONDS (5 s) or CELL_LEVEL (30 %) moves past a row."""
+    f = near_idle(mean_util=1.5, p95_util=1.0, zero_seconds=0.98, **fields)
+    result = classify(f)
+    if idle:
+        assert result.workload_class is IDLE, result
+    else:
+        assert result.workload_class is NB, result
+
+
+def test_busy_gpus_moving_apart_are_counted_once_for_batch() -> None:
+    """Replicas whose load moves apart and busy GPUs exchanging nothing are one fact about the same GPUs: a few
+    more bytes between them (2.1 GB/s, past the 2 GB/s of the bytes rule) must not change the evidence while the
+    correlation already says replicas. Red when the bytes rule fires beside the replicas rule (1 nat more for
+    batch)."""
+    both = weigh(features(2, mean_util=75.0, lockstep=0.2))
+    replicas_only = weigh(features(2, mean_util=75.0, lockstep=0.2, gpu_link_bps=2.1e9))
+    assert both == pytest.approx(replicas_only)
+    # where the correlation is unknown, the bytes still speak
+    assert weigh(features(2, mean_util=75.0))[BAT] > weigh(features(2, mean_util=75.0, gpu_link_bps=2.1e9))[BAT]
+
+
+@pytest.mark.parametrize(("inbound_connections", "acted_on"), [(None, False), (0, True)])
+def test_replicas_moving_apart_alone_are_not_acted_on_as_batch(inbound_connections: int | None, acted_on: bool) -> None:
+    """A service's per-GPU workers move apart as batch replicas do, so replicas alone lean to batch without
+    reaching acting confidence; nobody connected to a busy workload (schema 2) is what batch alone shows. Red when
+    _defining(BAT) counts replicas again (the first row reaches 0.69)."""
+    f = features(2, mean_util=60.0, busy_cv=0.05, lockstep=0.2, inbound_connections=inbound_connections)
+    result = classify(f)
+    assert result.workload_class is BAT, result
+    assert (result.confidence >= 0.6) is acted_on, result

@@ -200,3 +200,30 @@ def test_compute_bound_services_through_the_pipeline_are_not_notebooks() -> None
     assert sum(r.workload_class is INF for r in results) >= 0.8 * len(results), [
         (f.name, r.workload_class.value) for f, r in zip(online, results, strict=True)
     ]
+
+
+@pytest.mark.parametrize(("peers", "cls"), [(3, INF), (2, BAT)])
+def test_an_embedding_server_on_per_gpu_workers_takes_requests_not_input(peers: int, cls: WorkloadClass) -> None:
+    """Text-embeddings-inference or Triton on one worker per GPU: each GPU's load moves on its own, dense kernels at
+    the power limit, and more bytes in (the texts) than out (the vectors), over connections from its clients. With
+    three clients or more connected, those bytes are requests and it is served; with two (a Ray worker and its
+    head) it is not served. Red when intake counts requests from connected clients as input read (the server is
+    taken for batch at 0.61)."""
+    f = features(
+        4,
+        mean_util=63.0,
+        p95_util=70.0,
+        busy_level=63.0,
+        busy_cv=0.07,
+        busy_seconds=900,
+        lockstep=-0.02,
+        intensity=0.99,
+        own_network=True,
+        ingress_bps=14.6e6,
+        egress_bps=116e3,
+        listen_ports=(8001,),
+        inbound_connections=12,
+        inbound_peers=peers,
+    )
+    result = classify(f)
+    assert result.workload_class is cls, result

@@ -62,6 +62,11 @@ UNSEEN_CONFIDENCE = 0.55  # at most, for a class nothing only it does was seen i
 # as whole idle seconds let them be (_arrival_gap_cv); half of that is the bar.
 REQUEST_STARTS_PER_MIN = 1.5
 REQUEST_GAP_CV = 0.5  # of the variation random arrivals give
+# A notebook cell runs for seconds to minutes at a level a model's kernels reach (the simulator's cells: 5-30 s at
+# 50-95 %, an estimate of a person's interactive run); an abandoned allocation reads 0 % every second. Work this
+# long at this level, between idle minutes, is someone at a kernel, not an allocation to reclaim.
+CELL_SECONDS = 5
+CELL_LEVEL = 30.0
 PARTIAL_BATCH_LEVEL = 95.0  # % busy, below which a memory-bound engine's batch is not full
 # GPM's tensor-pipe share of busy time up to which decode runs a partly filled batch: one sequence reads every weight
 # for a row of multiply-adds, and each sequence batched with it reuses the same read, so tensor activity grows with
@@ -212,7 +217,7 @@ def _level(f: WorkloadFeatures, led: _Ledger) -> None:
         led.add(f"{util}, load varying with requests (variation {f.busy_cv:.0%})", I=1.5, T=-0.5, B=-0.5)
     elif f.mean_util < 50:
         led.add(util, I=0.3)
-    if f.zero_seconds >= 0.4 and f.busy_level >= 30 and f.busy_seconds >= 5 and f.period_s is None:
+    if f.zero_seconds >= 0.4 and _cell_run(f) and f.period_s is None:
         line = f"idle {f.zero_seconds:.0%} of seconds, bursts at {f.busy_level:.0f} % in between"
         led.add(line, N=2.0, I=0.3, B=-1.0)
     if _requests(f):
@@ -280,10 +285,18 @@ def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
     if f.gpu_link_bps >= 20e9 or f.east_west_bps >= 1e9:
         line = f"{_gbps(f.gpu_link_bps)} per GPU over NVLink/PCIe and {_gbps(f.east_west_bps)} on the fabric"
         led.add(f"{line}: gradient synchronisation", T=2.0, I=-0.3, B=-1.0)
-    elif f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8 and not together:
+    elif (
+        f.gpus > 1
+        and f.mean_util >= 70
+        and f.gpu_link_bps < 2e9
+        and f.east_west_bps < 1e8
+        and not together
+        and not _replicas(f)
+    ):
         # GPUs whose load moves as one are in collectives however few bytes those carry (tensor-parallel decode at
         # a small batch exchanges ~1 GB/s per GPU), so few bytes say nothing against them.
-        # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work.
+        # Data-parallel training all-reduces its gradients every step: tens of GB/s at this level of work. GPUs
+        # moving apart (_together) say the same of the same GPUs better: counted once.
         led.add(
             f"all {f.gpus} GPUs busy without gradient exchange ({_gbps(f.gpu_link_bps)} per GPU)", B=1.0, I=0.3, T=-1.0
         )
@@ -299,8 +312,11 @@ def _traffic(f: WorkloadFeatures, led: _Ledger) -> None:
     # Small flows count only once the node's own is measured (its quiet windows), not estimated from other nodes.
     small = f.own_network or (alone and f.baseline_from == "node")
     # Responses go back over connections clients opened; with schema 2 and none, what leaves is uploads.
-    could_serve = f.inbound_connections is None or bool(f.listen_ports and (f.inbound_peers or 0) >= 3)
-    intake = ingress + (f.disk_read_bps if alone else 0.0)
+    clients = bool(f.listen_ports and (f.inbound_peers or 0) >= 3)
+    could_serve = f.inbound_connections is None or clients
+    # With clients connected to it, what arrives on the front end is their requests (text to embed, images to read,
+    # audio to transcribe: an embedding or Triton server takes in more than it sends back), not input it fetches.
+    intake = (0.0 if clients else ingress) + (f.disk_read_bps if alone else 0.0)
     if intake >= 10e6 and (intake >= egress or not could_serve):
         led.add(f"reads its input steadily ({_gbps(intake)} per GPU)", T=0.8, B=1.0, I=-0.8)
     elif egress >= 50e6 and could_serve:
@@ -325,7 +341,7 @@ def _together(f: WorkloadFeatures, led: _Ledger) -> None:
             line = f"its {f.gpus} GPUs' load rises and falls together (correlation {f.lockstep:.2f})"
             # Data-parallel training and tensor-parallel serving alike.
             led.add(f"{line}: ranks waiting for each other in collectives", T=0.6, I=0.5, B=-0.3)
-        elif f.lockstep <= 0.3:
+        elif _replicas(f):
             line = f"each of its {f.gpus} GPUs' load moves on its own (correlation {f.lockstep:.2f})"
             led.add(f"{line}: independent replicas, no collectives", B=1.2, I=0.2, T=-1.5)
         return
@@ -333,6 +349,16 @@ def _together(f: WorkloadFeatures, led: _Ledger) -> None:
         # Only telling where the load moves: at a steady 90 % every workload's GPUs look alike.
         line = f"all {f.gpus} GPUs move in lockstep exchanging {_gbps(f.gpu_link_bps)} per GPU"
         led.add(f"{line} (all-reduce of gradients or of tensor-parallel activations)", T=0.6, I=0.4, B=-0.6)
+
+
+def _replicas(f: WorkloadFeatures) -> bool:
+    """Whether its GPUs' load moves apart while busy: replicas that exchange nothing."""
+    return f.lockstep is not None and f.lockstep <= 0.3 and f.mean_util >= 50
+
+
+def _cell_run(f: WorkloadFeatures) -> bool:
+    """Whether a run of work as long and as high as a notebook cell's was seen."""
+    return f.busy_seconds >= CELL_SECONDS and f.busy_level >= CELL_LEVEL
 
 
 def _writes_and_memory(f: WorkloadFeatures, led: _Ledger) -> None:
@@ -388,7 +414,8 @@ def classify(f: WorkloadFeatures) -> Classification:
     # allocation nobody uses; the planner reclaims only what stayed idle.
     busy_today = f.history_hours >= 1 and f.daily_peak_p95 >= 30
     blind = f.util_unavailable is not None  # 0 % here is not a measurement: never taken for idle
-    quiet = f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8
+    # A cell run between idle minutes keeps the mean near 0 % too: a person at a kernel holding its memory.
+    quiet = f.mean_util < 2 and f.p95_util < 10 and not _answering(f) and f.zero_seconds >= 0.8 and not _cell_run(f)
     if quiet and not busy_today and not blind:
         held = f"{f.mem_fraction:.0%} of GPU memory held" if f.mem_fraction > 0.01 else "no GPU memory in use"
         name = f.program or f.hint
@@ -483,8 +510,9 @@ _ARTICLE = {TR: "a training job", INF: "a service", BAT: "a batch job", NB: "a n
 def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
     """Whether anything was seen that (nearly) only class ``c`` does: for training, gradient exchange, saves, a step
     period, several nodes; for serving, clients (connected, or their traffic where it is the workload's own), a
-    daily cycle, load following arrivals; for batch, replicas that exchange nothing, results written or uploaded
-    with no client connected, or busy with none connected; for notebooks, bursts between idle minutes. A program
+    daily cycle, load following arrivals; for batch, busy GPUs exchanging nothing, results written or uploaded
+    with no client connected, or busy with none connected (replicas whose load moves apart are not batch's alone:
+    a service's per-GPU workers move apart as much); for notebooks, bursts between idle minutes. A program
     on the command line (schema 2) counts; a process name does not (comm is generic or cut, and engines run
     offline batches under the same name), except a notebook kernel's, which nothing else is called."""
     program = f.program if f.program and f.program.lower() not in GENERIC_NAMES else None
@@ -511,13 +539,12 @@ def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
     if c is BAT:
         no_clients = f.inbound_connections == 0 and f.mean_util >= 50
         return (
-            (f.lockstep is not None and f.lockstep <= 0.3)
-            or (f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8)
+            (f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8)
             or (alone and f.write_bps >= 2e6)
             or no_clients
             or _matches(program, BATCH_NAMES)
         )
-    return (f.zero_seconds >= 0.4 and f.busy_seconds >= 5) or _matches(f.program or f.hint, NOTEBOOK_NAMES)
+    return (f.zero_seconds >= 0.4 and f.busy_seconds >= CELL_SECONDS) or _matches(f.program or f.hint, NOTEBOOK_NAMES)
 
 
 def _gpm_memory_share(tensor: float, dram: float) -> float:
