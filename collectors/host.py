@@ -1,11 +1,9 @@
-"""Host CPU and memory from psutil. Signals: ``cpu_util`` (%), ``mem_used_pct`` (%)."""
+"""Host CPU and memory, read as psutil reads them. Signals: ``cpu_util`` (%), ``mem_used_pct`` (%)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import psutil
 
 from agent.protocol import HostInfo, WorkloadRef
 from collectors.base import Entity, Inventory, Sample
@@ -24,6 +22,8 @@ def memory_used_percent(meminfo: bytes | None) -> float:
             fields[words[0]] = int(words[1]) * 1024
     total, avail = fields.get(b"MemTotal:"), fields.get(b"MemAvailable:")
     if not total or not avail or b"MemFree:" not in fields:
+        import psutil  # only here: its modules are 0.9 MiB of the agent's 40 MiB budget
+
         return float(psutil.virtual_memory().percent)
     if avail > total:
         avail = fields[b"MemFree:"]  # as psutil: a kernel bug seen in LXC containers
@@ -43,6 +43,8 @@ class CpuBusy:
         self._ticks = os.sysconf("SC_CLK_TCK")
         self._last = self._times()
         if self._last is None:
+            import psutil  # only where /proc/stat cannot be read, as in memory_used_percent
+
             psutil.cpu_percent(interval=None)  # primes psutil's counter: its first call always returns 0.0
 
     def _times(self) -> list[float] | None:
@@ -54,10 +56,10 @@ class CpuBusy:
 
     def percent(self) -> float:
         """Busy time over all CPUs since the last call, in % of their time (one decimal)."""
-        if self._last is None:
-            return float(psutil.cpu_percent(interval=None))
-        now = self._times()
-        if now is None:
+        now = self._times() if self._last is not None else None
+        if self._last is None or now is None:
+            import psutil
+
             return float(psutil.cpu_percent(interval=None))
         deltas = [max(0, b - a) for a, b in zip(self._last, now, strict=True)]
         self._last = now

@@ -1,5 +1,5 @@
-"""Block devices from psutil: whole disks only, partitions and loop/ram devices left out; and the usage of
-configured mount points (checkpoint and model-cache volumes).
+"""Block devices from /proc/diskstats, read as psutil reads it: whole disks only, partitions and loop/ram devices
+left out; and the usage of configured mount points (checkpoint and model-cache volumes).
 
 Signals (per disk): ``read_bps`` / ``write_bps`` (counters, bytes), ``read_iops`` / ``write_iops`` (counters).
 Per mount point: ``used_pct`` and ``free_bytes`` as they stand at the end of the window.
@@ -8,10 +8,9 @@ Per mount point: ``used_pct`` and ``free_bytes`` as they stand at the end of the
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
-
-import psutil
 
 from agent.protocol import DiskInfo, WorkloadRef
 from collectors.base import Entity, Inventory, Sample
@@ -20,6 +19,15 @@ from collectors.procfs import read_bytes
 log = logging.getLogger(__name__)
 _SKIP_PREFIXES = ("loop", "ram", "zram", "sr", "fd")
 SECTOR_BYTES = 512  # /sys/block/*/size counts 512-byte sectors whatever the device's block size
+
+
+def mount_usage(path: str) -> tuple[float, int]:
+    """(% used, bytes free) of a mount point as ``psutil.disk_usage`` and df(1) give them: the blocks kept for
+    root count as used, and neither as free nor in the total the percentage is taken of."""
+    st = os.statvfs(path)
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    free = st.f_bavail * st.f_frsize
+    return (round(used / (used + free) * 100, 1) if used + free else 0.0), free
 
 
 class StorageCollector:
@@ -52,7 +60,7 @@ class StorageCollector:
             return None
 
     def _counters(self) -> dict[str, object]:
-        return dict(psutil.disk_io_counters(perdisk=True, nowrap=False) or {})
+        return dict(self._disk_counters())
 
     def _disk_counters(self) -> dict[str, tuple[int, int, int, int]]:
         """(reads, writes, bytes read, bytes written) of each whole disk: /proc/diskstats read as psutil reads
@@ -78,6 +86,8 @@ class StorageCollector:
                     int(written_sectors) * SECTOR_BYTES,
                 )
         if data is None:
+            import psutil  # only here: its modules are 0.9 MiB of the agent's 40 MiB budget
+
             return {
                 name: (c.read_count, c.write_count, c.read_bytes, c.write_bytes)
                 for name, c in (psutil.disk_io_counters(perdisk=True, nowrap=False) or {}).items()
@@ -116,14 +126,14 @@ class StorageCollector:
         ]
         for path in self._mounts:
             try:
-                usage = psutil.disk_usage(path)
+                used_pct, free = mount_usage(path)
             except OSError as exc:
                 if path not in self._missing:
                     log.warning("mount point %s unreadable: %s", path, exc)
                     self._missing.add(path)
                 continue
             self._missing.discard(path)
-            out.append(Sample(Entity.MOUNT, path, latest={"used_pct": usage.percent, "free_bytes": usage.free}))
+            out.append(Sample(Entity.MOUNT, path, latest={"used_pct": used_pct, "free_bytes": free}))
         return out
 
     def workloads(self) -> list[WorkloadRef]:

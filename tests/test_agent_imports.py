@@ -10,7 +10,17 @@ import subprocess
 import sys
 
 # Modules a GPU node's agent has no use for; the simulator only with --simulate.
-DENIED = ("optimizer", "collectors.sim", "multiprocessing", "numpy", "ortools", "aiohttp", "influxdb_client", "amqtt")
+DENIED = (
+    "optimizer",
+    "collectors.sim",
+    "psutil",
+    "multiprocessing",
+    "numpy",
+    "ortools",
+    "aiohttp",
+    "influxdb_client",
+    "amqtt",
+)
 
 AGENT = """
 import json, sys

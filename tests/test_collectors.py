@@ -326,3 +326,42 @@ def test_interface_counters_agree_with_psutil_on_this_machine() -> None:
         assert (
             b.errin + b.errout <= errors <= a.errin + a.errout and b.dropin + b.dropout <= drops <= a.dropin + a.dropout
         )
+
+
+def test_interfaces_and_their_speed_come_from_proc_net_dev_and_sysfs(tmp_path: Path) -> None:
+    """The interfaces a birth lists are those of the node's /proc/net/dev (loopback and virtual ones left out),
+    each with the speed its driver reports in sysfs, none where the link is down (the file unreadable) or the
+    driver does not know (-1). Red when the names or speeds are taken from the machine running the test
+    (psutil's view of this host, as before) instead of the collector's roots, or when -1 is passed on."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    for name in ("lo", "eth0", "eth1", "eth2", "veth9"):
+        _net(sysfs, name, 772 if name == "lo" else 1, device=name != "veth9")
+    (sysfs / "class" / "net" / "eth0" / "speed").write_text("25000\n")
+    (sysfs / "class" / "net" / "eth2" / "speed").write_text("-1\n")
+    (procfs / "net").mkdir(parents=True)
+    (procfs / "net" / "dev").write_text(
+        "Inter-|   Receive                                                |  Transmit\n"
+        " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls\n"
+        + "".join(f"{name:>6}: 10 1 0 0 0 0 0 0 20 2 0 0 0 0 0 0\n" for name in ("lo", "eth0", "eth1", "eth2", "veth9"))
+    )
+    nics = NicCollector(sysfs_root=sysfs, procfs_root=procfs).inventory().nics
+    assert {n.name: n.speed_mbps for n in nics} == {"eth0": 25000, "eth1": None, "eth2": None}
+
+
+def test_mount_usage_counts_the_blocks_kept_for_root_as_df_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A volume of 1000 blocks with 300 free, 250 of them free to users: 700 used of the 950 a user can have,
+    73.7 % (df's Use%), and 250 blocks free. Red when the root reserve counts as free (f_bfree: 70.0 %, and 50
+    blocks more free than a checkpoint written by a service user can take)."""
+    blocks = os.statvfs_result((4096, 4096, 1000, 300, 250, 100, 50, 50, 0, 255))
+    monkeypatch.setattr(os, "statvfs", lambda path: blocks)
+    storage = StorageCollector(sysfs_root=Path("/nonexistent"), mounts=["/ckpt"])
+    (mount,) = [s for s in storage.sample() if s.entity is Entity.MOUNT]
+    assert mount.latest == {"used_pct": 73.7, "free_bytes": 250 * 4096}
+
+
+def test_mount_usage_agrees_with_psutil_on_this_machine() -> None:
+    """psutil's disk_usage, the independent check, on the root file system; others write to it meanwhile."""
+    (mount,) = [s for s in StorageCollector(mounts=["/"]).sample() if s.entity is Entity.MOUNT]
+    usage = psutil.disk_usage("/")
+    assert abs(mount.latest["used_pct"] - usage.percent) <= 0.1
+    assert abs(mount.latest["free_bytes"] - usage.free) <= 256 * 2**20
