@@ -16,9 +16,10 @@ import pytest
 from conftest import FLEETFIT, free_port, simulated_fleet, three_actions
 from webhook_server import WebhookServer, webhook_server
 
-from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
+from agent.protocol import Finding, FindingKind, Plan, Recommendation, SolverReport, WorkloadClass
 from optimizer.decide.catalog import load_catalog
 from optimizer.plan.recommend import PlanSettings, plan_snapshot
+from optimizer.plan.render import render_table
 from optimizer.serve.alerts.alerter import Alerter
 from optimizer.serve.alerts.delivery import Webhook, redact, retry_after
 from optimizer.serve.alerts.journal import Journal
@@ -838,3 +839,69 @@ def test_broker_password_comes_from_a_file_or_the_environment(
     in_url = broker_settings("mqtt://u:p%40ss@127.0.0.1", "5", None, {})
     assert in_url.password is not None and in_url.password.get_secret_value() == "p@ss"
     assert "visible to every user" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ GPUs waiting on their node
+
+
+def waiting(n: int, usd: float, detail: str = "its GPUs at 40 % while the node reads at a flat 1.5 GB/s") -> Finding:
+    return Finding(
+        workload=f"slurm/{n}",
+        workload_name=f"train-{n}",
+        kind=FindingKind.INPUT_STARVED_TRAINING,
+        hardware="H100-SXM5-80GB",
+        nodes=[f"h100-{n:03d}"],
+        wasted_usd_per_hour=usd,
+        confidence=0.9,
+        detail=detail,
+        fix="stage the dataset on local NVMe",
+    )
+
+
+async def test_chat_says_the_gpus_waiting_on_their_node_in_the_plans_words(tmp_path: Path) -> None:
+    """A plan with one move, seven trainings waiting on their node at $1-7/hour and a misplacement finding: Slack,
+    Mattermost, Teams and the generic webhook each say the five costliest ($7 down to $3), costliest first, with
+    their fix, in the words ``fleetfit plan`` prints; the misplacement is not among them. Deliberate bugs: the
+    alerter not handing the plan's findings to the notice (no section anywhere), ``waiting_on_node`` sorted
+    cheapest first ($1 and $2 shown), the generic payload worded apart from the plan's text."""
+    misplaced = waiting(99, 50.0).model_copy(update={"kind": FindingKind.SERVING_ON_TRAINING_HARDWARE, "fix": None})
+    plan = plan_of([rec(1)]).model_copy(update={"findings": [waiting(i, float(i)) for i in range(1, 8)] + [misplaced]})
+    with webhook_server() as server:
+        kinds = ("slack", "mattermost", "teams", "generic")
+        alerter = Alerter(settings(*(receiver(server, k, k) for k in kinds)), Journal(tmp_path / "a.db"))
+        task = asyncio.create_task(alerter.run())
+        alerter.observe(plan, {})
+        got = await asyncio.to_thread(server.wait_for, 4, 10.0)
+        task.cancel()
+        await alerter.close()
+    bodies = {r.path.split("/")[2]: r.json() for r in got}
+    printed = [line.strip() for line in render_table(plan).splitlines() if "input starved training" in line]
+    costliest = [next(line for line in printed if line.startswith(f"train-{n} on")) for n in (7, 6, 5, 4, 3)]
+    assert [w["text"] for w in bodies["generic"]["waiting"]] == costliest
+    assert costliest[0].startswith("train-7 on h100-007") and printed[0].endswith(
+        "fix: stage the dataset on local NVMe"
+    )
+    for kind in kinds:
+        text = json.dumps(bodies[kind], ensure_ascii=False)
+        assert "GPUs waiting on their node" in text or kind == "generic", kind
+        shown = [f"${n}.00/hour" for n in range(1, 8) if f"${n}.00/hour" in text]
+        assert shown == ["$3.00/hour", "$4.00/hour", "$5.00/hour", "$6.00/hour", "$7.00/hour"], kind
+        assert text.index("$7.00/hour") < text.index("$3.00/hour"), kind
+        assert text.count("fix: stage the dataset on local NVMe") == 5 and "train-99" not in text, kind
+
+
+def test_the_waiting_section_stays_within_each_platforms_limits() -> None:
+    """120 moves beside seven waiting findings with 5000-character evidence: Slack keeps 50 blocks and 3000
+    characters a section, the waiting section listing what fits and counting the rest; Teams stays under 28 KB.
+    Deliberate bugs: the evidence not clipped (WAITING_DETAIL_CHARS at 10 000: the section over 3000 or no line
+    shown), the Slack section's length check dropped."""
+    notice = notice_of(120, resolved=3)
+    notice.waiting = [waiting(i, float(10 - i), detail="x" * 5000) for i in range(7)]
+    body = json.loads(render("slack", notice, 40_000))
+    assert len(body["blocks"]) <= 50
+    (section,) = [b for b in body["blocks"] if "GPUs waiting on their node" in b.get("text", {}).get("text", "")]
+    text = section["text"]["text"]
+    assert len(text) <= 3000
+    lines = text.count("\n– ")
+    assert 1 <= lines < 7 and f"and {7 - lines} more" in text
+    assert len(render("teams", notice, 28_000)) <= 28_000

@@ -183,7 +183,7 @@ def _chat(kind: str, body: dict[str, Any]) -> Listing:
                 )
     elif kind == "mattermost":
         summary = _unmarkdown(body["text"].split("\n")[1])
-        for a in body["attachments"]:
+        for a in (a for a in body["attachments"] if "fields" in a):  # the actions, not what waits on its node
             number, action = _unmarkdown(a["title"]).split(". ", 1)
             facts = {f["title"]: _unmarkdown(f["value"]) for f in a["fields"]}
             actions.append((int(number), action, _money(facts["Saving"]), _wave_field(facts["Wave"])))

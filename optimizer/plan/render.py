@@ -10,10 +10,42 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from agent.protocol import Plan, Purchase, Recommendation
+from agent.protocol import Finding, FindingKind, Plan, Purchase, Recommendation
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+# GPUs paid for while they wait on the rest of their node (optimizer/decide/nodefit.py): fixed there, not by a move
+REST_OF_NODE = frozenset(
+    {
+        FindingKind.INPUT_STARVED_TRAINING,
+        FindingKind.CHECKPOINT_STALL,
+        FindingKind.SLOW_COLD_START,
+        FindingKind.MIXED_NODE,
+    }
+)
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
+def finding_text(f: Finding, name: Callable[[str], str] = _as_is, esc: Callable[[str], str] = _as_is) -> str:
+    """A finding in words, as the plan's text and chat say it: what agents named (the workload, its nodes) set
+    apart by ``name``, the rest escaped by ``esc``."""
+    nodes = ",".join(name(n) for n in f.nodes)
+    fix = f"; fix: {esc(f.fix)}" if f.fix else ""
+    return (
+        f"{name(f.workload_name)} on {nodes} [{esc(f.hardware)}]: {f.kind.value.replace('_', ' ')}, "
+        f"${f.wasted_usd_per_hour:,.2f}/hour ({esc(f.detail)}){fix}"
+    )
+
+
+def waiting_on_node(findings: Iterable[Finding], top: int) -> list[Finding]:
+    """The ``top`` costliest findings of GPUs waiting on the rest of their node."""
+    rest = [f for f in findings if f.kind in REST_OF_NODE]
+    return sorted(rest, key=lambda f: (-f.wasted_usd_per_hour, f.workload))[:top]
 
 
 def printable(text: str) -> str:
@@ -212,10 +244,7 @@ def render_table(plan: Plan, every_answer: bool = False) -> str:
             f"findings (misplacements and GPUs waiting on the rest of their node), wasting ${waste:,.2f}/hour:"
         )
         for f in plan.findings:
-            lines.append(
-                f"  {f.workload_name} on {','.join(f.nodes)} [{f.hardware}]: {f.kind.value.replace('_', ' ')}, "
-                f"${f.wasted_usd_per_hour:,.2f}/hour ({f.detail})" + (f"; fix: {f.fix}" if f.fix else "")
-            )
+            lines.append(f"  {finding_text(f)}")
     if plan.recommendations:
         lines.append("")
         lines.append(

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.protocol import Plan, Recommendation
+from agent.protocol import Finding, Plan, Recommendation
+from optimizer.plan.render import waiting_on_node
 from optimizer.serve.alerts.delivery import Webhook
 from optimizer.serve.alerts.journal import Journal, Sent, Settling, SettlingUnsaved
 from optimizer.serve.alerts.notice import Item, Notice, Status
@@ -24,6 +25,9 @@ from optimizer.serve.alerts.settings import AlertSettings, ReceiverSettings
 from optimizer.serve.lifecycle import DB_NAME, RecState
 
 log = logging.getLogger(__name__)
+# GPUs waiting on their node said in a notice: the costliest few, so the moves keep the message (each line carries
+# its evidence and fix, a few hundred characters)
+WAITING_SHOWN = 5
 
 
 @dataclass(slots=True)
@@ -53,6 +57,7 @@ class Alerter:
         # posts not yet in the alert log (its disk was full): written at the next chance, in order
         self._unjournaled: list[tuple[str, str, list[str], list[str], float]] = []
         self._pending: dict[tuple[str, str], _Group] = {}
+        self._waiting: dict[str, list[Finding]] = {}  # per site, from its latest plan
         self._wake = asyncio.Event()
         self.on_post: Callable[[str], None] | None = None  # told the site of each post once it is in the alert log
 
@@ -94,6 +99,7 @@ class Alerter:
         moves this plan applied or expired."""
         self._journal()  # posts the alert log could not take before
         now = self.clock()
+        self._waiting[plan.site] = waiting_on_node(plan.findings, WAITING_SHOWN)
         resolved = list(resolved)
         try:
             settling = self.journal.proposed(plan.site, [r.id for r in plan.recommendations], plan.generated_at, now)
@@ -160,7 +166,13 @@ class Alerter:
 
     async def _send(self, group: _Group) -> bool:
         webhook = self.webhooks[group.receiver]
-        notice = Notice(group.site, group.generated_at, list(group.items.values()), self.settings.link)
+        notice = Notice(
+            group.site,
+            group.generated_at,
+            list(group.items.values()),
+            self.settings.link,
+            self._waiting.get(group.site, []),
+        )
         body = render(webhook.receiver.kind, notice, webhook.receiver.byte_limit)
         try:
             posted = await webhook.post(body)

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from agent.protocol import Recommendation, WorkloadClass
+from agent.protocol import Finding, Recommendation, WorkloadClass
 from optimizer.plan.render import numbered, order_key, total_text
 from optimizer.serve.alerts.settings import Severity
 
@@ -43,6 +43,8 @@ class Notice:
     generated_at: float
     items: list[Item] = field(default_factory=list)
     link: str | None = None
+    # the plan's costliest GPUs waiting on the rest of their node (a fix there, not a move): said beside the moves
+    waiting: list[Finding] = field(default_factory=list)
 
     @property
     def firing(self) -> list[Item]:

@@ -18,8 +18,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agent.protocol import Recommendation
-from optimizer.plan.render import action_text, kind_of, savings_by_kind, total_text, waits, waves_of
+from agent.protocol import Finding, Recommendation
+from optimizer.plan.render import (
+    action_text,
+    finding_text,
+    kind_of,
+    savings_by_kind,
+    total_text,
+    waits,
+    waves_of,
+)
 from optimizer.serve.alerts import escape
 from optimizer.serve.alerts.notice import Item, Notice
 from optimizer.serve.alerts.settings import ReceiverKind, Severity
@@ -27,7 +35,7 @@ from optimizer.serve.alerts.settings import ReceiverKind, Severity
 Json = dict[str, Any]
 
 SLACK_MAX_BLOCKS = 50
-SLACK_MAX_ITEMS = 44  # header, summary, 44 moves, "more", resolved, footer: 49 blocks
+SLACK_MAX_ITEMS = 44  # header, summary, 44 moves, resolved, waiting on their node, footer with "more": 49 blocks
 SECTION_CHARS = 3000  # Slack's limits on a section's text and on a field
 FIELD_CHARS = 2000
 COLOURS = {Severity.CRITICAL: "#d00000", Severity.WARNING: "#e8a200", Severity.INFO: "#439fe0"}
@@ -91,6 +99,27 @@ def _resolved_line(item: Item, name: Escape = _same, esc: Escape = _same) -> str
     return f"{action_text(_named(r, name, esc))}: {how}"
 
 
+WAITING_TITLE = "GPUs waiting on their node"
+# A finding's evidence and fix as chat shows them: a line stays a few hundred characters, so five fit one Slack
+# section (3000) and the moves keep the rest of a message
+WAITING_DETAIL_CHARS = 400
+WAITING_FIX_CHARS = 300
+
+
+def _waiting_lines(notice: Notice, name: Escape, esc: Escape) -> list[str]:
+    """Each waiting finding in the words the plan's text uses (``finding_text``), its evidence and fix clipped."""
+    out = []
+    for f in notice.waiting:
+        short = f.model_copy(
+            update={
+                "detail": _clip(f.detail, WAITING_DETAIL_CHARS),
+                "fix": None if f.fix is None else _clip(f.fix, WAITING_FIX_CHARS),
+            }
+        )
+        out.append(finding_text(short, name, esc))
+    return out
+
+
 def _summary(notice: Notice) -> str:
     recs = [i.recommendation for i in notice.firing]
     return f"{len(recs)} recommended action(s) in {waves_of(recs)} wave(s), {total_text(recs)} in all"
@@ -138,6 +167,14 @@ def slack(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
             lines.append(line)
         omitted += len(resolved) - (len(lines) - 1)
         blocks.append({"type": "section", "text": _mrkdwn("\n".join(lines))})
+    if notice.waiting:
+        lines = [f"*{WAITING_TITLE}*"]
+        for line in _waiting_lines(notice, code, md):  # as many as the section holds
+            if len("\n".join([*lines, f"– {line}"])) > SECTION_CHARS - 20:
+                lines.append(f"_{_more(len(notice.waiting) - len(lines) + 1)}_")
+                break
+            lines.append(f"– {line}")
+        blocks.append({"type": "section", "text": _mrkdwn("\n".join(lines))})
     footer = [_mrkdwn(f"fleetfit plan of {_when(notice.generated_at)}")]
     if omitted:
         footer.insert(0, _mrkdwn(f"*{_more(omitted)}*"))
@@ -170,6 +207,14 @@ def mattermost(notice: Notice, firing: list[Item], resolved: list[Item], omitted
                 "color": RESOLVED_COLOUR,
                 "title": "Resolved",
                 "text": "\n".join(f"- {_resolved_line(i, code, md)}" for i in resolved),
+            }
+        )
+    if notice.waiting:
+        attachments.append(
+            {
+                "fallback": f"{len(notice.waiting)} {WAITING_TITLE}",
+                "title": WAITING_TITLE,
+                "text": "\n".join(f"- {line}" for line in _waiting_lines(notice, code, md)),
             }
         )
     text = f"**{_title(notice, code)}**"
@@ -207,6 +252,9 @@ def teams(notice: Notice, firing: list[Item], resolved: list[Item], omitted: int
     if resolved:
         lines = "\n".join(f"- {_resolved_line(i, md, md)}" for i in resolved)
         body.append({"type": "TextBlock", "text": f"**Resolved**\n\n{lines}", "wrap": True, "separator": True})
+    if notice.waiting:
+        lines = "\n".join(f"- {line}" for line in _waiting_lines(notice, md, md))
+        body.append({"type": "TextBlock", "text": f"**{WAITING_TITLE}**\n\n{lines}", "wrap": True, "separator": True})
     if omitted:
         body.append({"type": "TextBlock", "text": _more(omitted), "isSubtle": True})
     card: Json = {
@@ -256,6 +304,20 @@ class GenericMove(BaseModel):
     detail: str = Field(default="", description="carried_out or failed: the backend and its command, or its output")
 
 
+class GenericWaiting(BaseModel):
+    """GPUs waiting on the rest of their node: a finding of the plan, fixed on its node rather than by a move."""
+
+    workload: str
+    workload_name: str
+    kind: str
+    hardware: str
+    nodes: list[str]
+    wasted_usd_per_hour: float
+    detail: str
+    fix: str | None = None
+    text: str = Field(description="the finding in words, as the plan's text (fleetfit plan, the demo) says it")
+
+
 class GenericAlert(BaseModel):
     """The generic webhook body (``schema`` ``fleetfit.alert``, ``version`` 1)."""
 
@@ -273,6 +335,23 @@ class GenericAlert(BaseModel):
     resolved: list[GenericMove]
     omitted: int = Field(ge=0, description="moves left out to stay under the receiver's size limit")
     link: str | None = None
+    waiting: list[GenericWaiting] = Field(
+        default_factory=list, description="the plan's costliest GPUs waiting on their node (added within version 1)"
+    )
+
+
+def _generic_waiting(f: Finding) -> GenericWaiting:
+    return GenericWaiting(
+        workload=f.workload,
+        workload_name=f.workload_name,
+        kind=f.kind.value,
+        hardware=f.hardware,
+        nodes=f.nodes,
+        wasted_usd_per_hour=f.wasted_usd_per_hour,
+        detail=f.detail,
+        fix=f.fix,
+        text=finding_text(f),
+    )
 
 
 def _generic_move(item: Item, number: int | None = None) -> GenericMove:
@@ -301,6 +380,7 @@ def generic(notice: Notice, firing: list[Item], resolved: list[Item], omitted: i
         resolved=[_generic_move(i) for i in resolved],
         omitted=omitted,
         link=notice.link,
+        waiting=[_generic_waiting(f) for f in notice.waiting],
     )
     return alert.model_dump(mode="json", by_alias=True)
 
