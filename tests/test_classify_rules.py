@@ -509,12 +509,22 @@ def test_busy_gpus_moving_apart_are_counted_once_for_batch() -> None:
     assert weigh(features(2, mean_util=75.0))[BAT] > weigh(features(2, mean_util=75.0, gpu_link_bps=2.1e9))[BAT]
 
 
-@pytest.mark.parametrize(("inbound_connections", "acted_on"), [(None, False), (0, True)])
-def test_replicas_moving_apart_alone_are_not_acted_on_as_batch(inbound_connections: int | None, acted_on: bool) -> None:
-    """A service's per-GPU workers move apart as batch replicas do, so replicas alone lean to batch without
-    reaching acting confidence; nobody connected to a busy workload (schema 2) is what batch alone shows. Red when
-    _defining(BAT) counts replicas again (the first row reaches 0.69)."""
-    f = features(2, mean_util=60.0, busy_cv=0.05, lockstep=0.2, inbound_connections=inbound_connections)
+@pytest.mark.parametrize(
+    ("fields", "acted_on"),
+    [
+        ({"mean_util": 60.0, "lockstep": 0.2}, False),
+        ({"mean_util": 60.0, "lockstep": 0.2, "inbound_connections": 0}, True),
+        ({"mean_util": 75.0, "intensity": 0.9}, False),
+        ({"mean_util": 75.0, "intensity": 0.9, "inbound_connections": 0}, True),
+    ],
+)
+def test_replicas_alone_are_not_acted_on_as_batch(fields: dict[str, Any], acted_on: bool) -> None:
+    """A service's per-GPU workers exchange nothing and move apart as batch replicas do, so replicas alone (read
+    from their correlation, or from busy GPUs whose links carry no bytes) lean to batch without reaching acting
+    confidence; nobody connected to a busy workload (schema 2) is what batch alone shows. Red when _defining(BAT)
+    counts replicas again, by correlation (the first row reaches 0.69) or by bytes (the third, dense kernels at
+    75 %, reaches 0.63)."""
+    f = features(2, busy_cv=0.05, **fields)
     result = classify(f)
     assert result.workload_class is BAT, result
     assert (result.confidence >= 0.6) is acted_on, result

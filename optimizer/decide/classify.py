@@ -510,9 +510,9 @@ _ARTICLE = {TR: "a training job", INF: "a service", BAT: "a batch job", NB: "a n
 def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
     """Whether anything was seen that (nearly) only class ``c`` does: for training, gradient exchange, saves, a step
     period, several nodes; for serving, clients (connected, or their traffic where it is the workload's own), a
-    daily cycle, load following arrivals; for batch, busy GPUs exchanging nothing, results written or uploaded
-    with no client connected, or busy with none connected (replicas whose load moves apart are not batch's alone:
-    a service's per-GPU workers move apart as much); for notebooks, bursts between idle minutes. A program
+    daily cycle, load following arrivals; for batch, results written or uploaded with no client connected, or busy
+    with none connected (GPUs exchanging nothing, whether their load moves apart or their links carry no bytes, are
+    not batch's alone: a service's per-GPU workers do the same); for notebooks, bursts between idle minutes. A program
     on the command line (schema 2) counts; a process name does not (comm is generic or cut, and engines run
     offline batches under the same name), except a notebook kernel's, which nothing else is called."""
     program = f.program if f.program and f.program.lower() not in GENERIC_NAMES else None
@@ -538,12 +538,7 @@ def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
         )
     if c is BAT:
         no_clients = f.inbound_connections == 0 and f.mean_util >= 50
-        return (
-            (f.gpus > 1 and f.mean_util >= 70 and f.gpu_link_bps < 2e9 and f.east_west_bps < 1e8)
-            or (alone and f.write_bps >= 2e6)
-            or no_clients
-            or _matches(program, BATCH_NAMES)
-        )
+        return (alone and f.write_bps >= 2e6) or no_clients or _matches(program, BATCH_NAMES)
     return (f.zero_seconds >= 0.4 and f.busy_seconds >= CELL_SECONDS) or _matches(f.program or f.hint, NOTEBOOK_NAMES)
 
 
