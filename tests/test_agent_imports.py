@@ -42,3 +42,29 @@ def test_agent_loads_no_optimizer_or_simulator_module() -> None:
     denied = [m for m in loaded if any(m == d or m.startswith(d + ".") for d in DENIED)]
     assert denied == []
     assert "agent.service" in loaded and "collectors.host" in loaded  # the probe did load the agent
+
+
+CLI = """
+import json, sys
+from optimizer.commands.cli import build_parser
+build_parser().parse_args(["agent", "--once"])
+print(json.dumps(sorted(sys.modules)))
+"""
+# The command line itself lives in optimizer.commands; what it must not pull in for `fleetfit agent`:
+CLI_DENIED = (
+    *tuple(d for d in DENIED if d not in ("optimizer", "collectors.sim")),
+    "optimizer.decide",
+    "optimizer.plan",
+    "optimizer.serve",
+)
+
+
+def test_fleetfit_agent_parses_its_command_without_the_simulator() -> None:
+    """Red when the parser imports collectors.sim.scenarios or .backfill again for the scenario and exporter names
+    it offers (the whole simulator, ~2.5 MiB, resident in every real node's agent)."""
+    out = subprocess.run([sys.executable, "-c", CLI], capture_output=True, text=True, check=True, timeout=60)
+    loaded = json.loads(out.stdout)
+    light = ("optimizer.serve", "optimizer.serve.tokens")  # the token command's roles: the standard library only
+    denied = [m for m in loaded if m not in light and any(m == d or m.startswith(d + ".") for d in CLI_DENIED)]
+    simulator = [m for m in loaded if m.startswith("collectors.sim.") and m != "collectors.sim.names"]
+    assert denied == [] and simulator == []

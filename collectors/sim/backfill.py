@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO
 
 from collectors.sim.exporter import (
     KUBE_FAMILIES,
@@ -36,11 +36,9 @@ from collectors.sim.exporter import (
     node_series,
     node_view,
 )
+from collectors.sim.names import HistoryFormat
 from collectors.sim.scenarios import ScenarioNode, simulated_node
 from collectors.sim.spec import DAY_S
-
-HistoryFormat = Literal["openmetrics", "victoriametrics"]
-HISTORY_FORMATS: tuple[HistoryFormat, ...] = ("openmetrics", "victoriametrics")
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from collectors.base import Entity
+from collectors.sim.names import FieldSet
 from collectors.sim.node import Latest, SimulatedNode, activity, simulated_namespace
 from collectors.sim.spec import Pattern, WorkloadSpec
-
-FieldSet = Literal["basic", "default", "all"]
-FIELD_SETS: tuple[FieldSet, ...] = ("basic", "default", "all")
 
 # A driver of the R550 data-centre branch, as DCGM_FI_DRIVER_VERSION carries it: any version reads the same here.
 DRIVER_VERSION = "550.54.15"

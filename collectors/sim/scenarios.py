@@ -36,12 +36,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from agent.protocol import FindingKind
+from collectors.sim.names import SCENARIOS  # offered by `fleetfit simulate`
 from collectors.sim.node import SimulatedNode
 from collectors.sim.profiles import PROFILES
 from collectors.sim.spec import Pattern, WorkloadSpec
 from collectors.sim.workloads import Background, draw_background
 
-SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
 # Built by build_scenario for benchmarks and tests (bench/classify.py), not offered by `fleetfit simulate`.
 BENCH_SCENARIOS = ("services",)
 PEAK_PHASE = math.pi / 2  # sin() at its maximum: online inference starts at its daily peak

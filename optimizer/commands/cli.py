@@ -803,7 +803,7 @@ def _group_help(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from collectors.sim.scenarios import SCENARIOS
+    from collectors.sim.names import SCENARIOS
 
     parser = cliargs.Parser(
         prog="fleetfit",
@@ -1112,8 +1112,7 @@ def _global_options_everywhere(parser: argparse.ArgumentParser) -> None:
 
 def _add_exporter_arguments(p: argparse.ArgumentParser) -> None:
     """simulate's dcgm-exporter options (docs/simulator.md)."""
-    from collectors.sim.backfill import HISTORY_FORMATS
-    from collectors.sim.exporter import FIELD_SETS
+    from collectors.sim.names import FIELD_SETS, HISTORY_FORMATS
 
     g = p.add_argument_group("dcgm-exporter, kube-state-metrics, cAdvisor and node_exporter series")
     g.add_argument(
