@@ -62,9 +62,10 @@ UNSEEN_CONFIDENCE = 0.55  # at most, for a class nothing only it does was seen i
 # as whole idle seconds let them be (_arrival_gap_cv); half of that is the bar.
 REQUEST_STARTS_PER_MIN = 1.5
 REQUEST_GAP_CV = 0.5  # of the variation random arrivals give
-# A notebook cell runs for seconds to minutes at a level a model's kernels reach (the simulator's cells: 5-30 s at
-# 50-95 %, an estimate of a person's interactive run); an abandoned allocation reads 0 % every second. Work this
-# long at this level, between idle minutes, is someone at a kernel, not an allocation to reclaim.
+# A notebook cell that uses the GPU (a forward pass over a batch, a few training steps) keeps its kernels running for
+# seconds to minutes at a level a model's matmuls reach (an estimate; 5 s is the shortest such run counted); an
+# abandoned allocation reads 0 % every second. Work this long at this level between idle minutes is someone at a
+# kernel, not an allocation to reclaim.
 CELL_SECONDS = 5
 CELL_LEVEL = 30.0
 PARTIAL_BATCH_LEVEL = 95.0  # % busy, below which a memory-bound engine's batch is not full
