@@ -66,6 +66,23 @@ NVLINK_RX = "DCGM_FI_PROF_NVLINK_RX_BYTES"
 # Among dcgm-exporter's default counters: NVLink throughput of all links, both directions, in MB/s (DCGM's own field
 # table, dcgmlib/src/dcgm_fields.cpp, gives it DCGM_FIELD_UNIT_BW_MBPS), though default-counters.csv calls it a counter.
 NVLINK_TOTAL = "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"
+# Throttling (none of these is among dcgm-exporter's default counters: etc/default-counters.csv leaves the two
+# violation counters commented out and lists neither the reasons nor the limits). Field 112 (dcgm_fields.h), a
+# bitmask of NVML's clocks-event reasons, renamed from CLOCK_THROTTLE_REASONS in DCGM 3.3; either name is read.
+CLOCK_EVENTS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
+THROTTLE_REASONS = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+POWER_VIOLATION = "DCGM_FI_DEV_POWER_VIOLATION"  # field 240: microseconds clocks were held by power, a counter
+THERMAL_VIOLATION = "DCGM_FI_DEV_THERMAL_VIOLATION"  # field 241: the same for heat
+# The reasons that cost a workload speed, as the agent counts them (collectors/gpu.py, from nvml.h
+# nvmlClocksEventReason*): SW power cap 0x4 and HW power brake 0x80, SW thermal 0x20 and HW thermal 0x40, HW slowdown
+# 0x8. GPU idle 0x1, applications clocks 0x2, sync boost 0x10 and display clocks 0x100 slow no work.
+REASON_BITS = (
+    ("power_capped_pct", 0x4 | 0x80),
+    ("thermal_slowdown_pct", 0x20 | 0x40),
+    ("hw_slowdown_pct", 0x8),
+)
+VIOLATIONS = ((POWER_VIOLATION, "power_violation_pct"), (THERMAL_VIOLATION, "thermal_violation_pct"))
+THROTTLE_METRICS = (CLOCK_EVENTS, THROTTLE_REASONS, POWER_VIOLATION, THERMAL_VIOLATION)
 
 # Every series read, and what each becomes in a window's GPU: (field, scale to the protocol's unit).
 FIELDS: dict[str, tuple[str, float]] = {
@@ -86,10 +103,10 @@ FIELDS: dict[str, tuple[str, float]] = {
     GR_ENGINE: ("gr_engine", 100.0),  # utilisation where NVML has none (MIG instances)
 }
 INVENTORY_ONLY = (FB_FREE, FB_RESERVED, POWER_LIMIT, ENFORCED_LIMIT)
-METRICS = (*FIELDS, *INVENTORY_ONLY)
-# Read point by point (a sampled second each); every other series is read as one figure a window, its mean, or for
-# these its most (memory held, the GPU's memory and power limits).
-RAW = frozenset({GPU_UTIL, GR_ENGINE})
+METRICS = (*FIELDS, *INVENTORY_ONLY, *THROTTLE_METRICS)
+# Read point by point (a sampled second each; a bitmask and counters, which no mean summarises); every other series
+# is read as one figure a window, its mean, or for these its most (memory held, the GPU's memory and power limits).
+RAW = frozenset({GPU_UTIL, GR_ENGINE, *THROTTLE_METRICS})
 # Kept in the windows (and the store) but read by no feature: an import for a snapshot leaves them out.
 STORE_ONLY = frozenset({MEM_COPY_UTIL, GPU_TEMP, SM_CLOCK, SM_ACTIVE})
 PEAKS = frozenset({FB_USED, FB_FREE, FB_RESERVED, POWER_LIMIT, ENFORCED_LIMIT})
@@ -442,6 +459,8 @@ def windows(node: NodeSeries, site: str, start: float, end: float, length: float
             if target in PERCENT and max(values) > 100.0:
                 values = [min(v, 100.0) for v in values]
             fields[target] = (values, _cut(points.times, bounds))
+        for target, (times, values) in _throttle_series(device).items():
+            fields[target] = (values, _cut(times, bounds))
         source = fields.pop("util", None) or fields.get("gr_engine")
         fields.pop("gr_engine", None)
         if source is None:
@@ -509,6 +528,29 @@ def windows(node: NodeSeries, site: str, start: float, end: float, length: float
                 "workloads": refs[:64],
             }
         )
+    return out
+
+
+def _throttle_series(device: Device) -> dict[str, tuple[list[float], list[float]]]:
+    """The device's throttle figures as the agent's window fields, each (times, % values): 100 where a reason held
+    at a scrape, else 0; a violation counter as the share of each interval between two points it grew by."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    reasons = device.metrics.get(CLOCK_EVENTS) or device.metrics.get(THROTTLE_REASONS)
+    if reasons is not None and reasons.values:
+        masks = [int(v) for v in reasons.values]
+        for target, bits in REASON_BITS:
+            out[target] = (reasons.times, [100.0 if m & bits else 0.0 for m in masks])
+    for metric, target in VIOLATIONS:
+        points = device.metrics.get(metric)
+        if points is None:
+            continue
+        times, shares = [], []
+        for (t0, v0), (t1, v1) in pairwise(zip(points.times, points.values, strict=True)):
+            if t1 > t0 and v1 >= v0:  # a counter that fell was reset (a driver reload): that interval is unknown
+                times.append(t1)
+                shares.append(min(100.0, (v1 - v0) / ((t1 - t0) * 1e6) * 100.0))
+        if shares:
+            out[target] = (times, shares)
     return out
 
 

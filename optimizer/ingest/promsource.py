@@ -39,6 +39,7 @@ from optimizer.ingest.dcgm import (
     RAW,
     SLURM_JOBS,
     STORE_ONLY,
+    THROTTLE_METRICS,
     NodeSeries,
     PodMeta,
     Tally,
@@ -346,6 +347,8 @@ class PrometheusSource:
         queries: list[tuple[str, str, float, float, float]] = [
             (GPU_UTIL, selector(GPU_UTIL), start, last, s.step),
             (GR_ENGINE, selector(GR_ENGINE, 'GPU_I_ID!=""'), start, last, s.step),  # MIG instances only
+            # a bitmask and two counters, which no mean summarises; absent unless the exporter's CSV enables them
+            *((m, selector(m), start, last, s.step) for m in THROTTLE_METRICS),
         ]
         length = f"{round(s.window)}s"
         for metric in METRICS:
