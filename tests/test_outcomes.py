@@ -443,6 +443,41 @@ def test_a_workloads_load_since_a_move_is_read_from_its_own_gpus_figures() -> No
         assert period.p95 == pytest.approx(max(u.p95 for u in own), rel=1e-6)
 
 
+@pytest.mark.parametrize(("limit_w", "kept"), [(700.0, True), (420.0, False)])
+def test_a_power_cap_at_the_boards_tdp_still_teaches_but_a_lowered_limit_does_not(limit_w: float, kept: bool) -> None:
+    """Load seen on GPUs at their power cap teaches the planner only where the limit is the board's own: dense
+    training on an H100 SXM meets its 700 W TDP as designed (the catalog's speeds were measured so), while a limit
+    lowered to 420 W (60 %, under the 95 % the findings use) slows it below its datasheet. Deliberate bug caught:
+    the older rule, any power-capped window left out whatever the limit, which learned nothing from a busy H100."""
+    from agent.protocol import Stats, TopicKind, encode, node_topic
+    from agent.simulate import offline_windows, shift_to_now
+    from collectors.sim.scenarios import build_scenario
+    from optimizer.ingest.fleet import Fleet
+    from optimizer.serve.outcomes import observe
+
+    node = build_scenario("mixed", 6, seed=3)[2]  # eight H100s training
+    birth, windows = offline_windows(node, 8, site="s")
+    capped = Stats.of([100.0])  # held at the power cap every second
+    windows = [
+        w.model_copy(update={"gpus": [g.model_copy(update={"power_capped_pct": capped, "power_limit_w": limit_w})
+                                      for g in w.gpus]})
+        for w in shift_to_now(windows)
+    ]  # fmt: skip
+    fleet = Fleet("p")
+    assert fleet.ingest(node_topic("p", "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        assert fleet.ingest(node_topic("p", "s", node.name, TopicKind.TELEMETRY), encode(w))
+    (ref,) = windows[0].workloads
+    rec = _rec(0.5, 1.0, 1.0, workload=ref.id, to_node=node.name, to_hardware="H100 80GB SXM")
+    seen = observe(fleet, load_catalog(), Outcome(rec, "s", windows[0].start - 1, None), windows[-1].end + 1)
+    if kept:
+        # every window's load counts: eight windows of 10 s
+        assert seen.observation is not None
+        assert seen.observation.hours == pytest.approx(sum(w.end - w.start for w in windows) / 3600, abs=1e-3)
+    else:
+        assert seen.observation is None
+
+
 # ------------------------------------------------------------------------------------------ unreadable rows
 
 

@@ -33,7 +33,15 @@ import numpy as np
 
 from agent.protocol import GpuInfo
 from optimizer.decide.catalog import load_catalog
-from optimizer.ingest.digest import ROW_SECONDS, ROW_SERIES_AT, THROTTLED_PCT, Blind, Throttle, WindowDigest
+from optimizer.ingest.digest import (
+    ROW_SECONDS,
+    ROW_SERIES_AT,
+    THROTTLED_PCT,
+    Blind,
+    Throttle,
+    WindowDigest,
+    lowered_limit,
+)
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.history import DIGEST_SECONDS, Digest
 from optimizer.ingest.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy, units
@@ -46,11 +54,6 @@ PERIOD_SECONDS = 720  # the most recent seconds of per-second load a step period
 # Seconds between a window's samples past which its series is no per-second load (points read from Prometheus):
 # an agent's are 1 s apart, 2 s when it is late; a training step lasts 0.2-10 s.
 SPARSE_SPACING = 5.0
-# A GPU held at a power limit below this share of its board's TDP runs slower than its datasheet: someone lowered
-# the limit (nvidia-smi -pl, the site's power capping). At the default limit, which is the TDP, dense work
-# meets the cap as designed, and the catalog's throughput was measured so (MLPerf runs at default limits); 5 %
-# allows for boards whose default sits a little under the family's TDP (an estimate).
-LOWERED_LIMIT = 0.95
 # Windows on GPUs held down (THROTTLED_PCT or more of a window) are left out of a workload's load figures while
 # this many others remain on the node, as many as the classifier needs (optimizer/decide/classify.py
 # MIN_WINDOWS): load on a slowed GPU reads higher than the work needs, and would make it look as if it needed
@@ -351,7 +354,7 @@ def _held_down(
         if t is None:
             continue
         tdp = _board_tdp(gpu_info, t.gpu)
-        lowered = tdp is not None and not math.isnan(t.power_limit_w) and t.power_limit_w < LOWERED_LIMIT * tdp
+        lowered = lowered_limit(t, tdp)  # the one rule (optimizer/ingest/digest.py)
         power = t.power_pct if lowered else 0.0
         held = max(power, t.thermal_pct, t.hw_slowdown_pct)
         for k, value in enumerate((power, t.thermal_pct, t.hw_slowdown_pct, held)):

@@ -447,6 +447,23 @@ def digest(
 # An estimate: a GPU held below its clocks (power cap, power brake, heat) for a fifth of a window or more runs its
 # work measurably slower than its datasheet, so what it shows is not what the hardware can do.
 THROTTLED_PCT = 20.0
+# A GPU held at a power limit below this share of its board's TDP runs slower than its datasheet: someone lowered
+# the limit (nvidia-smi -pl, the site's power capping). At the default limit, which is the TDP, dense work
+# meets the cap as designed, and the catalog's throughput was measured so (MLPerf runs at default limits); 5 %
+# allows for boards whose default sits a little under the family's TDP (an estimate).
+LOWERED_LIMIT = 0.95
+
+
+def lowered_limit(t: Throttle, tdp_w: float | None) -> bool:
+    """Whether the GPU enforced a power limit lowered below its board's TDP (``LOWERED_LIMIT``): only then does
+    time at the power cap slow it below its datasheet. False where the limit or the TDP is not known."""
+    return tdp_w is not None and not math.isnan(t.power_limit_w) and t.power_limit_w < LOWERED_LIMIT * tdp_w
+
+
+def slowed(t: Throttle, tdp_w: float | None) -> Throttle:
+    """What held the GPU below its datasheet: ``t`` with its power share dropped unless its limit was lowered.
+    The one throttle rule: the features, the findings and what an applied move teaches all read it."""
+    return t if lowered_limit(t, tdp_w) else t._replace(power_pct=0.0)
 
 
 def _mean_of(stats: Sequence[float] | None) -> float:

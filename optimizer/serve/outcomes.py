@@ -40,7 +40,7 @@ import math
 import sqlite3
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -50,6 +50,7 @@ from optimizer.decide.catalog import Catalog, Correction
 from optimizer.decide.costs import THROUGHPUT_BOUND
 from optimizer.decide.performance import ShapeBucket, bucket
 from optimizer.decide.snapshot import hardware_of
+from optimizer.ingest.digest import THROTTLED_PCT, WindowDigest, slowed
 from optimizer.ingest.fleet import Fleet, NodeRecord
 from optimizer.ingest.history import DIGEST_SECONDS
 
@@ -327,14 +328,26 @@ def _on_hardware(fleet: Fleet, site: str, hardware: str, catalog: Catalog) -> li
     return out
 
 
-def _periods(record: NodeRecord, workload: str, since: float, until: float) -> list[_Period]:
+def _held(window: WindowDigest, gpus: Iterable[int], parents: Mapping[int, int], tdp_w: float | None) -> bool:
+    """Whether any of ``gpus`` (a MIG instance by its GPU's clocks) was held below its datasheet for THROTTLED_PCT
+    of the window or more, by the one throttle rule: a power cap counts under a lowered limit only (``slowed``)."""
+    wanted = {parents.get(g, g) for g in gpus}
+    return any(slowed(t, tdp_w).held_pct >= THROTTLED_PCT for t in window.throttles if t.gpu in wanted)
+
+
+def _periods(
+    record: NodeRecord, workload: str, since: float, until: float, tdp_w: float | None = None
+) -> list[_Period]:
     """The workload's load on one node after ``since``: closed digests, else the windows so far. Time its GPUs
-    were held below their clocks (power cap, heat: ``WindowDigest.throttled``) is left out: load seen there says
-    what the throttle allowed, not how fast the hardware is, and would teach a correction against the hardware."""
+    were held below their datasheet (heat, a lowered power limit: ``slowed``; ``tdp_w`` is the board's) is left
+    out: load seen there says what the throttle allowed, not how fast the hardware is, and would teach a correction
+    against the hardware. A power cap at the board's own limit is how the catalog's speeds were measured: kept."""
+    birth = record.birth
+    parents = {g.index: g.parent for g in birth.gpus if g.parent is not None} if birth is not None else {}
     held = [
         (w.start, w.end)
         for w in record.windows
-        if w.throttled and any(set(r.gpus) & set(w.throttled) for r in w.workloads if r.id == workload)
+        if w.throttles and any(_held(w, r.gpus, parents, tdp_w) for r in w.workloads if r.id == workload)
     ]
     digests = [
         d
@@ -349,7 +362,7 @@ def _periods(record: NodeRecord, workload: str, since: float, until: float) -> l
         if w.start < since or w.end > until:
             continue
         ref = next((r for r in w.workloads if r.id == workload), None)
-        if ref is None or set(ref.gpus) & set(w.throttled):
+        if ref is None or _held(w, ref.gpus, parents, tdp_w):
             continue
         rows = w.gpu_rows
         starts = rows.starts(set(ref.gpus))  # where its GPUs' rows start: index, util mean, util p95, ...
@@ -375,8 +388,10 @@ def observe(fleet: Fleet, catalog: Catalog, outcome: Outcome, now: float) -> Out
         return outcome
     until = min(now, outcome.applied_at + OBSERVE_HOURS * 3600 + DIGEST_SECONDS)
     by_node: dict[str, list[_Period]] = {}
+    target = hardware_of(catalog, rec.to_hardware)
+    tdp = target.datasheet.tdp_w if target is not None else None
     for record in _on_hardware(fleet, outcome.site, rec.to_hardware, catalog):
-        found = _periods(record, outcome.observed_id, outcome.applied_at, until)
+        found = _periods(record, outcome.observed_id, outcome.applied_at, until, tdp)
         if found:
             by_node[record.node] = found
     if not by_node:
