@@ -4,10 +4,17 @@ throttled GPU read through Prometheus is named as one read from an agent."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import msgspec
 import pytest
 
 from agent.protocol import FindingKind, TopicKind, node_topic
+from agent.simulate import ManualClock
+from collectors.sim.exporter import ExporterOptions, node_view, render
+from collectors.sim.names import FieldSet
+from collectors.sim.scenarios import build_scenario, simulated_node
 from optimizer.decide.catalog import load_catalog
 from optimizer.decide.findings import detect
 from optimizer.decide.snapshot import from_fleet, resolve
@@ -78,3 +85,38 @@ def test_power_violation_microseconds_under_a_lowered_limit_are_a_power_throttle
     (detail,) = _throttle_findings(node)
     # 350 W is half the H100 SXM's 700 W TDP (the catalog's datasheet figure): under the 95 % the rule allows
     assert "held at a power limit of 350 W, 50% of its 700 W TDP" in detail
+
+
+_LINE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
+_PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@pytest.mark.parametrize(("fields", "held"), [("all", 100.0), ("default", None)])
+def test_the_simulated_exporter_shows_a_planted_thermal_throttle_with_all_its_fields(
+    fields: FieldSet, held: float | None
+) -> None:
+    """Scrapes of a simulated H100 node held down by heat, read back as dcgm-exporter's series: with every field
+    its windows carry the thermal share; with default-counters.csv's fields (no clock event reasons there) none.
+    Deliberate bugs caught: the simulator's bitmask left at 0 under a planted throttle; the reasons emitted by
+    default, where a real exporter has none."""
+    clock = ManualClock()
+    scenario = build_scenario("mixed", 6, seed=3)[2]  # eight H100s training
+    sim = simulated_node(dataclasses.replace(scenario, quirks=frozenset({"throttle_thermal"})), clock, 3)
+    node = NodeSeries(scenario.name)
+    points: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[list[float], list[float]]] = {}
+    clock.now = T0
+    for _ in range(40):
+        clock.now += 30
+        sim.sample()
+        for line in render([node_view(sim)], ExporterOptions(fields=fields)).splitlines():
+            match = _LINE.match(line)
+            if match and match[1].startswith("DCGM_"):
+                times, values = points.setdefault((match[1], tuple(_PAIR.findall(match[2]))), ([], []))
+                times.append(clock.now)
+                values.append(float(match[3]))
+    for (name, labels), (times, values) in points.items():
+        add_series(node, {"__name__": name, **dict(labels)}, times, values, {}, Tally())
+    gpus = [g for w in windows(node, "s", T0, T0 + 1200, 300) for g in w["gpus"]]  # type: ignore[attr-defined]
+    busy = [g for g in gpus if g["util"][0] > 50]
+    assert busy
+    assert [g.get("thermal_slowdown_pct", [None])[0] for g in busy] == [held] * len(busy)

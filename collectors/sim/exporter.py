@@ -80,6 +80,7 @@ class GpuView:
     nvlink_rx_bps: float | None
     holders: tuple[Holder, ...] = ()
     mig: tuple[str, int] | None = None  # (GPU_I_PROFILE, GPU_I_ID) of a MIG instance
+    clock_events: int = 0  # NVML's clocks-event reasons, a bitmask (DCGM_FI_DEV_CLOCKS_EVENT_REASONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,22 @@ FIELDS: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", _BASIC, lambda g: _int(g.sm_clock_mhz)),
     Field("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", _BASIC, lambda g: _int(g.temp_c)),
     Field("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", _BASIC, lambda g: _double(g.power_w)),
+    Field(
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "gauge",
+        "Effective power limit that the driver enforces (in W).",
+        _ALL,
+        lambda g: _double(g.power_limit_w),
+        on_mig=False,
+    ),
+    Field(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "gauge",
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+        _ALL,
+        lambda g: str(g.clock_events),
+        on_mig=False,
+    ),
     Field(
         "DCGM_FI_DEV_POWER_MGMT_LIMIT",
         "gauge",
@@ -271,7 +288,7 @@ FIELDS: tuple[Field, ...] = (
 
 def fields(field_set: FieldSet) -> tuple[Field, ...]:
     """The fields of ``field_set``: ``basic`` has no profiling (DCGM_FI_PROF_*) field, ``default`` what
-    default-counters.csv enables, ``all`` adds the SM, NVLink and power-limit fields."""
+    default-counters.csv enables, ``all`` adds the SM, NVLink, power-limit and clock event reason fields."""
     return tuple(f for f in FIELDS if field_set in f.sets)
 
 
@@ -327,6 +344,12 @@ def exporter_pod(node: str) -> str:
     return f"dcgm-exporter-{_suffix(node, 5)}"
 
 
+# The clocks-event reasons a planted throttle sets (collectors/sim/node.py THROTTLE_QUIRKS), as nvml.h numbers them:
+# SW power cap, SW thermal slowdown, HW slowdown; and GPU idle, which a healthy GPU with no work shows.
+_EVENT_BITS = (("power_capped_pct", 0x4), ("thermal_slowdown_pct", 0x20), ("hw_slowdown_pct", 0x8))
+_IDLE = 0x1
+
+
 def node_view(
     sim: SimulatedNode, latest: Latest | None = None, specs: Sequence[WorkloadSpec] | None = None
 ) -> NodeView:
@@ -357,6 +380,10 @@ def node_view(
             util = min(max(state.util, 0.0), 100.0)
             sm, tensor, dram = activity(util, state)
             nvlink = state.nvlink_bps if p.nvlink_links else None
+            events = _IDLE if util <= 1 else 0
+            for gauge, bit in _EVENT_BITS:
+                if sample.gauges.get(gauge, 0.0) > 0:
+                    events |= bit
             gpus.append(
                 GpuView(
                     index=i,
@@ -368,7 +395,7 @@ def node_view(
                     fb_used_mib=sample.gauges["mem_used_mib"],
                     fb_total_mib=p.memory_mib,
                     power_w=sample.gauges["power_w"],
-                    power_limit_w=p.power_limit_w,
+                    power_limit_w=sample.latest.get("power_limit_w", p.power_limit_w),  # a planted cap lowers it
                     sm_clock_mhz=sample.gauges["sm_clock_mhz"],
                     temp_c=sample.gauges["temp_c"],
                     gr_engine_active=util / 100,
@@ -380,6 +407,7 @@ def node_view(
                     nvlink_tx_bps=nvlink,
                     nvlink_rx_bps=nvlink,
                     holders=tuple(holders.get(i, ())),
+                    clock_events=events,
                 )
             )
         nics = [(s.key, s.counters["rx_bps"], s.counters["tx_bps"]) for s in latest.samples if s.entity is Entity.NIC]
