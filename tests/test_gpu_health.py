@@ -185,8 +185,8 @@ def test_clock_events_violation_time_and_row_remaps_reach_the_window(tmp_path: P
 
 
 def test_load_seen_on_a_throttled_gpu_teaches_no_correction() -> None:
-    """Deliberate bug caught: periods on a power-capped GPU kept among what a move is judged by: its load there
-    says what the cap allowed, and would teach the planner that the hardware is slow."""
+    """Deliberate bug caught: periods on a GPU power-capped under a lowered limit kept among what a move is judged
+    by: its load there says what the cap allowed, and would teach the planner that the hardware is slow."""
     from agent.protocol import TopicKind, encode, node_topic
     from agent.simulate import offline_windows, shift_to_now
     from collectors.sim.scenarios import build_scenario
@@ -199,8 +199,8 @@ def test_load_seen_on_a_throttled_gpu_teaches_no_correction() -> None:
     ref = windows[0].workloads[0]
     capped = Stats.of([100.0, 100.0])
     held = windows[1].model_copy(
-        update={"gpus": [g.model_copy(update={"power_capped_pct": capped}) if g.index in ref.gpus else g
-                         for g in windows[1].gpus]}
+        update={"gpus": [g.model_copy(update={"power_capped_pct": capped, "power_limit_w": 240.0})
+                         if g.index in ref.gpus else g for g in windows[1].gpus]}
     )  # fmt: skip
     windows[1] = held
     fleet = Fleet("p")
@@ -209,7 +209,8 @@ def test_load_seen_on_a_throttled_gpu_teaches_no_correction() -> None:
         fleet.ingest(node_topic("p", "s", node.name, TopicKind.TELEMETRY), encode(w))
     record = fleet.record("s", node.name)
     assert record is not None and [list(w.throttled) for w in record.windows][1] == sorted(ref.gpus)
-    periods = _periods(record, ref.id, windows[0].start - 1, windows[-1].end + 1)
+    # 240 W is 60 % of the A100 SXM's 400 W TDP (the catalog's datasheet figure): a lowered limit
+    periods = _periods(record, ref.id, windows[0].start - 1, windows[-1].end + 1, 400.0)
     assert [p.end for p in periods] == [w.end for w in windows if w is not held]
 
 
