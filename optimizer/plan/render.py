@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 from agent.protocol import Finding, FindingKind, Plan, Purchase, Recommendation
 
@@ -31,14 +32,28 @@ def _as_is(text: str) -> str:
     return text
 
 
+class FindingWords(NamedTuple):
+    """A finding's parts in words, unescaped, so a page can escape each and mark up the fix."""
+
+    kind: str  # "input starved training"
+    cost: str  # "$1,234.50/hour"
+    detail: str
+    fix: str  # what to change on the node; "" where a move is the fix
+
+
+def finding_words(f: Finding) -> FindingWords:
+    """The words every reader (plan text, chat, console) gives a finding's kind, cost, detail and fix."""
+    return FindingWords(f.kind.value.replace("_", " "), f"${f.wasted_usd_per_hour:,.2f}/hour", f.detail, f.fix or "")
+
+
 def finding_text(f: Finding, name: Callable[[str], str] = _as_is, esc: Callable[[str], str] = _as_is) -> str:
     """A finding in words, as the plan's text and chat say it: what agents named (the workload, its nodes) set
     apart by ``name``, the rest escaped by ``esc``."""
+    words = finding_words(f)
     nodes = ",".join(name(n) for n in f.nodes)
-    fix = f"; fix: {esc(f.fix)}" if f.fix else ""
+    fix = f"; fix: {esc(words.fix)}" if words.fix else ""
     return (
-        f"{name(f.workload_name)} on {nodes} [{esc(f.hardware)}]: {f.kind.value.replace('_', ' ')}, "
-        f"${f.wasted_usd_per_hour:,.2f}/hour ({esc(f.detail)}){fix}"
+        f"{name(f.workload_name)} on {nodes} [{esc(f.hardware)}]: {words.kind}, {words.cost} ({esc(words.detail)}){fix}"
     )
 
 

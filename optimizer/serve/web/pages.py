@@ -22,6 +22,7 @@ from optimizer.plan.render import (
     KINDS,
     action_text,
     change,
+    finding_words,
     kind_of,
     kind_word,
     numbered,
@@ -295,16 +296,13 @@ class Console:
         if findings:
             top = "".join(
                 f"<li>{workload_link(f.workload, f.workload_name, site)} on {esc(', '.join(f.nodes))} "
-                f"[{esc(f.hardware)}]: {esc(f.kind.value.replace('_', ' '))}, "
-                + (
-                    f"{money(f.wasted_usd_per_hour, 2)}/hour"
-                    if up
-                    else f"nothing wasted now (its nodes are offline; {money(f.wasted_usd_per_hour, 2)}/hour as it ran)"
-                )
-                + f" — {esc(where_else(f.detail, site, view.hardware_sites))}. "
-                + (f"Fix: {esc(f.fix)}. " if f.fix else "")
+                f"[{esc(f.hardware)}]: {esc(w.kind)}, "
+                + (esc(w.cost) if up else f"nothing wasted now (its nodes are offline; {esc(w.cost)} as it ran)")
+                + f" — {esc(where_else(w.detail, site, view.hardware_sites))}. "
+                + (f'<span class="fix">Fix: {esc(w.fix)}</span>. ' if w.fix else "")
                 + f"{_what_the_plan_does(plan_of[site], f)}</li>"
                 for site, f, up in findings[:5]
+                for w in [finding_words(f)]
             )
             body.append(
                 f'<section><h2>Biggest problems</h2><ol id="problems">{top}</ol>'
@@ -462,13 +460,15 @@ class Console:
                 esc(site),
                 workload_link(f.workload, f.workload_name, site),
                 esc(owners.get((site, f.workload), UNATTRIBUTED)),
-                esc(f.kind.value.replace("_", " ")),
+                esc(w.kind),
                 f"{esc(', '.join(f.nodes))} <small>[{esc(f.hardware)}]</small>",
-                money(f.wasted_usd_per_hour, 2),
+                esc(w.cost),
                 f"{f.confidence:.2f}",
-                esc(where_else(f.detail, site, where)) + (f"<br><small>Fix: {esc(f.fix)}</small>" if f.fix else ""),
+                esc(where_else(w.detail, site, where))
+                + (f'<br><small class="fix">Fix: {esc(w.fix)}</small>' if w.fix else ""),
             ]
             for site, f in findings
+            for w in [finding_words(f)]
         ]
         blocked = sorted(((p.site, b) for p in plans for b in p.blocked), key=lambda x: -x[1].monthly_savings_usd)
         b_rows = [
@@ -489,7 +489,7 @@ class Console:
             + "<section><h2>Findings</h2>"
             + table(
                 "Misplacements and GPUs waiting on the rest of their node, most wasteful first",
-                ["site", "workload", "owner", "kind", "where", "wasted/hour", "confidence", "detail"],
+                ["site", "workload", "owner", "kind", "where", "wasted", "confidence", "detail"],
                 f_rows,
                 "findings",
                 numeric=(5, 6),
@@ -583,11 +583,10 @@ class Console:
             + "".join(f"<li>{esc(e)}</li>" for e in w.evidence)
             + "</ul></section>",
         ]
-        for f in findings:
+        for said in map(finding_words, findings):
             body.append(
-                f'<p class="finding">Finding: {esc(f.kind.value.replace("_", " "))}, '
-                f"{money(f.wasted_usd_per_hour, 2)}/hour — {esc(f.detail)}"
-                + (f' <span class="fix">Fix: {esc(f.fix)}</span>' if f.fix else "")
+                f'<p class="finding">Finding: {esc(said.kind)}, {esc(said.cost)} — {esc(said.detail)}'
+                + (f' <span class="fix">Fix: {esc(said.fix)}</span>' if said.fix else "")
                 + "</p>"
             )
         for b in blocked:
