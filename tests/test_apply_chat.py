@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
+from apply_recs import slurm_move
 from webhook_server import webhook_server
 
-from agent.protocol import Recommendation, WorkloadClass
 from optimizer.act.backend import Result, Status
 from optimizer.commands.apply import Done, _post, post_items
 from optimizer.serve.alerts.payloads import GenericAlert
@@ -16,20 +16,7 @@ from optimizer.serve.lifecycle import RecState, Tracked
 
 
 def tracked(n: int) -> Tracked:
-    rec = Recommendation(
-        id=f"rec-{n}",
-        workload=f"slurm/{n}",
-        workload_name=f"job {n}",
-        workload_class=WorkloadClass.BATCH_INFERENCE,
-        confidence=0.9,
-        gpus=1,
-        from_node="h100-1",
-        from_hardware="H100 80GB",
-        to_node="l40s-1",
-        to_hardware="L40S 48GB",
-        monthly_savings_usd=1000.0 * n,
-        reason="batch inference at 30 % on an H100",
-    )
+    rec = slurm_move(n, id=f"rec-{n}", workload_name=f"job {n}", monthly_savings_usd=1000.0 * n)
     return Tracked(rec, "eu-1", RecState.ACKNOWLEDGED, 0.0, 0.0, 0.0)
 
 

@@ -7,26 +7,19 @@ import time
 from pathlib import Path
 
 import pytest
+from apply_recs import k8s_move
 
-from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
+from agent.protocol import Plan, Recommendation, SolverReport
 from optimizer.commands.cli import main
 from optimizer.serve.lifecycle import Lifecycle, RecState
 
 
 def rec(n: int, workload: str) -> Recommendation:
-    return Recommendation(
+    return k8s_move(
         id=f"rec-{n}",
         workload=workload,
         workload_name="chat-7d9c5b6f4d-x2x4z" if workload.startswith("k8s/") else f"job {n}",
-        workload_class=WorkloadClass.INFERENCE,
-        confidence=0.9,
-        gpus=2,
-        from_node="h100-01",
-        from_hardware="H100 80GB",
-        to_node="l40s-03",
-        to_hardware="L40S 48GB",
         monthly_savings_usd=1000.0 * n,
-        reason="inference at 25 % on H100s",
     )
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from apply_recs import k8s_move
 
-from agent.protocol import Recommendation, WorkloadClass
+from agent.protocol import Recommendation
 from optimizer.act.backend import Options, Status, carry_out
 from optimizer.act.kubernetes import (
     GPU_RESOURCE,
@@ -99,22 +100,7 @@ def lws() -> dict[str, Any]:
 
 
 def rec(kind: str = "move", gpus_after: float | None = None) -> Recommendation:
-    return Recommendation(
-        id="rec-k8s",
-        workload="k8s/6f1c",
-        workload_name="chat-7d9c5b6f4d-x2x4z",
-        workload_class=WorkloadClass.INFERENCE,
-        confidence=0.9,
-        gpus=2,
-        from_node="h100-01",
-        from_hardware="H100 80GB",
-        to_node="l40s-03",
-        to_hardware="L40S 48GB",
-        monthly_savings_usd=3000.0,
-        reason="inference at 25 % on H100s",
-        kind=kind,
-        gpus_after=gpus_after,
-    )
+    return k8s_move(kind=kind, gpus_after=gpus_after)
 
 
 @dataclass

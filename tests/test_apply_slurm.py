@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from apply_recs import slurm_move
 from conftest import free_port
 
-from agent.protocol import Plan, Recommendation, SolverReport, WorkloadClass
+from agent.protocol import Plan, Recommendation, SolverReport
 from optimizer.act.backend import Options, Status, carry_out
 from optimizer.act.settings import SlurmSettings
 from optimizer.act.slurm import Slurm, from_format
@@ -172,21 +173,7 @@ def settings(cluster: Cluster, **kw: object) -> SlurmSettings:
 
 
 def move(job_id: str, kind: str = "move") -> Recommendation:
-    return Recommendation(
-        id=f"move-{job_id}",
-        workload=f"slurm/{job_id}",
-        workload_name="fleetfit-test",
-        workload_class=WorkloadClass.BATCH_INFERENCE,
-        confidence=0.9,
-        gpus=1,
-        from_node="h100-1",
-        from_hardware="H100 80GB",
-        to_node="l40s-1",
-        to_hardware="L40S 48GB",
-        monthly_savings_usd=1500.0,
-        reason="batch inference at 30 % on an H100",
-        kind=kind,
-    )
+    return slurm_move(job_id, kind=kind)
 
 
 def test_jobs_read_with_identity_owner_and_gpus(slurm: Cluster) -> None:
