@@ -228,7 +228,6 @@ class WindowDigest:
     read_bps: float = 0.0  # the node's disks, mean
     volatile: tuple[Volatile, ...] = ()
     write_bps: float = 0.0  # the node's disks, mean: a batch job's results written steadily show here
-    throttled: tuple[int, ...] = ()  # GPUs held below their clocks for THROTTLED_PCT of the window or more
     throttles: tuple[Throttle, ...] = ()  # GPUs held below their clocks at all this window (none: a healthy node)
     blind: tuple[Blind, ...] = ()  # GPUs that report no utilisation (MIG before Hopper): kept out of ``gpu_rows``
     cpu_util: float | None = None  # the host's CPUs, mean %: a data loader that holds every core shows here
@@ -437,7 +436,6 @@ def digest(
         read_bps=sum(d.read_bps[MEAN] for d in disks if d.read_bps),
         volatile=tuple(volatile),
         write_bps=sum(d.write_bps[MEAN] for d in disks if d.write_bps),
-        throttled=tuple(t.gpu for t in throttles if t.held_pct >= THROTTLED_PCT),
         throttles=throttles,
         blind=tuple(blind),
         cpu_util=window.host.cpu_util[MEAN] if window.host.cpu_util is not None else None,
