@@ -184,6 +184,8 @@ class Volatile:
     net_rx_bps: float | None
     net_tx_bps: float | None
     gpu_mem_mib: tuple[float | None, ...] | None = None  # MiB held on each GPU of its reference, in that order
+    disk_read_bps: float | None = None  # its processes' own storage reads and writes (/proc/<pid>/io)
+    disk_write_bps: float | None = None
 
 
 class Throttle(NamedTuple):
@@ -275,6 +277,8 @@ _VOLATILE = {
     "inbound_peers": None,
     "net_rx_bps": None,
     "net_tx_bps": None,
+    "disk_read_bps": None,
+    "disk_write_bps": None,
     "gpu_mem_mib": None,
 }
 # What a workload's reference is made of: every field but those that change window after window, so that a
@@ -417,10 +421,13 @@ def digest(
         shared = set()  # one workload shares a GPU with none
     for r, kept in zip(workloads, interned, strict=True):
         pinned = tuple(r.gpu_mem_mib) if r.gpu_mem_mib is not None and shared.intersection(r.gpus) else None
-        if r.net_rx_bps is not None or r.inbound_connections is not None or pinned is not None:
+        io = r.disk_read_bps is not None or r.disk_write_bps is not None
+        if r.net_rx_bps is not None or r.inbound_connections is not None or pinned is not None or io:
             # the interned reference's id, not the decoded window's own copy of it
             conns, peers = r.inbound_connections, r.inbound_peers
-            volatile.append(Volatile(kept.id, conns, peers, r.net_rx_bps, r.net_tx_bps, pinned))
+            volatile.append(
+                Volatile(kept.id, conns, peers, r.net_rx_bps, r.net_tx_bps, pinned, r.disk_read_bps, r.disk_write_bps)
+            )
     return WindowDigest(
         session=window.session,
         seq=window.seq,
