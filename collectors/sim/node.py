@@ -97,6 +97,9 @@ class SimulatedNode:
         # Per workload since the start, as its network namespace's interface counts (cAdvisor reads those); the
         # window's figures above are taken away at each window, these never are.
         self.netns_bytes: dict[str, tuple[float, float]] = {}
+        # per workload: bytes its processes read from and wrote for storage, since the start (what cAdvisor exports)
+        self.io_bytes: dict[str, tuple[float, float]] = {}
+        self._io: dict[str, tuple[float, float, float]] = {}  # per workload since the last window: read, written, s
         self.latest: Latest | None = None  # the last sample, for readers beside the agent (collectors/sim/exporter.py)
         self.background = background
         # Its own generator, so that adding a node's background leaves its workloads' draws as they were.
@@ -197,6 +200,9 @@ class SimulatedNode:
         facts: dict[str, object] = {"program": w.program}
         if seconds > 0 and "host_network" not in self.quirks:
             facts.update(net_tx_bps=round(tx / seconds, 1), net_rx_bps=round(rx / seconds, 1))
+        read, written, seconds = self._io.pop(w.id, (0.0, 0.0, 0.0))
+        if seconds > 0:  # /proc/<pid>/io counts a process's own storage traffic in any network namespace
+            facts.update(disk_read_bps=round(read / seconds, 1), disk_write_bps=round(written / seconds, 1))
         if w.listen_ports:
             follows = w.pattern is Pattern.LLM_SERVING or w.request_gpu_s > 0  # clients come and go with the day
             load = self.diurnal(w, self._last - self._start) if follows else 1.0
@@ -232,6 +238,10 @@ class SimulatedNode:
             self._netns[w.id] = (tx + n * dt, rx + nrx * dt, seconds + dt)
             tx, rx = self.netns_bytes.get(w.id, (0.0, 0.0))
             self.netns_bytes[w.id] = (tx + n * dt, rx + nrx * dt)
+            read, written = self.io_bytes.get(w.id, (0.0, 0.0))
+            self.io_bytes[w.id] = (read + r * dt, written + wr * dt)
+            read, written, seconds = self._io.get(w.id, (0.0, 0.0, 0.0))
+            self._io[w.id] = (read + r * dt, written + wr * dt, seconds + dt)
         realistic.contended(self, self.specs, gpus, t)
         if self.background is not None:  # the node's own: not in any workload's network namespace
             tx, rx, read, write = self.background.traffic(self._background_rng, t)
