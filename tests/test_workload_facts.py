@@ -1,10 +1,14 @@
 """Process facts on fixture /proc trees: the program without its arguments, a server's ports and clients, a pod's
-own traffic, the Slurm step; and the NIC carrying the default route taken for the front end."""
+own traffic, its own storage reads and writes, the Slurm step; and the NIC carrying the default route taken for the
+front end."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+import pytest
 
 from agent.protocol import NicKind, NicRole, WorkloadKind, WorkloadRef
 from collectors.nic import default_route_interfaces, role_of
@@ -173,3 +177,155 @@ def test_a_pid_given_to_a_new_process_is_read_again(tmp_path: Path) -> None:
     _stat(root, 70, 9_000)
     again = facts.enrich([_ref("w")], {"w": [70]})[0]
     assert (again.program, again.listen_ports) == ("rsync", [])
+
+
+MB = 1_000_000
+SLURM = "0::/system.slice/slurmstepd.scope/job_77/step_0\n"
+
+
+def _io(root: Path, pid: int, read: int, write: int, cancelled: int = 0) -> None:
+    # proc(5) /proc/PID/io, every field the kernel writes
+    (root / str(pid) / "io").write_text(
+        f"rchar: {read + 4096}\nwchar: {write + 512}\nsyscr: 10\nsyscw: 20\n"
+        f"read_bytes: {read}\nwrite_bytes: {write}\ncancelled_write_bytes: {cancelled}\n"
+    )
+
+
+class _Windows:
+    """One workload read window after window, 10 s apart."""
+
+    def __init__(self, root: Path) -> None:
+        self.now = 0.0
+        self.facts = WorkloadFacts(root, clock=lambda: self.now)
+
+    def next(self, pids: list[int]) -> tuple[float | None, float | None]:
+        self.now += 10.0
+        ref = self.facts.enrich([_ref("slurm/77")], {"slurm/77": pids})[0]
+        return ref.disk_read_bps, ref.disk_write_bps
+
+
+def _workers(tmp_path: Path, *pids: int) -> Path:
+    root = tmp_path / "proc"
+    for pid in pids:
+        root = _proc(tmp_path, pid, HOST_NS, ["python3", "train.py"], SLURM)
+    return root
+
+
+def test_a_steady_writer_reports_its_own_rate_from_the_second_window(tmp_path: Path) -> None:
+    """Two ranks, each reading 20 MB and writing 5 MB per 10 s window: 4 MB/s read and 1 MB/s written together.
+    Caught: dividing by the time since the first reading instead of the last (the third window would halve)."""
+    root = _workers(tmp_path, 50, 51)
+    windows = _Windows(root)
+    for pid in (50, 51):
+        _io(root, pid, read=3_000 * MB, write=700 * MB)  # their whole life so far
+    assert windows.next([50, 51]) == (None, None)  # a baseline, not a rate: unknown rather than zero
+    for n in (1, 2):
+        for pid in (50, 51):
+            _io(root, pid, read=3_000 * MB + n * 20 * MB, write=700 * MB + n * 5 * MB)
+        assert windows.next([50, 51]) == (4.0 * MB, 1.0 * MB)
+
+
+def test_a_checkpoint_save_shows_in_its_own_window_only(tmp_path: Path) -> None:
+    """A 150 MB torch.save dirties its pages within one window: 15 MB/s there, 0.1 MB/s of logs either side.
+    Caught: keeping the first reading as the baseline (the save would spread into every later window)."""
+    root = _workers(tmp_path, 50)
+    windows = _Windows(root)
+    writes = [0, 1 * MB, 152 * MB, 153 * MB]
+    rates = []
+    for written in writes:
+        _io(root, 50, read=0, write=written)
+        rates.append(windows.next([50])[1])
+    assert rates == [None, 0.1 * MB, 15.1 * MB, 0.1 * MB]
+
+
+def test_a_process_seen_for_the_first_time_adds_no_jump(tmp_path: Path) -> None:
+    """A second rank attributed in the second window brings its whole life (80 GB written) with it: only its growth
+    from then on counts. Caught: a new pid's counters taken as growth from zero (8 GB/s in one window)."""
+    root = _workers(tmp_path, 50, 51)
+    windows = _Windows(root)
+    _io(root, 50, read=0, write=0)
+    _io(root, 51, read=5_000 * MB, write=80_000 * MB)
+    assert windows.next([50]) == (None, None)
+    _io(root, 50, read=0, write=10 * MB)
+    assert windows.next([50, 51]) == (0.0, 1.0 * MB)
+    _io(root, 50, read=0, write=20 * MB)
+    _io(root, 51, read=5_000 * MB, write=80_030 * MB)
+    assert windows.next([50, 51]) == (0.0, 4.0 * MB)
+
+
+def test_a_pid_given_to_another_process_starts_over(tmp_path: Path) -> None:
+    """Pid 50 exits and a new process (a later start in /proc/PID/stat) gets it, with higher counters than the
+    old one had. Caught: comparing counters without the start (40 GB of another process's life in one window)."""
+    root = _workers(tmp_path, 50, 51)
+    _stat(root, 50, 5_000)
+    _stat(root, 51, 5_000)
+    windows = _Windows(root)
+    _io(root, 50, read=0, write=10_000 * MB)
+    _io(root, 51, read=0, write=0)
+    windows.next([50, 51])
+    _stat(root, 50, 9_000)
+    _io(root, 50, read=0, write=50_000 * MB)
+    _io(root, 51, read=0, write=20 * MB)
+    assert windows.next([50, 51]) == (0.0, 2.0 * MB)
+    _io(root, 50, read=0, write=50_010 * MB)  # the new process's own growth counts from here
+    _io(root, 51, read=0, write=30 * MB)
+    assert windows.next([50, 51]) == (0.0, 2.0 * MB)
+
+
+def test_counters_that_went_down_are_a_new_process(tmp_path: Path) -> None:
+    """Without a start time to read (no stat), lower counters on a pid mean another process holds it: no rate from
+    it that window, then its own growth. Caught: dropping the check (a negative read rate reaches the wire)."""
+    root = _workers(tmp_path, 50)
+    windows = _Windows(root)
+    _io(root, 50, read=900 * MB, write=10_000 * MB)
+    windows.next([50])
+    _io(root, 50, read=1 * MB, write=2 * MB)
+    assert windows.next([50]) == (None, None)
+    _io(root, 50, read=11 * MB, write=7 * MB)
+    assert windows.next([50]) == (1.0 * MB, 0.5 * MB)
+
+
+def test_io_that_cannot_be_read_leaves_the_fields_out_and_the_agent_going(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ptrace access (EACCES: an agent without CAP_SYS_PTRACE), no file (a kernel without task IO accounting), a
+    field garbled or missing: that process is left out, and with none left the fields are absent, not zero.
+    Caught: an unreadable process counted as zeros (0 B/s reported as measured) or a garbled count raising."""
+    root = _workers(tmp_path, 50, 51, 52, 53, 54)
+    real_open = os.open
+
+    def denied(path: str, flags: int, *args: int) -> int:
+        if path == f"{root}/50/io":
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr("collectors.procfs.os.open", denied)
+    _io(root, 50, read=0, write=0)  # there, but denied
+    windows = _Windows(root)
+    for _ in range(2):  # 51 has no io file at all
+        ref = windows.facts.enrich([_ref("slurm/77")], {"slurm/77": [50, 51]})[0]
+        windows.now += 10.0
+        assert (ref.disk_read_bps, ref.disk_write_bps) == (None, None)
+        assert ref.program == "train.py"  # the other facts are still read
+    (root / "52" / "io").write_text("read_bytes: 12abc\nwrite_bytes: 5\ncancelled_write_bytes: 0\n")
+    (root / "53" / "io").write_text("read_bytes: 0\nwrite_bytes: 5\n")  # cancelled_write_bytes missing
+    _io(root, 54, read=0, write=0)
+    assert windows.next([50, 51, 52, 53, 54]) == (None, None)
+    (root / "52" / "io").write_text("read_bytes: -4\nwrite_bytes: 10000000\ncancelled_write_bytes: 0\n")
+    (root / "53" / "io").write_text("read_bytes: 0\nwrite_bytes: 10000000\n")
+    _io(root, 54, read=0, write=3 * MB)
+    assert windows.next([50, 51, 52, 53, 54]) == (0.0, 0.3 * MB)  # 54 alone
+
+
+def test_truncated_writes_are_taken_off(tmp_path: Path) -> None:
+    """A job writes 100 MB and deletes 60 MB of it before writeback (cancelled_write_bytes, proc(5)): 4 MB/s. A
+    window where it deletes more than it wrote (another process's file) reads 0, never negative.
+    Caught: writes not less the cancelled bytes (10 MB/s), or the difference not floored at zero (-5 MB/s)."""
+    root = _workers(tmp_path, 50)
+    windows = _Windows(root)
+    _io(root, 50, read=0, write=0)
+    windows.next([50])
+    _io(root, 50, read=0, write=100 * MB, cancelled=60 * MB)
+    assert windows.next([50]) == (0.0, 4.0 * MB)
+    _io(root, 50, read=0, write=110 * MB, cancelled=120 * MB)
+    assert windows.next([50]) == (0.0, 0.0)
