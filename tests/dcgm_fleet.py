@@ -65,6 +65,20 @@ NODES: dict[str, tuple[tuple[str, int, float], list[Holder]]] = {
     "l40s-001": (L40S, [Holder([0, 1], "idle", NOTEBOOK), Holder([7], "light", TTS_A, extra_pods=[TTS_B])]),
     "l40s-002": (L40S, [Holder([0, 1, 2, 3], "batch", job="4242")]),
 }
+# cAdvisor's storage counters, one per container and device: (pod, container, device, bytes/s read, bytes/s written).
+# The chat server writes its logs; the trainer its logs and metrics on two drives while a data-loader sidecar reads
+# shards (each well under what the classifier reads as results written or input fetched); the notebook's pod has no
+# storage series at all (cAdvisor without its diskIO metrics).
+DISK = [
+    (CHAT, "main", "/dev/nvme0n1", 0.0, 2e5),
+    (TRAIN, "pytorch", "/dev/nvme0n1", 0.0, 8e5),
+    (TRAIN, "pytorch", "/dev/nvme1n1", 0.0, 4e5),
+    (TRAIN, "loader", "/dev/nvme1n1", 6e6, 3e5),
+]
+# The trainer's container restarts this many seconds into the history (mid-window): its counters start again, at its
+# first scrape from what the new container wrote since the old one's last.
+RESTART = 3750
+
 # What each workload is, as a capacity planner would label it, by the id an agent would give it.
 TRUTH = {
     "k8s/" + CHAT.uid: "inference",
@@ -173,6 +187,25 @@ def exposition(
             ):
                 labels = _labels({"namespace": pod.namespace, "pod": pod.pod, "interface": "eth0", "container": "POD"})
                 yield f"{metric}{{{labels}}} {round(rate * elapsed)} {ms}"
+        # cAdvisor: storage per container and device, and the chat pod's own cgroup (container="", holding its
+        # containers) with its sandbox's (no I/O); the trainer's pod has its containers' series only
+        restarted = math.ceil(RESTART / step) * step  # the first scrape of the new container
+        since = elapsed if elapsed < restarted else elapsed - (restarted - step)
+        pod_level: dict[tuple[str, str], list[float]] = {}
+        for pod, container, device, read, write in DISK:
+            seconds = since if (pod, container) == (TRAIN, "pytorch") else elapsed
+            labels = _labels({"namespace": pod.namespace, "pod": pod.pod, "container": container, "device": device})
+            yield f"container_fs_reads_bytes_total{{{labels}}} {round(read * seconds)} {ms}"
+            yield f"container_fs_writes_bytes_total{{{labels}}} {round(write * seconds)} {ms}"
+            if pod is CHAT:
+                total = pod_level.setdefault((pod.pod, device), [0.0, 0.0])
+                total[0] += read * seconds
+                total[1] += write * seconds
+        for (name, device), (read, write) in pod_level.items():
+            for container, scale in (("", 1.0), ("POD", 0.0)):
+                labels = _labels({"namespace": CHAT.namespace, "pod": name, "container": container, "device": device})
+                yield f"container_fs_reads_bytes_total{{{labels}}} {round(read * scale)} {ms}"
+                yield f"container_fs_writes_bytes_total{{{labels}}} {round(write * scale)} {ms}"
         # kube-state-metrics
         for pod in (CHAT, TRAIN, NOTEBOOK, TTS_A, TTS_B):
             ns_pod = {"namespace": pod.namespace, "pod": pod.pod}

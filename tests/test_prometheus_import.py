@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -18,6 +19,9 @@ from dcgm_fleet import CHAT, NOTEBOOK, TRAIN, TRUTH, exposition
 from promserver import import_into_victoria, prometheus
 
 from optimizer.commands.cli import main
+from optimizer.ingest.fleet import Fleet
+from optimizer.ingest.promapi import Endpoint, PromClient
+from optimizer.ingest.promsource import PrometheusSource, ReadSettings
 
 HOURS = 2
 WINDOW = 300
@@ -83,6 +87,50 @@ def test_a_fleet_read_from_victoriametrics_is_right(
     # profiling fields read: the shape measured
     assert chat["shape"] == pytest.approx(1.0, abs=0.2) and train["shape"] == pytest.approx(0.0, abs=0.2)
     assert "no DCGM_FI_PROF" not in err
+
+
+def _read_windows(url: str, span: tuple[float, float]) -> dict[str, list[dict[str, object]]]:
+    """Each workload's references in the windows a read of ``span`` sends the fleet, in window order; every
+    message the fleet accepts."""
+    fleet = Fleet("prometheus", horizon_windows=100)
+    refs: dict[str, list[dict[str, object]]] = {}
+
+    def ingest(topic: str, payload: bytes) -> bool:
+        assert fleet.ingest(topic, payload) is not None, fleet.rejected
+        if topic.endswith("/telemetry"):
+            for ref in json.loads(payload)["workloads"]:
+                refs.setdefault(ref["id"], []).append(ref)
+        return True
+
+    async def read() -> None:
+        async with PromClient(Endpoint(url)) as client:
+            await PrometheusSource(client, fleet, ReadSettings(), ingest=ingest).read(*span)
+
+    asyncio.run(read())
+    return refs
+
+
+def test_a_pods_own_storage_traffic_reaches_its_windows(
+    victoria_fleet: VictoriaMetrics, span: tuple[float, float]
+) -> None:
+    """cAdvisor's storage counters (tests/dcgm_fleet.py DISK) become each pod's disk_read_bps / disk_write_bps in
+    every window: the trainer's summed over its containers and drives (0.8 + 0.4 + 0.3 MB/s written, 6 MB/s read)
+    and steady across its container's restart; the chat server's 0.2 MB/s counted once although its pod's cgroup
+    holds it again; nothing, not 0, for the notebook, whose pod has network series but no storage ones.
+    Deliberate bugs: the pod's cgroup summed with its containers (chat 0.4 MB/s); counters summed before the rate
+    (the restart reads the loader's whole history as one interval's writes: 5.2 MB/s in that window); deriv() in
+    place of rate() (the fall at the restart pulls that window to 1.35 MB/s); an absent series read as 0."""
+    refs = _read_windows(victoria_fleet.url, span)
+    chat, train, notebook = (refs["k8s/" + p.uid] for p in (CHAT, TRAIN, NOTEBOOK))
+    assert len(train) == len(chat) == HOURS * 3600 // WINDOW  # a window's figure in each, the restart's included
+    for r in train:
+        assert r["disk_write_bps"] == pytest.approx(1.5e6, rel=0.02)
+        assert r["disk_read_bps"] == pytest.approx(6e6, rel=0.02)
+    for r in chat:
+        assert (r["disk_write_bps"], r["disk_read_bps"]) == (pytest.approx(2e5, rel=0.02), 0)
+        assert r["net_tx_bps"] == pytest.approx(3e6, rel=0.02)  # its network, read beside it as before
+    assert notebook and all("net_tx_bps" in r for r in notebook)
+    assert not any("disk_write_bps" in r or "disk_read_bps" in r for r in notebook)
 
 
 def test_the_owner_is_the_namespace_without_an_owner_label(

@@ -113,6 +113,10 @@ PEAKS = frozenset({FB_USED, FB_FREE, FB_RESERVED, POWER_LIMIT, ENFORCED_LIMIT})
 PERCENT = frozenset({"util", "mem_util", "sm_active", "tensor_active", "dram_active", "gr_engine"})
 PROFILING = frozenset({SM_ACTIVE, TENSOR, DRAM, GR_ENGINE})
 
+# What cAdvisor gives of a pod, as the agent's window fields (bytes/s): its own network namespace in and out, its
+# cgroup's storage reads and writes.
+POD_RATES = ("net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps")
+
 # Labels, each with the spelling older or newer dcgm-exporters use.
 NODE_LABELS = ("Hostname", "hostname")
 UUID_LABELS = ("UUID", "uuid")
@@ -207,8 +211,8 @@ class NodeSeries:
     node: str
     devices: dict[tuple[int, int | None], Device] = field(default_factory=dict)
     driver: str | None = None
-    # per pod (namespace, pod): the times and bytes/s of its own network namespace, in and out (cAdvisor)
-    pod_network: dict[tuple[str, str], tuple[_Points, _Points]] = field(default_factory=dict)
+    # per pod (namespace, pod): per field of POD_RATES, the times and bytes/s cAdvisor gave for it
+    pod_rates: dict[tuple[str, str], dict[str, _Points]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -298,13 +302,15 @@ def add_series(
             device.holders.setdefault(holder, []).extend(kept_times)
 
 
-def add_pod_network(
-    into: NodeSeries, namespace: str, pod: str, direction: str, times: list[float], values: list[float]
+def add_pod_rate(
+    into: NodeSeries, namespace: str, pod: str, name: str, times: list[float], values: list[float]
 ) -> None:
-    """A pod's own network traffic (cAdvisor, bytes/s); ``direction`` "rx" or "tx"."""
-    rx, tx = into.pod_network.setdefault((namespace, pod), (_Points(), _Points()))
+    """A pod's own traffic from cAdvisor (bytes/s) as the window's workload field ``name``, one of POD_RATES."""
+    if name not in POD_RATES:
+        raise ValueError(f"{name!r} is no pod rate")
     kept = [(t, v) for t, v in zip(times, values, strict=True) if 0 <= v <= FLOAT32_MAX]
-    (rx if direction == "rx" else tx).merge([t for t, _ in kept], [v for _, v in kept])
+    points = into.pod_rates.setdefault((namespace, pod), {}).setdefault(name, _Points())
+    points.merge([t for t, _ in kept], [v for _, v in kept])
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,11 +566,10 @@ def _ref(holder: WorkloadKey, gpus: list[int], node: NodeSeries, w0: float, w1: 
         ref["owner"] = holder.owner
     if holder.hint:
         ref["hint"] = holder.hint
-    if holder.pod is not None and holder.pod in node.pod_network:
-        rx, tx = node.pod_network[holder.pod]
-        ins, outs = rx.between(w0, w1), tx.between(w0, w1)
-        if ins:
-            ref["net_rx_bps"] = round(sum(ins) / len(ins), 1)
-        if outs:
-            ref["net_tx_bps"] = round(sum(outs) / len(outs), 1)
+    rates = node.pod_rates.get(holder.pod, {}) if holder.pod is not None else {}
+    for name in POD_RATES:
+        points = rates.get(name)
+        got = points.between(w0, w1) if points is not None else []
+        if got:  # a series cAdvisor does not give (or not for this window) leaves the field out, not 0
+            ref[name] = round(sum(got) / len(got), 1)
     return ref

@@ -10,7 +10,9 @@ so memory holds a few groups' series, not the fleet's.
 kube-state-metrics gives each pod its controller (``kube_pod_owner``, ``kube_replicaset_owner``: the Deployment a
 capacity team would move) and, with ``owner_label``, its team (``kube_pod_labels``). cAdvisor gives each pod's own
 network traffic (``container_network_*_bytes_total``: the pod's network namespace, the same figure the agent reads
-from ``/proc/PID/net/dev``). Both are optional: without them a pod is named by itself and owned by its namespace.
+from ``/proc/PID/net/dev``) and storage traffic (``container_fs_{reads,writes}_bytes_total``: its cgroup's block I/O,
+where the agent reads its processes' ``/proc/PID/io``). All are optional: without kube-state-metrics a pod is named
+by itself and owned by its namespace; without cAdvisor's series its windows carry no traffic of its own.
 node_exporter gives each node's CPUs, memory, NVMe and network file systems as its birth's host
 (optimizer/ingest/nodeexporter.py), where it is scraped too.
 """
@@ -43,7 +45,7 @@ from optimizer.ingest.dcgm import (
     NodeSeries,
     PodMeta,
     Tally,
-    add_pod_network,
+    add_pod_rate,
     add_series,
     birth,
     valid_node,
@@ -59,6 +61,8 @@ MAX_POINTS_PER_SERIES = 10_000  # Prometheus refuses a range query past 11,000 p
 GPUS_PER_NODE_GUESS = 8
 CADVISOR_RX = "container_network_receive_bytes_total"
 CADVISOR_TX = "container_network_transmit_bytes_total"
+CADVISOR_READ = "container_fs_reads_bytes_total"
+CADVISOR_WRITE = "container_fs_writes_bytes_total"
 SERIES_PER_GPU = len(METRICS)
 
 
@@ -91,7 +95,8 @@ class ReadReport:
     skipped: Counter[str] = field(default_factory=Counter)
     profiling: bool = False  # any DCGM_FI_PROF_* series seen
     kube_state: bool = False
-    cadvisor: bool = False
+    cadvisor: bool = False  # cAdvisor's network series for some GPU pod
+    cadvisor_disk: bool = False  # and its storage series
     node_label: str | None = None
     bad_nodes: list[str] = field(default_factory=list)
 
@@ -378,7 +383,7 @@ class PrometheusSource:
                 self._take_series(x, label, wanted, nodes, pods, tally, report)
         held = sorted({p for n in nodes.values() for d in n.devices.values() for h in d.holders if (p := h.pod)})
         if held:
-            await self._network(held, start, last, nodes, label, report)
+            await self._pod_traffic(held, start, last, nodes, report)
         report.skipped.update(tally.skipped)
         return nodes
 
@@ -404,43 +409,70 @@ class PrometheusSource:
             into = nodes[node] = NodeSeries(node)
         add_series(into, x.labels, x.times, x.values, pods, tally)
 
-    async def _network(
+    async def _pod_traffic(
         self,
         held: list[tuple[str, str]],
         start: float,
         end: float,
         nodes: dict[str, NodeSeries],
-        label: str,
         report: ReadReport,
     ) -> None:
-        """The pods' own network traffic from cAdvisor (one series a pod and direction), where it is scraped."""
+        """The pods' own network and storage traffic from cAdvisor (one series a pod and field), where it is
+        scraped."""
         s = self.settings
         where = {
             pod: node for node, n in nodes.items() for d in n.devices.values() for h in d.holders if (pod := h.pod)
         }
         rate = f"{max(120, int(4 * s.step))}s"
         pods_re = _raw(_regex_of(sorted({p for _, p in held})))
-        for direction, metric in (("rx", CADVISOR_RX), ("tx", CADVISOR_TX)):
+
+        def network(metric: str) -> str:
             # cAdvisor writes a pod's traffic once per interface (under its sandbox, and on some runtimes again under
             # each container): the most per interface, summed over interfaces, counts it once.
-            query = (
+            return (
                 f"sum by (namespace, pod) (max by (namespace, pod, interface) "
                 f'(rate({metric}{{pod=~{pods_re}, interface!="lo"}}[{rate}])))'
             )
-            try:
-                series = await self.client.query_range(query, start, end, s.step)
-            except TooLarge:
-                raise
-            except PrometheusError as exc:
-                log.info("cAdvisor network not read (%s)", exc)
-                return
-            report.queries += 1
-            for x in series:
-                key = (x.labels.get("namespace", ""), x.labels.get("pod", ""))
-                node = where.get(key)
-                if node is not None:
-                    report.cadvisor = True
-                    add_pod_network(nodes[node], key[0], key[1], direction, x.times, x.values)
+
+        def disk(metric: str) -> str:
+            # Storage is counted per cgroup and device: each container's own, and the pod's cgroup (container="")
+            # holding them all, beside the sandbox's (container="" or "POD", no I/O of its own). Per device, the most
+            # of the pod's cgroup and its containers' sum counts each byte once whichever of them is scraped. Rates
+            # come before any sum: a restarted container's counter back at 0 is a reset of its own series, where a
+            # sum of counters would fall and read the other containers' whole history as one interval's bytes.
+            containers = (
+                f"sum by (namespace, pod, device) "
+                f'(rate({metric}{{pod=~{pods_re}, container!="", container!="POD"}}[{rate}]))'
+            )
+            cgroup = f'rate({metric}{{pod=~{pods_re}, container=""}}[{rate}])'
+            return (
+                f"sum by (namespace, pod) (max by (namespace, pod, device) "
+                f'(label_replace({containers}, "cgroup", "containers", "", "") or {cgroup}))'
+            )
+
+        families = (
+            ("network", [("net_rx_bps", network(CADVISOR_RX)), ("net_tx_bps", network(CADVISOR_TX))]),
+            ("storage", [("disk_read_bps", disk(CADVISOR_READ)), ("disk_write_bps", disk(CADVISOR_WRITE))]),
+        )
+        for family, queries in families:
+            for name, query in queries:
+                try:
+                    series = await self.client.query_range(query, start, end, s.step)
+                except TooLarge:
+                    raise
+                except PrometheusError as exc:
+                    log.info("cAdvisor %s not read (%s)", family, exc)
+                    break
+                report.queries += 1
+                for x in series:
+                    key = (x.labels.get("namespace", ""), x.labels.get("pod", ""))
+                    node = where.get(key)
+                    if node is not None:
+                        if family == "network":
+                            report.cadvisor = True
+                        else:
+                            report.cadvisor_disk = True
+                        add_pod_rate(nodes[node], key[0], key[1], name, x.times, x.values)
 
     async def _ingest(self, nodes: dict[str, NodeSeries], start: float, end: float, report: ReadReport) -> None:
         """Each node's birth (when its devices are new) and windows into the fleet, yielding to the event loop
