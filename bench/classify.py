@@ -74,10 +74,13 @@ def run(
     late: Counter[str] | None = None,
     without: frozenset[str] = frozenset(),
     names: bool = True,
-) -> tuple[list[tuple[WorkloadClass, WorkloadClass]], list[int], list[float]]:
+) -> tuple[list[tuple[WorkloadClass, WorkloadClass]], list[int], list[float], list[bool]]:
+    """Truth and final class per workload, windows until right, final confidence, and whether its agent sent
+    process facts (schema 2)."""
     fleet = Fleet("bench", horizon_windows=windows)
     truth: dict[str, WorkloadClass] = {}
     patterns: dict[str, str] = {}
+    facts: dict[str, bool] = {}
     produced = []
     for node in build_scenario(scenario, nodes, seed, names=names):
         birth, ws = offline_windows(node, windows, site="b", seed=seed)
@@ -86,6 +89,7 @@ def run(
         produced.append((node.name, ws))
         truth.update({w.id: PATTERN_CLASS[w.pattern.value] for w in node.workloads})
         patterns.update({w.id: w.pattern.value for w in node.workloads})
+        facts.update({w.id: node.schema >= 2 and "facts" not in without for w in node.workloads})
     history: dict[str, list[tuple[int, WorkloadClass]]] = {}
     confidence: dict[str, float] = {}
     marks = [k for k in CHECKPOINTS if k <= windows]
@@ -109,7 +113,7 @@ def run(
         to_correct.append(first if first is not None else 10**6)
         if late is not None and (first is None or first > 3):
             late[f"{patterns[wid]} (first taken for {h[0][1].value})"] += 1
-    return pairs, to_correct, confidences
+    return pairs, to_correct, confidences, [facts[wid] for wid in history]
 
 
 def confidently_wrong(
@@ -174,7 +178,7 @@ def main() -> int:
     for i, scenario, names in runs:
         if args.scenario and scenario not in args.scenario:
             continue
-        pairs, steps, confidences = run(
+        pairs, steps, confidences, facts = run(
             scenario, args.nodes, args.windows, seed + i, late if names else None, without, names
         )
         if names:
@@ -196,6 +200,18 @@ def main() -> int:
             f"{unknown:>9.1%}{wrong_half:>9.1%}{base.macro_f1:>10.3f}{right3:>12.0%}{median:>8.0f}"
         )
         if not names:
+            # The same run split by what the agent sent: an agent before schema 2 reads no clients, program or
+            # traffic of a workload's own, which is what decides a saturated LLM engine (docs/benchmarks.md).
+            for label, sent in (("  with facts", True), ("  before sch.2", False)):
+                part = [(p, c) for p, c, f in zip(pairs, confidences, facts, strict=True) if f is sent]
+                if part:
+                    got = [p for p, _ in part]
+                    print(
+                        f"{label:16}{'no':>6}{len(part):>10}{'':>10}{sum(t == q for t, q in got) / len(part):>8.1%}"
+                        f"{confidently_wrong(got, [c for _, c in part]):>12.1%}"
+                        f"{sum(q is WorkloadClass.UNKNOWN for _, q in got) / len(part):>9.1%}"
+                        f"{confidently_wrong(got, [c for _, c in part], 0.5):>9.1%}"
+                    )
             least_right, most_unknown, most_wrong_half = NEUTRAL_TARGETS
             ok = right >= least_right and unknown <= most_unknown and wrong_half <= most_wrong_half
             met.append(

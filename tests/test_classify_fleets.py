@@ -169,8 +169,11 @@ def test_a_save_burst_beside_a_busy_server_is_the_fine_tuning_jobs() -> None:
     assert classify(features["k8s/chat"]).workload_class is WorkloadClass.INFERENCE
 
 
-def test_two_adapter_fine_tunings_on_one_node_share_its_save_bursts() -> None:
-    """Node-level disks cannot tell which of two steady jobs saved; each is as likely, and both are training."""
+@pytest.mark.parametrize("schema", [1, 2])
+def test_two_adapter_fine_tunings_on_one_node_share_its_save_bursts(schema: int) -> None:
+    """Node-level disks cannot tell which of two steady jobs saved; each is as likely, and both are training. With
+    each job's own writes (schema 2) each save is its own job's: sampled at 1 to 360 s, the first saves at 120, 240
+    and 360 s, the second at 150 and 300 s."""
 
     def adapter(wid: str, gpu: int, period: float) -> WorkloadSpec:
         return spec(
@@ -178,7 +181,11 @@ def test_two_adapter_fine_tunings_on_one_node_share_its_save_bursts() -> None:
             checkpoint_period_s=period, stall_rate=0.0,
         )  # fmt: skip
 
-    features = fleet_of([node("l40s-1", "l40s", adapter("k8s/a", 0, 120.0), adapter("k8s/b", 1, 150.0))], windows=36)
+    pair = node("l40s-1", "l40s", adapter("k8s/a", 0, 120.0), adapter("k8s/b", 1, 150.0), schema=schema)
+    features = fleet_of([pair], windows=36)
     for f in features:
-        assert f.write_bursts == 0 and f.shared_bursts >= 1, f
+        if schema == 1:
+            assert f.write_bursts == 0 and f.shared_bursts >= 1, f
+        else:
+            assert f.write_bursts == {"k8s/a": 3, "k8s/b": 2}[f.id] and f.shared_bursts == 0, f
         assert classify(f).workload_class is WorkloadClass.TRAINING, classify(f)

@@ -371,9 +371,10 @@ def _writes_and_memory(f: WorkloadFeatures, led: _Ledger) -> None:
         # Someone computing as steadily as it saves like training does on its node; each such job is as likely.
         line = f"save bursts on its node shared with other steady jobs ({f.shared_bursts:.1f} its share)"
         led.add(line, T=0.8, B=-0.2)
-    if f.write_bps >= 2e6 and f.mean_util >= 30 and f.node_share >= 0.75:
+    if f.write_bps >= 2e6 and f.mean_util >= 30 and (f.node_share >= 0.75 or f.own_writes):
         # Training writes logs and metrics (KB/s) between checkpoint bursts, a server its logs; MB/s in most windows
-        # are results written as they are computed (embeddings are about as large as the text they encode).
+        # are results written as they are computed (embeddings are about as large as the text they encode). The
+        # node's writes are its own where it does most of the node's work, or where its processes' own were read.
         led.add(f"writes {_gbps(f.write_bps)} per GPU steadily (results as they are computed)", B=1.0, T=-0.3, I=-0.5)
     if f.mem_fraction >= 0.85 and f.mem_stability < 0.01:
         # Engines preallocate it for offline batches (vLLM's LLM class) as for serving.
@@ -539,7 +540,7 @@ def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
         )
     if c is BAT:
         no_clients = f.inbound_connections == 0 and f.mean_util >= 50
-        return (alone and f.write_bps >= 2e6) or no_clients or _matches(program, BATCH_NAMES)
+        return ((alone or f.own_writes) and f.write_bps >= 2e6) or no_clients or _matches(program, BATCH_NAMES)
     return (f.zero_seconds >= 0.4 and f.busy_seconds >= CELL_SECONDS) or _matches(f.program or f.hint, NOTEBOOK_NAMES)
 
 

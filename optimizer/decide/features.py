@@ -48,6 +48,11 @@ from optimizer.ingest.shares import SHARE_FLOOR, Layout, layout, pinned, tenancy
 
 CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the node's usual) is a save
 NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
+# Where its processes' own writes are known (schema 2, /proc/<pid>/io), a save is a window in which it wrote at least
+# this many bytes (the floor above, 30 MB, written within the window: a LoRA adapter is 50-200 MB) and several times
+# its usual window. Written bytes are counted as the process dirties the page cache, so a save shows in the window
+# it is made in, whatever the disk's writeback does.
+OWN_SAVE_BYTES = 30e6
 QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
 QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
 PERIOD_SECONDS = 720  # the most recent seconds of per-second load a step period is looked for in
@@ -122,6 +127,7 @@ class WorkloadFeatures:
     baseline_from: str | None = None  # "node": its own quiet windows; "site": nodes without workloads; None
     node_share: float = 1.0  # its share of the GPU work done on its nodes: node-level I/O is its own near 1
     write_bps: float = 0.0  # disk writes per GPU, beyond the node's own: results written steadily
+    own_writes: bool = False  # write_bps and write_bursts are its processes' own (schema 2), not a share of the node
     # Save bursts on its node while it and others computed hard and steadily, each counted 1/N among the N such jobs:
     # one of them saved, and which one node-level disks cannot tell.
     shared_bursts: float = 0.0
@@ -277,6 +283,7 @@ class _Acc:
     step: str | None = None
     held_mem: list[float] = field(default_factory=list)
     writes: list[float] = field(default_factory=list)
+    own_writes: bool = False
     shared_bursts: float = 0.0
     baseline: list[float] = field(default_factory=list)  # its nodes' own front-end traffic per GPU, where known
     baseline_from: set[str | None] = field(default_factory=set)
@@ -643,6 +650,30 @@ def _bursts(peaks: list[float], floor: float = CHECKPOINT_BURST_BPS) -> list[boo
     return [p >= max(floor, 8 * usual) for p in peaks]
 
 
+def _own_saves(windows: list[WindowDigest]) -> dict[str, dict[int, tuple[float, float, bool]]]:
+    """Per workload whose processes' storage traffic the agent read (schema 2): by window index, its own read and
+    write rates and whether that window held a save (``OWN_SAVE_BYTES`` or more, and 8x its usual window, as
+    ``_bursts`` reads the node's disks). Its own counts need no sharing among the node's workloads: a job's save
+    is told from a neighbour's steady results."""
+    own: dict[str, dict[int, tuple[float, float]]] = {}
+    for i, window in enumerate(windows):
+        for v in window.volatile:
+            if v.disk_write_bps is not None:
+                own.setdefault(v.workload, {})[i] = (v.disk_read_bps or 0.0, v.disk_write_bps)
+    out: dict[str, dict[int, tuple[float, float, bool]]] = {}
+    for wid, rates in own.items():
+        usual = statistics.median(w for _, w in rates.values())
+        out[wid] = {
+            i: (
+                read,
+                write,
+                write * max(windows[i].end - windows[i].start, 1.0) >= OWN_SAVE_BYTES and write >= 8 * usual,
+            )
+            for i, (read, write) in rates.items()
+        }
+    return out
+
+
 def _save_bursts(windows: list[WindowDigest]) -> list[bool]:
     """Saves to local disks, or to shared storage (NFS, Lustre, object storage) out of the front-end NICs."""
     disk = _bursts([w.peak_write_bps for w in windows])
@@ -869,13 +900,21 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             for wid, held in ((wid, devices.effective(ref.gpus)) for wid, ref in refs.items())
         }
         bursts = _save_bursts(windows)
+        own_io = _own_saves(windows)
         # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
-        # checkpoints; with several such jobs it is nobody's evidence.
+        # checkpoints; with several such jobs it is nobody's evidence. A job whose own writes are known is no
+        # claimant: its own counts say whether it saved.
         hard = [
-            [r.id for r in w.workloads if _trains_hard(w, devices.effective(r.gpus)) and r.id not in _servers(w)]
+            [
+                r.id
+                for r in w.workloads
+                if _trains_hard(w, devices.effective(r.gpus))
+                and r.id not in _servers(w)
+                and i not in own_io.get(r.id, ())
+            ]
             if b
             else []
-            for w, b in zip(windows, bursts, strict=True)
+            for i, (w, b) in enumerate(zip(windows, bursts, strict=True))
         ]
         base = node_baseline(windows, reference)
         per_node_gpu = max(len(gpu_info), 1)
@@ -918,7 +957,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 latest[ref.id] = (held_gpus, parts)  # the latest window says what it holds now: tenants come and go
                 # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
                 # does between checkpoints; a serving workload is bursty.
-                ckpt = bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
+                io = own_io.get(ref.id, {}).get(i)
+                ckpt = io[2] if io is not None else bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
                 if bursts[i] and len(hard[i]) > 1 and ref.id in hard[i]:
                     accs[ref.id].shared_bursts += 1 / len(hard[i])
                 ingress = shared["rx"][ref.id][i]
@@ -953,8 +993,13 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 acc.node_front.append((channels["tx"][i] + channels["rx"][i]) / per_node_gpu)
                 acc.ingress.append(ingress)
                 acc.egress.append(max(north - ingress, 0.0))
-                acc.reads.append(shared["read"][ref.id][i])
-                acc.writes.append(shared["write"][ref.id][i])
+                if io is not None:
+                    acc.own_writes = True
+                    acc.reads.append(io[0])
+                    acc.writes.append(io[1])
+                else:
+                    acc.reads.append(shared["read"][ref.id][i])
+                    acc.writes.append(shared["write"][ref.id][i])
                 acc.baseline.append((base.tx + base.rx) / per_node_gpu)
                 acc.baseline_from.add(base.source)
                 if node_loads[i] >= 5:
@@ -1073,6 +1118,7 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
         baseline_from=None if None in acc.baseline_from else ("site" if "site" in acc.baseline_from else "node"),
         node_share=_mean(acc.shares) if acc.shares else 1.0,
         write_bps=_median(acc.writes) * per_gpu,
+        own_writes=acc.own_writes,
         shared_bursts=acc.shared_bursts,
         lockstep=gpu_lockstep(acc.per_gpu),
         per_second=not acc.sparse,

@@ -1,0 +1,139 @@
+"""A workload's own storage writes (schema 2: its processes' /proc/<pid>/io, or its pod's cAdvisor counters) tell
+a fine-tuning job's saves from the results a batch job beside it writes steadily, which the node's disks mix.
+
+The node is an 8-GPU A100 server as the simulator runs it (collectors/sim/workloads.py): a LoRA fine-tuning job
+on one GPU saving a 120 MB adapter every 120 s, and batch encoding on four GPUs writing its embeddings at
+38 MB/s, flushed by the page cache every 5 s (190 MB at a time). The adapter save (120 MB in one second) is below
+any second the encoder's flushes write, so nothing on the node's disks shows it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from conftest import FLEET_PREFIX
+
+from agent.protocol import TopicKind, WorkloadClass, encode, node_topic
+from agent.simulate import offline_windows
+from collectors.sim.scenarios import ScenarioNode
+from collectors.sim.spec import Pattern, WorkloadSpec
+from optimizer.decide.classify import classify
+from optimizer.decide.features import OWN_SAVE_BYTES, WorkloadFeatures, _own_saves, workload_features
+from optimizer.ingest.fleet import Fleet
+
+WINDOWS = 36  # six minutes, sampled at 1 to 360 s: saves at 120, 240 and 360 s
+
+
+def spec(wid: str, pattern: Pattern, gpus: tuple[int, ...], **fields: object) -> WorkloadSpec:
+    base: dict[str, object] = {"hint": "python3", "level": 0.85, "mem_fraction": 0.5, "noise": 1.5}
+    return WorkloadSpec(id=wid, name=wid, pattern=pattern, gpus=gpus, **(base | fields))  # type: ignore[arg-type]
+
+
+ADAPTER = spec(
+    "k8s/lora", Pattern.LORA_FINE_TUNING, (0,), level=0.8, power_intensity=0.9, save_bytes=120e6,
+    checkpoint_period_s=120.0, stall_rate=0.0,
+)  # fmt: skip
+ENCODER = spec(
+    "k8s/embed", Pattern.EMBEDDING_BATCH, (3, 4, 5, 6), input_bps=40e6, output_bps=38e6, power_intensity=0.85,
+    tensor_share=0.55, dram_share=0.4,
+)  # fmt: skip
+
+
+def features_of(schema: int) -> dict[str, WorkloadFeatures]:
+    node = ScenarioNode("a100-1", "a100", (ADAPTER, ENCODER), frozenset(), schema=schema)
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, telemetry = offline_windows(node, WINDOWS, site="s", seed=5)
+    fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in telemetry:
+        fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(w))
+    return {f.id: f for f in workload_features(fleet, "s")}
+
+
+def test_an_adapter_save_beside_steady_results_is_the_fine_tuning_jobs() -> None:
+    """With each workload's own writes, the adapter's three saves are its own and the encoder's steady writes its
+    own: one is training, the other batch, both at acting confidence. Deliberate bugs caught: a window's own
+    writes ignored in favour of the node's bursts (the adapter reads no save and stays unknown), and the
+    encoder's writes still shared by load across the node (its steady results fall to the adapter too)."""
+    seen = features_of(schema=2)
+    adapter, encoder = seen["k8s/lora"], seen["k8s/embed"]
+    assert adapter.own_writes and encoder.own_writes
+    assert adapter.write_bursts == 3, adapter
+    assert encoder.write_bursts == 0, encoder
+    # 38 MB/s over its four GPUs, per GPU as write_bps counts it: ~9.5 MB/s (the simulator's 15 % jitter aside)
+    assert 7e6 <= encoder.write_bps <= 12e6, encoder.write_bps
+    assert adapter.write_bps < 1e6, adapter.write_bps  # its median window has no save in it
+    lora, batch = classify(adapter), classify(encoder)
+    assert lora.workload_class is WorkloadClass.TRAINING and lora.confidence >= 0.6, lora
+    assert batch.workload_class is WorkloadClass.BATCH_INFERENCE and batch.confidence >= 0.6, batch
+
+
+def test_without_its_own_writes_the_adapter_save_is_hidden_by_its_neighbour() -> None:
+    """An agent before schema 2 sends only the node's disks: the encoder's flushes hide the adapter's saves, so
+    the adapter is not taken for training at acting confidence (and nothing of the encoder is called a save)."""
+    seen = features_of(schema=1)
+    adapter = seen["k8s/lora"]
+    assert not adapter.own_writes and adapter.write_bursts == 0
+    result = classify(adapter)
+    assert result.workload_class is not WorkloadClass.TRAINING or result.confidence < 0.6, result
+
+
+@dataclass(frozen=True)
+class Io:
+    workload: str
+    disk_read_bps: float | None
+    disk_write_bps: float | None
+
+
+def windows_of(writes: list[float], seconds: float = 10.0) -> list[Any]:
+    """Windows of ``seconds`` in which one workload wrote ``writes`` bytes/s (its own counts), as the digest keeps
+    them: only the fields the save rule reads."""
+    return [
+        SimpleNamespace(start=i * seconds, end=(i + 1) * seconds, volatile=[Io("k8s/w", 0.0, bps)])
+        for i, bps in enumerate(writes)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bytes_in_window", "usual_bps", "saved"),
+    [
+        (31e6, 0.0, True),  # an adapter's save over a trickle of logs
+        (29e6, 0.0, False),  # under the 30 MB a save is counted from
+        (8.1 * 1e6 * 10, 1e6, True),  # 8.1x its usual window
+        (7.9 * 1e6 * 10, 1e6, False),  # 7.9x: results written faster for a while, not a save
+    ],
+)
+def test_a_save_is_30_mb_or_more_and_8x_its_usual_window(bytes_in_window: float, usual_bps: float, saved: bool) -> None:
+    """Deliberate bugs caught: the 30 MB floor moved to 32 MB or 28 MB (the first two rows), the factor over its
+    usual window moved from 8 to 7.5 or 8.5 (the last two), and the window's bytes taken as its rate (a 10 s
+    window's 31 MB read as 3.1 MB)."""
+    assert OWN_SAVE_BYTES == 30e6
+    writes = [usual_bps] * 9 + [bytes_in_window / 10.0]
+    seen = _own_saves(windows_of(writes))["k8s/w"]
+    assert seen[9][2] is saved
+    assert not any(seen[i][2] for i in range(9))
+
+
+def test_a_window_without_its_own_counts_is_not_a_measured_zero() -> None:
+    """An agent that could not read /proc/<pid>/io for a window (EACCES, the process gone) sends nothing for it:
+    that window is left to the node's disks, not taken for a window that wrote nothing. Deliberate bug caught: a
+    missing reading counted as 0 B/s, which would halve the usual window and turn ordinary writes into saves."""
+    windows = windows_of([5e6] * 6)
+    windows[2] = SimpleNamespace(start=20.0, end=30.0, volatile=[Io("k8s/w", None, None)])
+    seen = _own_saves(windows)["k8s/w"]
+    assert 2 not in seen and not any(v[2] for v in seen.values())
+
+
+def test_steady_own_writes_on_a_shared_node_are_what_batch_alone_does() -> None:
+    """Results written steadily are batch's own evidence where they are the workload's (its processes' counts),
+    whatever share of the node's GPU work it does; shared out of the node's disks by load they are not. Its pod's
+    write counters come from cAdvisor where no socket was read (the Prometheus import), so no client facts here.
+    Deliberate bug caught: _defining(BAT) without the own-writes clause (the first case holds at 0.55)."""
+    base = features_of(schema=2)["k8s/embed"]
+    shared = replace(base, node_share=0.4, inbound_connections=None, inbound_peers=None, listen_ports=())
+    assert classify(shared).workload_class is WorkloadClass.BATCH_INFERENCE, classify(shared)
+    assert classify(shared).confidence >= 0.6, classify(shared)
+    # the same figures read from the node's disks, with the job doing under three quarters of its GPU work
+    guess = replace(shared, own_writes=False)
+    assert not (classify(guess).workload_class is WorkloadClass.BATCH_INFERENCE and classify(guess).confidence >= 0.6)
