@@ -67,13 +67,17 @@ NODES: dict[str, tuple[tuple[str, int, float], list[Holder]]] = {
 }
 # cAdvisor's storage counters, one per container and device: (pod, container, device, bytes/s read, bytes/s written).
 # The chat server writes its logs; the trainer its logs and metrics on two drives while a data-loader sidecar reads
-# shards (each well under what the classifier reads as results written or input fetched); the notebook's pod has no
-# storage series at all (cAdvisor without its diskIO metrics).
+# shards from an md RAID 0 (as a DGX's /raid), whose two members carry the same bytes again, half each (every figure
+# well under what the classifier reads as results written or input fetched); the notebook's pod has no storage
+# series at all (cAdvisor without its diskIO metrics).
 DISK = [
     (CHAT, "main", "/dev/nvme0n1", 0.0, 2e5),
     (TRAIN, "pytorch", "/dev/nvme0n1", 0.0, 8e5),
     (TRAIN, "pytorch", "/dev/nvme1n1", 0.0, 4e5),
-    (TRAIN, "loader", "/dev/nvme1n1", 6e6, 3e5),
+    (TRAIN, "loader", "/dev/nvme1n1", 0.0, 3e5),
+    (TRAIN, "loader", "/dev/md0", 6e6, 0.0),
+    (TRAIN, "loader", "/dev/nvme2n1", 3e6, 0.0),
+    (TRAIN, "loader", "/dev/nvme3n1", 3e6, 0.0),
 ]
 # The trainer's container restarts this many seconds into the history (mid-window): its counters start again, at its
 # first scrape from what the new container wrote since the old one's last.

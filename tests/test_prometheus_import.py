@@ -114,12 +114,13 @@ def test_a_pods_own_storage_traffic_reaches_its_windows(
     victoria_fleet: VictoriaMetrics, span: tuple[float, float]
 ) -> None:
     """cAdvisor's storage counters (tests/dcgm_fleet.py DISK) become each pod's disk_read_bps / disk_write_bps in
-    every window: the trainer's summed over its containers and drives (0.8 + 0.4 + 0.3 MB/s written, 6 MB/s read)
-    and steady across its container's restart; the chat server's 0.2 MB/s counted once although its pod's cgroup
+    every window: the trainer's summed over its containers and drives (0.8 + 0.4 + 0.3 MB/s written), its 6 MB/s
+    read from an md RAID counted there and not again on its members, all steady across its container's restart; the chat server's 0.2 MB/s counted once although its pod's cgroup
     holds it again; nothing, not 0, for the notebook, whose pod has network series but no storage ones.
     Deliberate bugs: the pod's cgroup summed with its containers (chat 0.4 MB/s); counters summed before the rate
     (the restart reads the loader's whole history as one interval's writes: 5.2 MB/s in that window); deriv() in
-    place of rate() (the fall at the restart pulls that window to 1.35 MB/s); an absent series read as 0."""
+    place of rate() (the fall at the restart pulls that window to 1.35 MB/s); every device summed (12 MB/s read);
+    an absent series read as 0."""
     refs = _read_windows(victoria_fleet.url, span)
     chat, train, notebook = (refs["k8s/" + p.uid] for p in (CHAT, TRAIN, NOTEBOOK))
     assert len(train) == len(chat) == HOURS * 3600 // WINDOW  # a window's figure in each, the restart's included

@@ -63,6 +63,8 @@ CADVISOR_RX = "container_network_receive_bytes_total"
 CADVISOR_TX = "container_network_transmit_bytes_total"
 CADVISOR_READ = "container_fs_reads_bytes_total"
 CADVISOR_WRITE = "container_fs_writes_bytes_total"
+# Block devices cAdvisor names (from /sys/block) that stack over others: md RAID, device-mapper
+STACKED_DEVICES = r"(/dev/)?(md[0-9a-z_]+|dm-[0-9]+|mapper/.+)"
 SERIES_PER_GPU = len(METRICS)
 
 
@@ -435,20 +437,28 @@ class PrometheusSource:
             )
 
         def disk(metric: str) -> str:
-            # Storage is counted per cgroup and device: each container's own, and the pod's cgroup (container="")
-            # holding them all, beside the sandbox's (container="" or "POD", no I/O of its own). Per device, the most
-            # of the pod's cgroup and its containers' sum counts each byte once whichever of them is scraped. Rates
-            # come before any sum: a restarted container's counter back at 0 is a reset of its own series, where a
-            # sum of counters would fall and read the other containers' whole history as one interval's bytes.
-            containers = (
-                f"sum by (namespace, pod, device) "
-                f'(rate({metric}{{pod=~{pods_re}, container!="", container!="POD"}}[{rate}]))'
-            )
-            cgroup = f'rate({metric}{{pod=~{pods_re}, container=""}}[{rate}])'
-            return (
-                f"sum by (namespace, pod) (max by (namespace, pod, device) "
-                f'(label_replace({containers}, "cgroup", "containers", "", "") or {cgroup}))'
-            )
+            def per_pod(devices: str) -> str:
+                # Storage is counted per cgroup and device: each container's own, and the pod's cgroup
+                # (container="") holding them all, beside the sandbox's (container="" or "POD", no I/O of its own).
+                # Per device, the most of the pod's cgroup and its containers' sum counts each byte once whichever
+                # of them is scraped. Rates come before any sum: a restarted container's counter back at 0 is a
+                # reset of its own series, where a sum of counters would fall and read the other containers' whole
+                # history as one interval's bytes.
+                where = f"pod=~{pods_re}{devices}"
+                containers = (
+                    f"sum by (namespace, pod, device) "
+                    f'(rate({metric}{{{where}, container!="", container!="POD"}}[{rate}]))'
+                )
+                cgroup = f'rate({metric}{{{where}, container=""}}[{rate}])'
+                return (
+                    f"sum by (namespace, pod) (max by (namespace, pod, device) "
+                    f'(label_replace({containers}, "cgroup", "containers", "", "") or {cgroup}))'
+                )
+
+            # A block layer over other devices (md RAID, device-mapper: LVM, dm-crypt) hands each byte on to its
+            # members, and the cgroup counts it again on each: where a pod's traffic shows on such a device, that
+            # device's figure is its own (a pod that also used a bare drive in that step is read short of it).
+            return f"({per_pod(f', device=~{_raw(STACKED_DEVICES)}')} > 0) or {per_pod('')}"
 
         families = (
             ("network", [("net_rx_bps", network(CADVISOR_RX)), ("net_tx_bps", network(CADVISOR_TX))]),
