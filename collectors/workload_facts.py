@@ -15,9 +15,9 @@
   reaches the disk; ``cancelled_write_bytes`` (dirty pages truncated before writeback, charged to whoever
   truncates) is taken off the writes. The counters cover every thread of the process and the children it has
   reaped: a worker that holds no GPU (a DataLoader worker) is not among the pids read, and what it read shows only
-  when its parent reaps it, all in that window. The file needs ptrace read access to the process (root, or
-  ``CAP_SYS_PTRACE`` for other users' processes) and task IO accounting in the kernel; without either, both
-  fields are absent (unknown).
+  when its parent reaps it, all in that window. Another user's file is mode 0400 behind the ptrace read check:
+  root, or ``CAP_DAC_READ_SEARCH`` with ``CAP_SYS_PTRACE`` (either alone gets EACCES), as the fd scan needs; and
+  the kernel needs task IO accounting. Without them both fields are absent (unknown).
 * ``sched_step``: the Slurm step from the cgroup path (``step_batch``, ``step_interactive``, ``step_0``).
 
 Cost: a handful of small reads per workload per window, one fd scan (bounded) for host-namespace processes, and
@@ -27,7 +27,7 @@ hundreds of thousands of sockets (60,000 in TIME_WAIT took 1.9 s to parse whole)
 thread of its own, never on the sampling loop, line by line, keeping only listening sockets and connections to
 ports below the ephemeral range (at most ``MAX_SOCKETS_KEPT``, from the first ``MAX_TABLE_LINES`` lines).
 /proc/<pid>/io is read for at most ``MAX_PIDS`` processes of a workload, every window: about 10 µs a read (the
-kernel sums the process's threads), which took one 8-process workload's facts from 8 µs to about 135 µs a window
+kernel sums the process's threads), which took one 8-process workload's facts from 8 µs to about 120 µs a window
 on a 2-core virtual machine.
 """
 
@@ -370,7 +370,13 @@ class WorkloadFacts:
             if before is not None and before[0] == start and now <= before[1]:
                 continue  # asked twice at one instant: the baseline stays
             self._io[pid] = (start, now, *counters)
-            if before is None or before[0] != start or any(c < b for c, b in zip(counters, before[2:], strict=True)):
+            if (
+                before is None
+                or before[0] != start
+                or counters[0] < before[2]
+                or counters[1] < before[3]
+                or counters[2] < before[4]
+            ):
                 continue
             elapsed = now - before[1]
             measured = True
