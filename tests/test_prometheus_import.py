@@ -89,7 +89,9 @@ def test_a_fleet_read_from_victoriametrics_is_right(
     assert "no DCGM_FI_PROF" not in err
 
 
-def _read_windows(url: str, span: tuple[float, float]) -> dict[str, list[dict[str, object]]]:
+def _read_windows(
+    url: str, span: tuple[float, float], settings: ReadSettings | None = None
+) -> dict[str, list[dict[str, object]]]:
     """Each workload's references in the windows a read of ``span`` sends the fleet, in window order; every
     message the fleet accepts."""
     fleet = Fleet("prometheus", horizon_windows=100)
@@ -104,7 +106,7 @@ def _read_windows(url: str, span: tuple[float, float]) -> dict[str, list[dict[st
 
     async def read() -> None:
         async with PromClient(Endpoint(url)) as client:
-            await PrometheusSource(client, fleet, ReadSettings(), ingest=ingest).read(*span)
+            await PrometheusSource(client, fleet, settings or ReadSettings(), ingest=ingest).read(*span)
 
     asyncio.run(read())
     return refs

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import VictoriaMetrics, _wait_listening, free_port
+from test_prometheus_import import _read_windows, _wait_searchable
 
 from agent.simulate import ManualClock
 from collectors.base import Entity
@@ -36,8 +37,10 @@ from collectors.sim.exporter import (
 from collectors.sim.node import SimulatedNode
 from collectors.sim.scenarios import ScenarioNode, build_scenario, simulated_node
 from collectors.sim.scrape import ExporterServer
+from collectors.sim.spec import Pattern
 from optimizer.commands.cli import main as cli_main
 from optimizer.commands.offline import load_labels
+from optimizer.ingest.promsource import ReadSettings
 
 # A strict reading of the text exposition format 0.0.4: HELP and TYPE once per family, before its samples, every
 # sample's name in the family just declared, label names and quoted values, a number, an optional timestamp.
@@ -228,8 +231,11 @@ def test_hostname_label_spellings() -> None:
 
 def test_owners_and_network_counters() -> None:
     """Serving pods come from a ReplicaSet owned by a Deployment, notebooks from a StatefulSet, the rest from Jobs
-    or bare; cAdvisor's counters are the pod's own traffic and grow, and host-network pods have none; node_exporter
-    counts each NIC (deliberate bugs: transmit and receive swapped, host-network pods given the node's counters)."""
+    or bare; cAdvisor's counters are the pod's own traffic and grow, and host-network pods have none; its storage
+    counters are the pod's own reads and writes, host network or not, on an md RAID node counted on the array and
+    again half on each member, as the kernel's cgroup counts them; node_exporter counts each NIC (deliberate bugs:
+    transmit and receive swapped, host-network pods given the node's counters, reads and writes swapped, the
+    members given the array's bytes)."""
     scenario, sims, clock = fleet(nodes=10, seed=5)
     first = parse(render([node_view(s) for s in sims], ExporterOptions()))
     clock.now += 5
@@ -255,6 +261,19 @@ def test_owners_and_network_counters() -> None:
     for pod, received in rx.items():
         sent, got = sim_of[by_pod[pod]].netns_bytes["k8s/" + by_pod[pod]]
         assert (received, tx[pod]) == (int(got), int(sent))
+    reads = {(lab["pod"], lab["device"]): v for _, lab, v in of(second, "container_fs_reads_bytes_total")}
+    writes = {(lab["pod"], lab["device"]): v for _, lab, v in of(second, "container_fs_writes_bytes_total")}
+    assert {pod for pod, _ in writes} == set(info)
+    raid = {n.name for n in scenario if "md_raid" in n.quirks}
+    assert raid - host_network and raid & host_network  # both kinds of node are in this fleet
+    for (pod, device), written in writes.items():
+        read_total, written_total = sim_of[by_pod[pod]].io_bytes["k8s/" + by_pod[pod]]
+        if info[pod]["node"] in raid:
+            part = {"/dev/md127": 1.0, "/dev/nvme0n1": 0.5, "/dev/nvme1n1": 0.5}[device]
+        else:
+            part = {"/dev/nvme0n1": 1.0}[device]
+        assert (reads[(pod, device)], written) == (int(read_total * part), int(written_total * part))
+    assert sum(writes.values()) > 0 and sum(reads.values()) != sum(writes.values())
     before = {lab["device"] + lab["instance"]: v for _, lab, v in of(first, "node_network_transmit_bytes_total")}
     after = {lab["device"] + lab["instance"]: v for _, lab, v in of(second, "node_network_transmit_bytes_total")}
     assert before.keys() == after.keys() and all(after[k] >= before[k] for k in before)
@@ -379,7 +398,10 @@ def test_prometheus_scrapes_the_simulator_and_reads_its_backfilled_history(
 
 def test_victoriametrics_imports_the_history(victoria: VictoriaMetrics, tmp_path: Path) -> None:
     """The victoriametrics form goes into a real VictoriaMetrics through /api/v1/import/prometheus and a series
-    comes back with its millisecond timestamps and values (deliberate bug: timestamps written in seconds)."""
+    comes back with its millisecond timestamps and values; read back by the Prometheus source, an LLM server's
+    access log (0.05 MB/s, collectors/sim/workloads.py) on an md RAID node is its windows' disk writes, counted on
+    the array and not again on its members (deliberate bugs: timestamps written in seconds, the cAdvisor series
+    without the pod's namespace, the reader summing every device: 0.1 MB/s)."""
     history = tmp_path / "history.prom"
     end = float(int(time.time() // 60 * 60) - 3600)
     node = build_scenario("realistic", 1, 2)[0]
@@ -395,6 +417,23 @@ def test_victoriametrics_imports_the_history(victoria: VictoriaMetrics, tmp_path
     mine = [li for li in written if f'pod_uid="{metric["pod_uid"]}"' in li]
     assert rows[0]["timestamps"] == [int(li.rsplit(" ", 1)[1]) for li in mine]
     assert rows[0]["values"] == [float(li.rsplit(" ", 2)[1]) for li in mine]
+
+    raid = next(
+        n
+        for n in build_scenario("realistic", 10, 5)
+        if "md_raid" in n.quirks and [w.pattern for w in n.workloads] == [Pattern.LLM_SERVING]
+    )
+    end = float(int(time.time() // 300 * 300) - 3 * 3600)  # apart from the hour above
+    write_history([raid], history, end=end, span=1200, step=60, options=ExporterOptions(), fmt="victoriametrics")
+    urllib.request.urlopen(
+        urllib.request.Request(f"{victoria.url}/api/v1/import/prometheus", data=history.read_bytes()), timeout=30
+    ).read()
+    _wait_searchable(victoria.url, 2)  # this node's series beside the first's
+    refs = _read_windows(victoria.url, (end - 1200, end), ReadSettings(step=60.0, window=300.0))
+    (windows,) = refs.values()
+    assert len(windows) == 4
+    for r in windows:
+        assert (r["disk_write_bps"], r["disk_read_bps"]) == (pytest.approx(50e3, rel=0.02), 0)
 
 
 def test_history_command_writes_the_ground_truth(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,6 +99,8 @@ class PodView:
     app: str
     gpus: int
     net_bytes: tuple[float, float] | None  # received, transmitted on eth0; None in the host's network namespace
+    # per block device its cgroup's I/O reached: the device as cAdvisor names it, bytes read, bytes written
+    disk_bytes: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +307,11 @@ def _suffix(seed: str, n: int) -> str:
     return "".join(_ALPHANUMS[b % len(_ALPHANUMS)] for b in digest[:n])
 
 
-def pod_view(spec: WorkloadSpec, net_bytes: tuple[float, float] | None) -> PodView:
+def pod_view(
+    spec: WorkloadSpec,
+    net_bytes: tuple[float, float] | None,
+    disk_bytes: tuple[tuple[str, float, float], ...] = (),
+) -> PodView:
     """The pod running ``spec``: online services from a Deployment's ReplicaSet, notebooks from a StatefulSet (as
     Kubeflow runs them), an idle allocation as a bare pod (a debugging pod left running), the rest from a Job."""
     uid = spec.id.removeprefix("k8s/")
@@ -336,6 +342,7 @@ def pod_view(spec: WorkloadSpec, net_bytes: tuple[float, float] | None) -> PodVi
         app=spec.name,
         gpus=len(spec.gpus),
         net_bytes=net_bytes,
+        disk_bytes=disk_bytes,
     )
 
 
@@ -359,6 +366,14 @@ def node_view(
     specs = list(sim.specs) if specs is None else list(specs)
     p = sim.profile
     host_network = "host_network" in sim.quirks
+    # The devices a pod's storage traffic reaches, each with its share, as the kernel's cgroup counts them
+    # (collectors/sim/node.py puts a workload's files on the node's one disk): an md RAID 0 counts each byte on
+    # md127 and again on the member it lands on, half on each.
+    devices: tuple[tuple[str, float], ...]
+    if "md_raid" in sim.quirks:
+        devices = (("/dev/md127", 1.0), ("/dev/nvme0n1", 0.5), ("/dev/nvme1n1", 0.5))
+    else:
+        devices = (("/dev/sda" if "thin_host" in sim.quirks else "/dev/nvme0n1", 1.0),)
     pods: list[PodView] = []
     holders: dict[int, list[Holder]] = {}
     for w in specs:
@@ -366,7 +381,9 @@ def node_view(
             holder = Holder(w.id, hpc_job=w.id.removeprefix("slurm/"))
         else:
             net = None if host_network else sim.netns_bytes.get(w.id, (0.0, 0.0))
-            pod = pod_view(w, None if net is None else (net[1], net[0]))
+            read, written = sim.io_bytes.get(w.id, (0.0, 0.0))
+            disk = tuple((device, read * part, written * part) for device, part in devices)
+            pod = pod_view(w, None if net is None else (net[1], net[0]), disk)
             pods.append(pod)
             holder = Holder(w.id, pod.namespace, pod.pod, pod.container, pod.uid)
         for g in w.gpus:
@@ -461,6 +478,8 @@ KUBE_FAMILIES = (
         "container_network_receive_bytes_total", "counter", "Cumulative count of bytes received"
     ),  # cAdvisor's help texts
     Family("container_network_transmit_bytes_total", "counter", "Cumulative count of bytes transmitted"),
+    Family("container_fs_reads_bytes_total", "counter", "Cumulative count of bytes read"),
+    Family("container_fs_writes_bytes_total", "counter", "Cumulative count of bytes written"),
 )
 NODE_FAMILIES = (
     Family("node_network_receive_bytes_total", "counter", "Network device statistic receive_bytes."),
@@ -512,6 +531,10 @@ def kube_series(view: NodeView) -> Iterator[tuple[int, str, str]]:
             rx, tx = p.net_bytes
             yield 5, f'namespace="{ns}",pod="{pod}",interface="eth0"', str(int(rx))
             yield 6, f'namespace="{ns}",pod="{pod}",interface="eth0"', str(int(tx))
+        for device, read, written in p.disk_bytes:  # its one container's cgroup, as cAdvisor labels it
+            labels = f'namespace="{ns}",pod="{pod}",container="{_escape(p.container)}",device="{device}"'
+            yield 7, labels, str(int(read))
+            yield 8, labels, str(int(written))
 
 
 def node_series(view: NodeView) -> Iterator[tuple[int, str, str]]:
