@@ -162,6 +162,8 @@ class JsonApi:
                     "gpus": len(birth.gpus) if birth else 0,
                     "gpu_model": birth.gpus[0].model if birth and birth.gpus else None,
                     "source": "prometheus" if birth and birth.agent_version == PROMETHEUS else "agent",
+                    # 1: an agent that sends no process facts (clients, program), which most unclassified need
+                    "schema": birth.schema_ if birth else None,
                     "windows_held": len(record.windows),
                     "last_window_end": record.windows[-1].end if record.windows else None,
                 }

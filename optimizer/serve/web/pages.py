@@ -39,7 +39,7 @@ from optimizer.serve.outcomes import Outcome
 from optimizer.serve.report import UNATTRIBUTED, By, live_showback, nodes_online, owners_of, site_owners
 from optimizer.serve.service import Optimizer
 from optimizer.serve.web.charts import bar_chart, line_chart
-from optimizer.serve.web.views import Overview, Trend, hardware_sites, on_line, overview, unblock, where_else
+from optimizer.serve.web.views import OldAgents, Overview, Trend, hardware_sites, on_line, overview, unblock, where_else
 
 MAX_ROWS = 200  # rows per table; the JSON API has the rest
 NAV = (("/", "Overview"), ("/recommendations", "Recommendations"), ("/findings", "Findings"), ("/owners", "Owners"))
@@ -291,7 +291,8 @@ class Console:
             body.append(
                 f'<p id="unclassified">{unclassified.workloads:,} workload(s) on {unclassified.gpus:,} GPU(s) have no '
                 f"class, holding {money(unclassified.held_usd, 2)}/hour: no move is recommended for them until their "
-                "class is known (each workload's page says what would decide it).</p>"
+                "class is known (each workload's page says what would decide it)."
+                f"{_old_agents(view.old_agents)}</p>"
             )
         if findings:
             top = "".join(
@@ -711,6 +712,25 @@ class Console:
             + "</section></div>"
         )
         return self._page(f"GPU use per {by}", "/owners", body)
+
+
+NODES_NAMED = 5  # node names the overview lists before "and N more": enough to start upgrading, short enough to read
+
+
+def _old_agents(old: OldAgents) -> str:
+    """The unclassified paragraph's sentences on workloads whose agents send no process facts (empty where none)."""
+    if not old.workloads:
+        return ""
+    sites = {site for site, _ in old.nodes}
+    names = [node if len(sites) == 1 else f"{node} ({site})" for site, node in old.nodes[:NODES_NAMED]]
+    more = len(old.nodes) - len(names)
+    listed = ", ".join(names) + (f" and {more:,} more" if more else "")
+    return (
+        f' <span id="old-agents">{old.workloads:,} of them ({old.gpus:,} GPU{"" if old.gpus == 1 else "s"}, '
+        f"{money(old.held_usd, 2)}/hour) run on nodes whose agent sends no process facts (schema 1): upgrading "
+        "fleetfit-agent there reads their clients and program, which decide most of them. "
+        f"Node{'' if len(old.nodes) == 1 else 's'}: {esc(listed)}.</span>"
+    )
 
 
 def _what_the_plan_does(plan: Plan, f: Finding) -> str:

@@ -7,7 +7,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from agent.protocol import NodeStatus, Plan, WorkloadView
+from agent.protocol import NodeStatus, Plan, WorkloadClass, WorkloadView
 from optimizer.decide.catalog import Catalog, GpuType
 from optimizer.decide.snapshot import hardware_of
 from optimizer.ingest.dcgm import SOURCE as PROMETHEUS
@@ -40,6 +40,17 @@ class ClassRow:
 
 
 @dataclass(slots=True)
+class OldAgents:
+    """Unclassified workloads whose nodes' agents send no process facts (birth schema 1): upgrading the agent there
+    reads their clients and program, the facts that most often decide them."""
+
+    workloads: int = 0
+    gpus: int = 0
+    held_usd: float = 0.0  # per hour, at the catalog's price of its hardware
+    nodes: list[tuple[str, str]] = field(default_factory=list)  # (site, node), most unclassified GPUs first
+
+
+@dataclass(slots=True)
 class Overview:
     nodes: int = 0
     offline: int = 0  # nodes gone offline (their last will, or a clean stop): what they held is not wasted now
@@ -52,6 +63,7 @@ class Overview:
     trend: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # class -> [(time, mean util)]
     hardware_sites: dict[str, set[str]] = field(default_factory=dict)  # hardware name -> sites with a node of it
     online: dict[tuple[str, str], bool] = field(default_factory=dict)  # (site, node) -> online
+    old_agents: OldAgents = field(default_factory=OldAgents)
 
 
 def on_line(site: str, nodes: list[str], online: dict[tuple[str, str], bool]) -> bool:
@@ -63,8 +75,11 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) ->
     out = Overview()
     by_hw: dict[str, HardwareRow] = {}
     models: dict[str, GpuType | None] = {}
+    agent_schema: dict[tuple[str, str], int] = {}  # (site, node) -> its agent's schema; Prometheus nodes left out
     for record in list(fleet.nodes.values()):
         birth = record.birth
+        if birth is not None and birth.agent_version != PROMETHEUS:
+            agent_schema[(record.site, record.node)] = birth.schema_
         physical = [g for g in birth.gpus if g.parent is None] if birth else []
         if not physical:
             continue
@@ -86,6 +101,8 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) ->
     out.online = nodes_online(fleet)
     by_cls: dict[str, ClassRow] = {}
     views: dict[str, WorkloadView] = {}
+    old = out.old_agents
+    old_gpus: dict[tuple[str, str], float] = defaultdict(float)  # (site, node) -> unclassified GPUs there
     for plan in plans:
         for w in plan.workloads:
             views[w.id] = w
@@ -93,13 +110,26 @@ def overview(fleet: Fleet, plans: list[Plan], catalog: Catalog, trend: Trend) ->
             row_c.workloads += 1
             row_c.gpus += w.gpus
             row_c.util_weighted += w.mean_util * w.gpus
+            price = by_hw[w.hardware].price if w.hardware in by_hw else 0.0
             if w.hardware in by_hw:
                 by_hw[w.hardware].in_use += w.gpus
-                row_c.held_usd += w.gpus * by_hw[w.hardware].price
+                row_c.held_usd += w.gpus * price
+            if w.workload_class is WorkloadClass.UNKNOWN:
+                schemas = {n: agent_schema.get((plan.site, n)) for n in w.nodes}
+                # the classifier takes a workload's process facts from any of its nodes: one schema-2 agent among
+                # them already sends them, so upgrading the others would not decide it
+                if 1 in schemas.values() and 2 not in schemas.values():
+                    old.workloads += 1
+                    old.gpus += w.gpus
+                    old.held_usd += w.gpus * price
+                    for n, schema in schemas.items():
+                        if schema == 1:
+                            old_gpus[(plan.site, n)] += w.gpus / len(w.nodes)
         for f in plan.findings:
             if on_line(plan.site, f.nodes, out.online):  # an offline node wastes nothing now
                 out.waste_by_kind[f.kind.value] = out.waste_by_kind.get(f.kind.value, 0.0) + f.wasted_usd_per_hour
     out.workloads = len(views)
+    old.nodes = sorted(old_gpus, key=lambda key: (-old_gpus[key], key))
     out.hardware = sorted(by_hw.values(), key=lambda r: (-r.gpus, r.name))
     out.classes = sorted(by_cls.values(), key=lambda r: (-r.gpus, r.name))
     out.trend = trend.update(fleet, views)
