@@ -137,3 +137,23 @@ def test_steady_own_writes_on_a_shared_node_are_what_batch_alone_does() -> None:
     # the same figures read from the node's disks, with the job doing under three quarters of its GPU work
     guess = replace(shared, own_writes=False)
     assert not (classify(guess).workload_class is WorkloadClass.BATCH_INFERENCE and classify(guess).confidence >= 0.6)
+
+
+def test_a_save_uploaded_to_object_storage_is_still_a_save() -> None:
+    """A training job that uploads its checkpoints to object storage writes nothing to disk (its /proc/<pid>/io
+    counts no socket), but the upload leaves by the front end as a burst: with its own storage counts known, that
+    burst is still its save. 8 GPUs saving 20 GB every 120 s at 2 GB/s, alone on its node. Deliberate bug caught:
+    a workload with its own counts judged by them alone (no save seen, and its class left to the rest)."""
+    trainer = spec(
+        "k8s/pretrain", Pattern.TRAINING, tuple(range(8)), level=0.93, power_intensity=0.9, save_bytes=20e9,
+        checkpoint_period_s=120.0, save_to_network=True, input_bps=0.2e9,
+    )  # fmt: skip
+    node = ScenarioNode("h100-1", "h100", (trainer,), frozenset(), schema=2)
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, telemetry = offline_windows(node, WINDOWS, site="s", seed=5)
+    fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in telemetry:
+        fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(w))
+    (f,) = workload_features(fleet, "s")
+    assert f.own_writes and f.write_bps < 1e6, f.write_bps  # nothing of the save reached its disks
+    assert f.write_bursts >= 2, f.write_bursts

@@ -674,11 +674,43 @@ def _own_saves(windows: list[WindowDigest]) -> dict[str, dict[int, tuple[float, 
     return out
 
 
-def _save_bursts(windows: list[WindowDigest]) -> list[bool]:
-    """Saves to local disks, or to shared storage (NFS, Lustre, object storage) out of the front-end NICs."""
+def _save_bursts(windows: list[WindowDigest]) -> tuple[list[bool], list[bool]]:
+    """Saves to local disks, and to shared storage (NFS, Lustre, object storage) out of the front-end NICs."""
     disk = _bursts([w.peak_write_bps for w in windows])
     network = _bursts([w.north_tx_peak_bps for w in windows], floor=NETWORK_SAVE_BPS)
-    return [a or b for a, b in zip(disk, network, strict=True)]
+    return disk, network
+
+
+def _claimants(
+    windows: list[WindowDigest],
+    devices: Layout,
+    disk: list[bool],
+    network: list[bool],
+    own_io: dict[str, dict[int, tuple[float, float, bool]]],
+) -> list[list[str]]:
+    """Per window with a save burst on the node, the workloads that may have made it.
+
+    On a shared node a burst is the save of a job computing hard and steadily, as training does between
+    checkpoints (a server listening with three clients or more writes logs, not checkpoints); with several such
+    jobs it is nobody's evidence. A job whose own storage counts are known (schema 2) is no claimant to a burst on
+    the disks: its counts say whether it saved, and where one of them did, the burst is explained. Its counts do
+    not see an upload to object storage, so a burst out of the front end stays open to it."""
+    out: list[list[str]] = []
+    for i, window in enumerate(windows):
+        if not (disk[i] or network[i]):
+            out.append([])
+            continue
+        servers = _servers(window)
+        steady = [
+            r.id for r in window.workloads if _trains_hard(window, devices.effective(r.gpus)) and r.id not in servers
+        ]
+        if not network[i]:
+            if any(own_io.get(r.id, {}).get(i, (0.0, 0.0, False))[2] for r in window.workloads):
+                steady = []
+            else:
+                steady = [wid for wid in steady if i not in own_io.get(wid, {})]
+        out.append(steady)
+    return out
 
 
 def step_period(centred: Sequence[float], max_lag: int = 60) -> tuple[int | None, float]:
@@ -899,23 +931,10 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
             wid: [sum([u[i] for i in held if i in u]) for u in by_index]
             for wid, held in ((wid, devices.effective(ref.gpus)) for wid, ref in refs.items())
         }
-        bursts = _save_bursts(windows)
+        disk, network = _save_bursts(windows)
+        bursts = [a or b for a, b in zip(disk, network, strict=True)]
         own_io = _own_saves(windows)
-        # On a shared node a burst is the save of the one job computing hard and steadily, as training does between
-        # checkpoints; with several such jobs it is nobody's evidence. A job whose own writes are known is no
-        # claimant: its own counts say whether it saved.
-        hard = [
-            [
-                r.id
-                for r in w.workloads
-                if _trains_hard(w, devices.effective(r.gpus))
-                and r.id not in _servers(w)
-                and i not in own_io.get(r.id, ())
-            ]
-            if b
-            else []
-            for i, (w, b) in enumerate(zip(windows, bursts, strict=True))
-        ]
+        hard = _claimants(windows, devices, disk, network, own_io)
         base = node_baseline(windows, reference)
         per_node_gpu = max(len(gpu_info), 1)
         own = [_channels(w) for w in windows]
@@ -958,7 +977,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 # A checkpoint burst on a shared node belongs to a job computing hard and steadily, as training
                 # does between checkpoints; a serving workload is bursty.
                 io = own_io.get(ref.id, {}).get(i)
-                ckpt = io[2] if io is not None else bursts[i] and (len(refs) == 1 or hard[i] == [ref.id])
+                claimed = len(refs) == 1 or hard[i] == [ref.id]
+                ckpt = (io[2] or (network[i] and claimed)) if io is not None else bursts[i] and claimed
                 if bursts[i] and len(hard[i]) > 1 and ref.id in hard[i]:
                     accs[ref.id].shared_bursts += 1 / len(hard[i])
                 ingress = shared["rx"][ref.id][i]
