@@ -86,7 +86,7 @@ def test_a_fleet_read_from_victoriametrics_is_right(
     assert sorted(w["gpu_share"] for w in shared) == [0.5, 0.5]
     # profiling fields read: the shape measured
     assert chat["shape"] == pytest.approx(1.0, abs=0.2) and train["shape"] == pytest.approx(0.0, abs=0.2)
-    assert "no DCGM_FI_PROF" not in err
+    assert "no DCGM_FI_PROF" not in err and "no cAdvisor" not in err
 
 
 def _read_windows(
@@ -149,14 +149,15 @@ def test_without_profiling_fields_it_classifies_from_what_is_there_and_says_so(
 ) -> None:
     """dcgm-exporter with profiling unavailable (consumer cards, a profiler holding the counters): no DCGM_FI_PROF_*.
     The same fleet with them, told apart by a cluster label (read with --selector): without them the classes hold,
-    the evidence says what is missing, and no workload is surer than with them."""
+    the evidence says what is missing, and no workload is surer than with them. Neither has cAdvisor's storage
+    series, and the summary says so (deliberate bug: the line keyed on the network series)."""
 
     def tagged(cluster: str, profiling: bool) -> Iterator[str]:
         for line in exposition(*span):
             if line.startswith("DCGM_") and (profiling or not line.startswith("DCGM_FI_PROF_")):
                 yield line.replace("{", f'{{cluster="{cluster}",', 1)
-            elif not line.startswith("DCGM_") and cluster == "full":
-                yield line  # kube-state-metrics and cAdvisor, once
+            elif not line.startswith(("DCGM_", "container_fs_")) and cluster == "full":
+                yield line  # kube-state-metrics and cAdvisor's network, once
 
     import_into_victoria(victoria.url, [*tagged("full", True), *tagged("basic", False)])
     _wait_searchable(victoria.url, 3)
@@ -165,6 +166,8 @@ def test_without_profiling_fields_it_classifies_from_what_is_there_and_says_so(
     code, snap, err = _importer(capsys, victoria.url, span[1], "--selector", 'cluster="basic"')
     assert code == 0, err
     assert "no DCGM_FI_PROF_* series (profiling off)" in err
+    assert "no cAdvisor storage series (container_fs_*_bytes_total) for GPU pods" in err
+    assert "no cAdvisor network series" not in err
     workloads, with_them = _by_id(snap), _by_id(full)
     assert workloads["slurm/4242"]["class"] in ("batch_inference", "unknown")
     assert workloads["k8s/" + NOTEBOOK.uid]["class"] == "idle"

@@ -248,6 +248,10 @@ def _summary(report: ReadReport, snapshot: Snapshot) -> str:
         what.append("no kube-state-metrics: pods named by themselves, owned by their namespace")
     if report.kube_state and not report.cadvisor:
         what.append("no cAdvisor network series for GPU pods")
+    if report.kube_state and not report.cadvisor_disk:
+        what.append(
+            "no cAdvisor storage series (container_fs_*_bytes_total) for GPU pods: their own disk traffic unknown"
+        )
     skipped = ", ".join(f"{n} {reason}" for reason, n in sorted(report.skipped.items()))
     lines = [
         f"fleetfit: {len(snapshot.nodes)} nodes ({report.node_label} label), {len(snapshot.workloads)} workloads, "
