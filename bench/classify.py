@@ -10,7 +10,9 @@ planner's default for acting.
 The scenarios the targets are set on (mixed, hard, realistic, services) run a second time with every process
 named ``python3`` and no program on its command line, so that only behaviour tells workloads apart; those runs
 are held to 95 % right, at most 5 % unknown (a workload with no class gets no recommendation) and at most 2 %
-wrong with confidence >= 0.5 (``wrong@.5``).
+wrong with confidence >= 0.5 (``wrong@.5``). Those runs are also split by what each workload's agent sent: with
+process facts (schema 2) and before them (``before sch.2``: no program, clients, own traffic or own storage
+counts), where what decides a saturated LLM engine is not sent.
 
     .venv/bin/python bench/classify.py [--nodes 24] [--windows 90] [--seed N]
 """
