@@ -9,15 +9,31 @@
 * ``net_rx_bps``, ``net_tx_bps``: a pod's own interface counters (/proc/<pid>/net/dev), so its traffic needs no
   guess from the node's; absent in the host's namespace, where the counters are the node's.
 * ``disk_read_bps``, ``disk_write_bps``: the processes' own storage traffic from /proc/<pid>/io (proc(5)), so a
-  job's checkpoint saves are told from a neighbour's steady writes on the same disks. ``read_bytes`` counts what
-  the process caused to be read from storage (page-cache hits are not counted); ``write_bytes`` counts bytes when
-  the process dirties page-cache pages, so a ``torch.save`` shows in the window it is made in, not when writeback
-  reaches the disk; ``cancelled_write_bytes`` (dirty pages truncated before writeback, charged to whoever
-  truncates) is taken off the writes. The counters cover every thread of the process and the children it has
-  reaped: a worker that holds no GPU (a DataLoader worker) is not among the pids read, and what it read shows only
-  when its parent reaps it, all in that window. Another user's file is mode 0400 behind the ptrace read check:
-  root, or ``CAP_DAC_READ_SEARCH`` with ``CAP_SYS_PTRACE`` (either alone gets EACCES), as the fd scan needs; and
-  the kernel needs task IO accounting. Without them both fields are absent (unknown).
+  job's checkpoint saves are told from a neighbour's steady writes on the same disks. ``read_bytes`` counts what the
+  process caused to be read from storage (page-cache hits are not counted); ``write_bytes`` counts bytes when the
+  process dirties page-cache pages, so a ``torch.save`` shows in the window it is made in, not when writeback
+  reaches the disk; ``cancelled_write_bytes`` (dirty pages truncated before writeback, charged to whoever truncates)
+  is taken off the writes. The counters cover every thread of the process and the children it has reaped: a worker
+  that holds no GPU (a DataLoader worker) is not among the pids read, and what it read shows only when its parent
+  reaps it, all in that window. Another user's file is mode 0400 behind the ptrace read check: root, or
+  ``CAP_DAC_READ_SEARCH`` with ``CAP_SYS_PTRACE`` (either alone gets EACCES), as the fd scan needs; and the kernel
+  needs task IO accounting. Where none of a workload's processes' files can be read, the fields come from its
+  cgroup's ``io.stat`` (cgroup v2, mode 0444: no privileges), as cAdvisor and the kubelet read them: the shallowest
+  cgroup on its main process's path that still names the workload (a pod's, a Slurm job's, a unit's, a container's;
+  never a process group's, whose session scope holds other programs). What differs: io.stat counts bytes when the
+  block layer issues them. Cgroup v2 writeback charges a dirtied page to the cgroup that dirtied it when it is
+  flushed, within ``vm.dirty_expire_centisecs`` (30 s by default), so a save shows in the window its pages are
+  flushed in, perhaps split over two or three, at the same time as the node's disk counters show it. It counts every
+  process of the cgroup (a DataLoader's workers as they read, a sidecar), block devices only (NFS, Lustre, GPFS and
+  FUSE traffic is not there), and no discards. The cgroup is charged again on each layer of a stacked volume, so a
+  device that another listed device is built on (sysfs ``slaves``: md RAID members, a device-mapper volume's disks,
+  followed down to the drive a member partition is on) is left out; a job that also wrote to a member drive's other
+  partition directly is read short of that. A loop device's file is counted again on the disk holding it. Rates are
+  per cgroup path between windows: first sight is a baseline, a counter that went down or another inode is a new
+  cgroup, a cgroup gone is forgotten. /proc/<pid>/io stays preferred wherever one process's file can be read (a save
+  counted when it is made). Without a ``0::`` line (cgroup v1 alone), with a path outside the agent's cgroup
+  namespace (``/..``), or without ``io.stat`` (no io controller enabled on that cgroup) both fields are absent
+  (unknown).
 * ``sched_step``: the Slurm step from the cgroup path (``step_batch``, ``step_interactive``, ``step_0``).
 
 Cost: a handful of small reads per workload per window, one fd scan (bounded) for host-namespace processes, and
@@ -43,7 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.protocol import WorkloadRef
-from collectors.attribution import Attributor
+from collectors.attribution import Attributor, owner_from_cgroup
 from collectors.base import Collector, Inventory, Sample
 from collectors.procfs import read_bytes, read_text
 
@@ -59,6 +75,11 @@ _STEP = re.compile(r"/step_([A-Za-z0-9]+)(?:/|$)")
 _PRINTABLE = re.compile(r"[^A-Za-z0-9._:+@-]")
 MAX_PIDS = 16  # processes of one workload whose sockets and io are read each window
 _IO_FIELDS = (b"read_bytes", b"write_bytes", b"cancelled_write_bytes")
+LAYERS_INTERVAL_S = 600.0  # how often a block device's members (md RAID, device-mapper) are read again
+MAX_LAYERS = 64  # members of one stacked device read at most
+# An io.stat line (cgroup-v2.rst): the device, then rbytes and wbytes together (first, as blk-cgroup.c prints them)
+# or neither, then other keys (rios, io.latency's use_delay, io.cost's cost.*). One pattern: this runs every window.
+_IO_STAT_LINE = re.compile(rb" *(\d+:\d+)(?: +rbytes=(\d+) +wbytes=(\d+))?(?: +(?!rbytes=|wbytes=)[^\s=]+=\S*)* *")
 
 
 def program_of(cmdline: bytes) -> str | None:
@@ -118,6 +139,39 @@ def io_counters(data: bytes | None) -> tuple[int, int, int] | None:
     return found[b"read_bytes"], found[b"write_bytes"], found[b"cancelled_write_bytes"]
 
 
+def cgroup_io(data: bytes | None) -> dict[str, tuple[int, int]] | None:
+    """Per device (``MAJ:MIN``), ``rbytes`` and ``wbytes`` of a cgroup v2 ``io.stat`` file (the kernel's
+    Documentation/admin-guide/cgroup-v2.rst: ``8:16 rbytes=1459200 wbytes=314773504 rios=192 wios=353 dbytes=0
+    dios=0``). A device the cgroup has done no I/O on yet may be listed bare, or with other controllers' keys only
+    (io.latency's ``use_delay=``, io.cost's ``cost.*=``): zeros. None when the file could not be read or a line is
+    not one the kernel writes."""
+    if data is None:
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        m = _IO_STAT_LINE.fullmatch(line)
+        if m is None:
+            return None
+        out[m.group(1).decode()] = (int(m.group(2) or 0), int(m.group(3) or 0))
+    return out
+
+
+def cgroup_v2_path(cgroup: str) -> str | None:
+    """The cgroup v2 path of a /proc/PID/cgroup file (its ``0::`` line); None without one (cgroup v1 alone), or
+    where it does not lie under the reader's cgroup root: a process outside the agent's cgroup namespace shows
+    ``/..`` components, and a cgroup removed under a zombie shows `` (deleted)``."""
+    for line in cgroup.splitlines():
+        if line.startswith("0::/"):
+            path = line[3:].rstrip("/") or "/"
+            parts = path.split("/")
+            if ".." in parts or "." in parts or path.endswith(" (deleted)"):
+                return None
+            return path
+    return None
+
+
 def read_table(path: Path, below_port: int) -> list[_Socket]:
     """The listening and established sockets of a /proc/PID/net/tcp table whose local port is below
     ``below_port``, read line by line (bounded: ``MAX_TABLE_LINES`` read, ``MAX_SOCKETS_KEPT`` kept). The rest,
@@ -153,10 +207,15 @@ class WorkloadFacts:
         clock: Callable[[], float] = time.monotonic,
         socket_interval: float = SOCKET_INTERVAL_S,
         background: bool = False,
+        cgroupfs_root: Path = Path("/sys/fs/cgroup"),
+        sysfs_root: Path = Path("/sys"),
     ) -> None:
         """``background``: read TCP tables on a thread of their own (the agent); a window then carries what the
-        latest finished read found. Without, they are read when asked (tests, one-shot runs)."""
+        latest finished read found. Without, they are read when asked (tests, one-shot runs). ``cgroupfs_root``
+        (cgroup v2) and ``sysfs_root``: where a workload's ``io.stat`` and its devices' layers are read."""
         self._proc = procfs_root
+        self._cgroupfs = str(cgroupfs_root)
+        self._sysfs = str(sysfs_root)
         self._root = str(procfs_root)  # string paths: a Path per read costs more than the read on the fast path
         self._clock = clock
         self._socket_interval = socket_interval
@@ -164,7 +223,8 @@ class WorkloadFacts:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="fleetfit-tcp") if background else None
         self._reading: dict[str, Future[list[_Socket]]] = {}
         self._held: dict[int, tuple[float, int | None, set[str]]] = {}  # pid → (read at, its start, socket inodes)
-        self._identities: dict[int, tuple[int | None, dict[str, object]]] = {}  # pid → (its start, facts)
+        # pid → (its start, facts, its cgroup v2 path)
+        self._identities: dict[int, tuple[int | None, dict[str, object], str | None]] = {}
         # (namespace, pids) → (what it was computed from, the server facts): the sockets change only when the
         # table or the held inodes are read again, so the filtering is not redone every window
         self._served: dict[tuple[str, tuple[int, ...]], tuple[object, dict[str, object]]] = {}
@@ -175,6 +235,12 @@ class WorkloadFacts:
         self._net: dict[str, tuple[float, int, int]] = {}  # workload → (time, rx bytes, tx bytes)
         # pid → (its start, read at, read_bytes, write_bytes, cancelled_write_bytes)
         self._io: dict[int, tuple[int | None, float, int, int, int]] = {}
+        # (workload, its main process's cgroup path) → the workload's own cgroup (None: the path names no workload)
+        self._own_cgroup: dict[tuple[str, str], str | None] = {}
+        # cgroup path → (its io.stat's inode, read at, per device rbytes and wbytes); paths read this round
+        self._cgroup_io: dict[str, tuple[int, float, dict[str, tuple[int, int]]]] = {}
+        self._cgroups_read: set[str] = set()
+        self._members: dict[str, tuple[float, frozenset[str]]] = {}  # device → (read at, the devices it is built on)
 
     def _read(self, relative: str) -> str | None:
         return read_text(f"{self._root}/{relative}")
@@ -225,6 +291,9 @@ class WorkloadFacts:
             del self._held[pid]
         for pid in [p for p in self._io if p not in seen]:
             del self._io[pid]
+        for path in [p for p in self._cgroup_io if p not in self._cgroups_read]:  # a job ended, a pod deleted
+            del self._cgroup_io[path]
+        self._cgroups_read.clear()
         if len(self._served) > 4 * max(len(refs), 8):
             self._served.clear()
         return out
@@ -233,30 +302,37 @@ class WorkloadFacts:
         """The facts of a workload's live ``pids`` (``starts``: each one's start, if read already)."""
         starts = starts if starts is not None else {p: self._started(p) for p in pids}
         main = min(pids)
-        facts = dict(self._identity(main, starts.get(main)))
+        identity, cgroup = self._identity(main, starts.get(main))
+        facts = dict(identity)
         # read every window: a process may enter another network namespace (setns) at any time
         netns = self._link(f"{main}/ns/net")
         own = netns is not None and self._host_netns is not None and netns != self._host_netns
         facts.update(self._server(pids, netns, own, starts))
         if own:
             facts.update(self._rates(workload, main))
-        facts.update(self._storage(pids[:MAX_PIDS], starts))
+        storage = self._storage(pids[:MAX_PIDS], starts)
+        if storage is None and cgroup is not None:
+            storage = self._cgroup_storage(workload, cgroup)
+        facts.update(storage or {})
         return facts
 
-    def _identity(self, pid: int, start: int | None) -> dict[str, object]:
-        """Program and Slurm step: fixed for a process's life, so read once per process (pid and start)."""
+    def _identity(self, pid: int, start: int | None) -> tuple[dict[str, object], str | None]:
+        """Program, Slurm step and cgroup v2 path: fixed for a process's life (a GPU's process is placed in its
+        pod's or job's cgroup before it starts), so read once per process (pid and start)."""
         known = self._identities.get(pid)
         if known is not None and known[0] == start:
-            return known[1]
+            return known[1], known[2]
         facts: dict[str, object] = {}
         with contextlib.suppress(OSError):
             facts["program"] = program_of((self._proc / str(pid) / "cmdline").read_bytes())
-        if m := _STEP.search(self._read(f"{pid}/cgroup") or ""):
+        cgroup = self._read(f"{pid}/cgroup") or ""
+        if m := _STEP.search(cgroup):
             facts["sched_step"] = m.group(1)[:32]
         if len(self._identities) >= 4096:
             self._identities.clear()
-        self._identities[pid] = (start, facts)
-        return facts
+        path = cgroup_v2_path(cgroup)
+        self._identities[pid] = (start, facts, path)
+        return facts, path
 
     def _table(self, pid: int, netns: str | None) -> list[_Socket]:
         """The TCP sockets of ``pid``'s network namespace, read at most once per interval per namespace: the
@@ -350,21 +426,22 @@ class WorkloadFacts:
         self._held[pid] = (now, start, held)
         return held
 
-    def _storage(self, pids: list[int], starts: dict[int, int | None]) -> dict[str, object]:
+    def _storage(self, pids: list[int], starts: dict[int, int | None]) -> dict[str, object] | None:
         """Bytes/s the processes read from storage and wrote for it since each one's last reading. A process seen
         for the first time is only a baseline (its counters hold its whole life), and so is one whose pid now
         belongs to another process (another start, or a counter lower than before). Nothing when no process had a
-        baseline or none could be read: unknown, not zero."""
+        baseline (unknown, not zero); None when none could be read."""
         if len(self._io) > 4096:  # callers that never pass through enrich(), which forgets gone pids
             self._io.clear()
         now = self._clock()
         read = written = 0.0
-        measured = False
+        measured = readable = False
         for pid in dict.fromkeys(pids):
             counters = io_counters(read_bytes(f"{self._root}/{pid}/io"))
             if counters is None:
                 self._io.pop(pid, None)  # read again from a fresh baseline once it can be
                 continue
+            readable = True
             start = starts.get(pid)
             before = self._io.get(pid)
             if before is not None and before[0] == start and now <= before[1]:
@@ -384,8 +461,100 @@ class WorkloadFacts:
             # cancelled bytes are charged to the process that truncates, which may not be the one that wrote
             written += ((counters[1] - before[3]) - (counters[2] - before[4])) / elapsed
         if not measured:
-            return {}
+            return {} if readable else None
         return {"disk_read_bps": round(read, 1), "disk_write_bps": round(max(written, 0.0), 1)}
+
+    def _cgroup_storage(self, workload: str, cgroup: str) -> dict[str, object]:
+        """Bytes/s the workload's cgroup read from and wrote to block devices since the last reading of its
+        ``io.stat``, each byte once: a device another listed device is built on (an md RAID member, a
+        device-mapper volume's disk) is left out, since the cgroup is charged again on each layer. First sight is
+        a baseline; a counter that went down, or another inode under the same path, is a new cgroup: a baseline
+        again. Nothing where the path names no cgroup of the workload's own or has no readable ``io.stat``."""
+        own = self._own(workload, cgroup)
+        if own is None:
+            return {}
+        if len(self._cgroup_io) > 4096:  # callers that never pass through enrich(), which forgets gone cgroups
+            self._cgroup_io.clear()
+        self._cgroups_read.add(own)
+        read = _read_with_inode(f"{self._cgroupfs}{own}/io.stat")
+        counts = cgroup_io(read[1]) if read is not None else None
+        if read is None or counts is None:
+            self._cgroup_io.pop(own, None)  # cgroup v1, no io controller there, gone, or garbled
+            return {}
+        now = self._clock()
+        before = self._cgroup_io.get(own)
+        if before is not None and before[0] == read[0] and now <= before[1]:
+            return {}  # asked twice at one instant: the baseline stays
+        self._cgroup_io[own] = (read[0], now, counts)
+        if before is None or before[0] != read[0]:
+            return {}
+        layered = self._layered(counts)
+        rbytes = wbytes = 0
+        for device, (r, w) in counts.items():
+            # a device listed for the first time holds only what was charged to it since the last reading
+            old = before[2].get(device, (0, 0))
+            if r < old[0] or w < old[1]:
+                return {}
+            if device not in layered:
+                rbytes += r - old[0]
+                wbytes += w - old[1]
+        elapsed = now - before[1]
+        return {"disk_read_bps": round(rbytes / elapsed, 1), "disk_write_bps": round(wbytes / elapsed, 1)}
+
+    def _own(self, workload: str, cgroup: str) -> str | None:
+        """The workload's own cgroup: the shallowest one on ``cgroup``'s path that still names the workload (a
+        pod's, not a container's; a Slurm job's, not a step's or a task's), since io.stat counts its descendants
+        too. None where no cgroup on the path names it: a process group's session scope or the root cgroup holds
+        other programs, and their I/O is not the workload's."""
+        key = (workload, cgroup)
+        if key in self._own_cgroup:
+            return self._own_cgroup[key]
+        found = None
+        end = 0
+        while end >= 0:
+            end = cgroup.find("/", end + 1)
+            prefix = cgroup if end < 0 else cgroup[:end]
+            owner = owner_from_cgroup(prefix)
+            if owner is not None and owner[0] == workload:
+                found = prefix
+                break
+        if len(self._own_cgroup) >= 4096:
+            self._own_cgroup.clear()
+        self._own_cgroup[key] = found
+        return found
+
+    def _layered(self, devices: dict[str, tuple[int, int]]) -> set[str]:
+        """The devices among ``devices`` that another of them is built on."""
+        layered: set[str] = set()
+        for device in devices:
+            layered.update(self._built_on(device))
+        return layered
+
+    def _built_on(self, device: str) -> frozenset[str]:
+        """The whole disks and volumes ``device`` (``MAJ:MIN``) is built on, from sysfs's ``slaves`` (empty for a
+        plain disk). One level is enough: each layer below is charged too, so listed, with its own members. Read
+        again every ``LAYERS_INTERVAL_S``, since arrays and volumes are assembled rarely."""
+        now = self._clock()
+        cached = self._members.get(device)
+        if cached is not None and now - cached[0] < LAYERS_INTERVAL_S:
+            return cached[1]
+        found: set[str] = set()
+        slaves = f"{self._sysfs}/dev/block/{device}/slaves"
+        try:
+            names = os.listdir(slaves)[:MAX_LAYERS]
+        except OSError:
+            names = []
+        for name in names:
+            member = os.path.realpath(f"{slaves}/{name}")
+            if os.path.exists(f"{member}/partition"):
+                member = os.path.dirname(member)  # io.stat lists the whole disk, never its partitions
+            number = (read_text(f"{member}/dev") or "").strip()
+            if number and number != device:
+                found.add(number)
+        if len(self._members) >= 4096:
+            self._members.clear()
+        members = self._members[device] = (now, frozenset(found))
+        return members[1]
 
     def _rates(self, workload: str, pid: int) -> dict[str, object]:
         rx = tx = 0
@@ -405,6 +574,25 @@ class WorkloadFacts:
             return {}  # first sight, or the namespace was recreated: no rate this window
         elapsed = now - before[0]
         return {"net_rx_bps": round((rx - before[1]) / elapsed, 1), "net_tx_bps": round((tx - before[2]) / elapsed, 1)}
+
+
+def _read_with_inode(path: str) -> tuple[int, bytes] | None:
+    """The inode and whole contents of a small file; None when it cannot be opened or read. A cgroup removed and
+    made again under the same path (a systemd unit restarted) has files with other inodes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        inode = os.fstat(fd).st_ino
+        chunks = []
+        while chunk := os.read(fd, 65_536):
+            chunks.append(chunk)
+        return inode, b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class WithFacts:

@@ -12,7 +12,7 @@ import pytest
 
 from agent.protocol import NicKind, NicRole, WorkloadKind, WorkloadRef
 from collectors.nic import default_route_interfaces, role_of
-from collectors.workload_facts import WorkloadFacts, program_of
+from collectors.workload_facts import WorkloadFacts, cgroup_io, program_of
 
 HOST_NS, POD_NS = "net:[4026531992]", "net:[4026533001]"
 TCP_HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
@@ -192,15 +192,18 @@ def _io(root: Path, pid: int, read: int, write: int, cancelled: int = 0) -> None
 
 
 class _Windows:
-    """One workload read window after window, 10 s apart."""
+    """One workload read window after window, 10 s apart, with a cgroupfs and a sysfs of its own beside /proc."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, workload: str = "slurm/77") -> None:
         self.now = 0.0
-        self.facts = WorkloadFacts(root, clock=lambda: self.now)
+        self.workload = workload
+        self.facts = WorkloadFacts(
+            root, clock=lambda: self.now, cgroupfs_root=root.parent / "cgroup", sysfs_root=root.parent / "sys"
+        )
 
     def next(self, pids: list[int]) -> tuple[float | None, float | None]:
         self.now += 10.0
-        ref = self.facts.enrich([_ref("slurm/77")], {"slurm/77": pids})[0]
+        ref = self.facts.enrich([_ref(self.workload)], {self.workload: pids})[0]
         return ref.disk_read_bps, ref.disk_write_bps
 
 
@@ -329,3 +332,201 @@ def test_truncated_writes_are_taken_off(tmp_path: Path) -> None:
     assert windows.next([50]) == (0.0, 4.0 * MB)
     _io(root, 50, read=0, write=110 * MB, cancelled=120 * MB)
     assert windows.next([50]) == (0.0, 0.0)
+
+
+JOB = "/system.slice/slurmstepd.scope/job_77"
+
+
+def _io_stat(tmp_path: Path, devices: dict[str, tuple[int, int]], cgroup: str = JOB) -> None:
+    """The cgroup's io.stat as the kernel writes it (cgroup-v2.rst), one line per device."""
+    directory = tmp_path / "cgroup" / cgroup.lstrip("/")
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [
+        f"{dev} rbytes={r} wbytes={w} rios={r // 131072} wios={w // 131072} dbytes=0 dios=0\n"
+        for dev, (r, w) in devices.items()
+    ]
+    (directory / "io.stat").write_text("".join(lines))
+
+
+def _denied(monkeypatch: pytest.MonkeyPatch, root: Path, *pids: int) -> None:
+    """Another user's /proc/PID/io to an agent without the attribution drop-in: EACCES."""
+    real_open = os.open
+    refused = {f"{root}/{pid}/io" for pid in pids}
+
+    def refusing(path: str, flags: int, *args: int) -> int:
+        if path in refused:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr("collectors.procfs.os.open", refusing)
+
+
+def _job_worker(tmp_path: Path, pid: int = 50) -> Path:
+    # a rank in its task's cgroup, two levels below the job's
+    root = _proc(tmp_path, pid, HOST_NS, ["python3", "train.py"], f"0::{JOB}/step_0/user/task_0\n")
+    _io(root, pid, read=0, write=0)  # there, but refused below
+    return root
+
+
+def test_without_access_to_proc_io_the_jobs_io_stat_gives_its_rates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/proc/50/io refused: the job's cgroup (the shallowest on the rank's path that names slurm/77, since io.stat
+    counts every step and task below it) reads 20 MB and writes 5 MB per window over two disks: 2 and 0.5 MB/s.
+    Its first window is a baseline. Caught: no fallback (both absent), the rank's own task cgroup read instead of
+    the job's (no io.stat there: absent), or the first reading taken as a window's growth (400 MB/s read)."""
+    root = _job_worker(tmp_path)
+    _denied(monkeypatch, root, 50)
+    windows = _Windows(root)
+    _io_stat(tmp_path, {"259:0": (4_000 * MB, 900 * MB), "8:0": (0, 100 * MB)})  # its life so far
+    assert windows.next([50]) == (None, None)
+    _io_stat(tmp_path, {"259:0": (4_020 * MB, 903 * MB), "8:0": (0, 102 * MB)})
+    assert windows.next([50]) == (2.0 * MB, 0.5 * MB)
+
+
+def test_a_save_flushed_in_one_window_shows_there_and_a_new_cgroup_starts_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 120 MB torch.save reaches the disk when writeback flushes it (io.stat counts at the block layer): 12 MB/s in
+    that window, 0.1 MB/s of logs either side. The job's cgroup then goes (the job ended; no io.stat) and a cgroup
+    under the same path comes with more bytes than the old one had, and later one whose counters went down: each
+    is a baseline, not a jump. Caught: the first reading kept as the baseline (the save spread over every later
+    window), a cgroup gone not forgotten (125 MB/s), or counters that fell read as growth (a negative rate)."""
+    root = _job_worker(tmp_path)
+    _denied(monkeypatch, root, 50)
+    windows = _Windows(root)
+    rates = []
+    for written in (0, 1 * MB, 121 * MB, 122 * MB):
+        _io_stat(tmp_path, {"259:0": (0, written)})
+        rates.append(windows.next([50])[1])
+    assert rates == [None, 0.1 * MB, 12.0 * MB, 0.1 * MB]
+    stat = tmp_path / "cgroup" / JOB.lstrip("/") / "io.stat"
+    stat.rename(stat.parent / "away")
+    assert windows.next([50]) == (None, None)
+    (stat.parent / "away").rename(stat)  # the same inode: only forgetting the old cgroup tells them apart
+    _io_stat(tmp_path, {"259:0": (0, 2_622 * MB)})
+    assert windows.next([50]) == (None, None)
+    _io_stat(tmp_path, {"259:0": (0, 2_632 * MB)})
+    assert windows.next([50]) == (0.0, 1.0 * MB)
+    _io_stat(tmp_path, {"259:0": (0, 5 * MB)})
+    assert windows.next([50]) == (None, None)
+
+
+def test_a_cgroup_made_again_under_the_same_path_is_a_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A systemd unit restarted between two windows has a new cgroup under the same path (another inode), whose
+    counters may already pass the old one's: a baseline. Caught: comparing counters alone (50 MB/s of the old
+    cgroup's life in one window)."""
+    unit = "/system.slice/trainer.service"
+    root = _proc(tmp_path, 50, HOST_NS, ["python3", "train.py"], f"0::{unit}\n")
+    _denied(monkeypatch, root, 50)
+    windows = _Windows(root, "systemd/trainer.service")
+    _io_stat(tmp_path, {"259:0": (0, 100 * MB)}, unit)
+    windows.next([50])
+    stat = tmp_path / "cgroup" / unit.lstrip("/") / "io.stat"
+    (stat.parent / "new").write_text(f"259:0 rbytes=0 wbytes={600 * MB}\n")
+    os.replace(stat.parent / "new", stat)  # made while the old existed: another inode
+    assert windows.next([50]) == (None, None)
+    _io_stat(tmp_path, {"259:0": (0, 610 * MB)}, unit)
+    assert windows.next([50]) == (0.0, 1.0 * MB)
+
+
+def _block(sysfs: Path, name: str, number: str, *parts: tuple[str, str]) -> Path:
+    """A disk or volume in sysfs (/sys/devices/.../block/NAME with its dev, partitions and slaves), linked from
+    /sys/dev/block/MAJ:MIN as the kernel links it."""
+    disk = sysfs / "devices" / "block" / name
+    (disk / "slaves").mkdir(parents=True)
+    (disk / "dev").write_text(number + "\n")
+    for part, part_number in parts:
+        (disk / part).mkdir()
+        (disk / part / "dev").write_text(part_number + "\n")
+        (disk / part / "partition").write_text("1\n")
+    (sysfs / "dev" / "block").mkdir(parents=True, exist_ok=True)
+    os.symlink(disk, sysfs / "dev" / "block" / number)
+    return disk
+
+
+def test_a_stacked_volume_is_counted_once_not_again_on_its_layers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DGX's /raid: LVM (dm-0, 253:0) on md127 (9:127) on the first partitions of two NVMe drives. The cgroup is
+    charged on each layer: a 40 MB write shows on dm-0, md127, and 20 MB on each drive; 10 MB more went to the plain
+    boot disk (8:0). That is 5 MB/s written, not 13. Caught: summing every device listed (13 MB/s), or a member
+    partition not taken to its drive, which io.stat lists instead (the drives counted again: 9 MB/s)."""
+    sysfs = tmp_path / "sys"
+    nvme0 = _block(sysfs, "nvme0n1", "259:0", ("nvme0n1p1", "259:1"))
+    nvme1 = _block(sysfs, "nvme1n1", "259:2", ("nvme1n1p1", "259:3"))
+    md = _block(sysfs, "md127", "9:127")
+    os.symlink(nvme0 / "nvme0n1p1", md / "slaves" / "nvme0n1p1")
+    os.symlink(nvme1 / "nvme1n1p1", md / "slaves" / "nvme1n1p1")
+    dm = _block(sysfs, "dm-0", "253:0")
+    os.symlink(md, dm / "slaves" / "md127")
+    _block(sysfs, "sda", "8:0", ("sda1", "8:1"))
+    root = _job_worker(tmp_path)
+    _denied(monkeypatch, root, 50)
+    windows = _Windows(root)
+    for step in (0, 1):
+        _io_stat(
+            tmp_path,
+            {
+                "253:0": (0, step * 40 * MB),
+                "9:127": (0, step * 40 * MB),
+                "259:0": (0, step * 20 * MB),
+                "259:2": (0, step * 20 * MB),
+                "8:0": (0, step * 10 * MB),
+            },
+        )
+        rates = windows.next([50])
+    assert rates == (0.0, 5.0 * MB)
+
+
+def test_an_io_stat_garbled_or_missing_leaves_the_fields_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No io.stat (cgroup v1, or no io controller on the job's cgroup), or a line that is not the kernel's: both
+    fields absent, the other facts still there. A device listed bare (no I/O yet) is zeros, not garbled.
+    Caught: a garbled count read as zero (0 B/s reported as measured) or raising, or a bare line rejected."""
+    assert cgroup_io(b"8:0 rbytes=1 wbytes=2 rios=1 wios=1 dbytes=0 dios=0\n8:16 use_delay=0 delay_nsec=0\n9:0\n") == {
+        "8:0": (1, 2),
+        "8:16": (0, 0),
+        "9:0": (0, 0),
+    }
+    root = _job_worker(tmp_path)
+    _denied(monkeypatch, root, 50)
+    windows = _Windows(root)
+    for _ in range(2):
+        ref = windows.facts.enrich([_ref("slurm/77")], {"slurm/77": [50]})[0]
+        windows.now += 10.0
+        assert (ref.disk_read_bps, ref.disk_write_bps, ref.program) == (None, None, "train.py")
+    for garbled in ("259:0 rbytes=12abc wbytes=0\n", "nvme0n1 rbytes=0 wbytes=0\n", "259:0 rbytes=5\n", "259:0 x\n"):
+        _io_stat(tmp_path, {"259:0": (0, 0)})
+        windows.next([50])
+        (tmp_path / "cgroup" / JOB.lstrip("/") / "io.stat").write_text(garbled)
+        assert windows.next([50]) == (None, None), garbled
+
+
+def test_a_cgroup_that_is_not_the_workloads_own_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process group in a login session's scope shares it with the user's other programs, and a process outside
+    the agent's cgroup namespace shows /.. in its path: neither cgroup's io.stat is taken for the workload's.
+    Caught: reading the main process's cgroup whatever it names (10 MB/s of the session's copies)."""
+    session = "/user.slice/user-1000.slice/session-3.scope"
+    root = _proc(tmp_path, 50, HOST_NS, ["python3", "train.py"], f"0::{session}\n")
+    # relative to the agent's own cgroup; joined to the cgroupfs root it would reach another cgroup's io.stat
+    _proc(tmp_path, 60, HOST_NS, ["python3", "train.py"], "0::/../cgroup/system.slice/docker-0123456789abcdef.scope\n")
+    _denied(monkeypatch, root, 50, 60)
+    windows = _Windows(root, "pgid/n1/50")
+    outside = _Windows(root, "container/0123456789ab")
+    for written in (0, 100 * MB):
+        _io_stat(tmp_path, {"259:0": (0, written)}, session)
+        _io_stat(tmp_path, {"259:0": (0, written)}, "/system.slice/docker-0123456789abcdef.scope")
+        assert windows.next([50]) == (None, None)
+        assert outside.next([60]) == (None, None)
+
+
+def test_proc_io_is_preferred_where_it_can_be_read(tmp_path: Path) -> None:
+    """Both readable (the agent runs with the attribution drop-in): the process's own counters, which count a save
+    when it is made, win over the cgroup's 5 MB/s. Caught: io.stat read first (5 MB/s), or summed in (6 MB/s)."""
+    root = _job_worker(tmp_path)
+    windows = _Windows(root)
+    for step in (0, 1):
+        _io(root, 50, read=0, write=step * 10 * MB)
+        _io_stat(tmp_path, {"259:0": (0, step * 50 * MB)})
+        rates = windows.next([50])
+    assert rates == (0.0, 1.0 * MB)
