@@ -44,7 +44,10 @@ thread of its own, never on the sampling loop, line by line, keeping only listen
 ports below the ephemeral range (at most ``MAX_SOCKETS_KEPT``, from the first ``MAX_TABLE_LINES`` lines).
 /proc/<pid>/io is read for at most ``MAX_PIDS`` processes of a workload, every window: about 10 µs a read (the
 kernel sums the process's threads), which took one 8-process workload's facts from 8 µs to about 120 µs a window
-on a 2-core virtual machine.
+on a 2-core virtual machine. Where none of them can be read, the cgroup's io.stat stands in: one file a window,
+and its devices' sysfs ``slaves`` once per ``LAYERS_INTERVAL_S``, about 35 µs for five devices (md RAID under LVM
+on two NVMe drives, and a boot disk); an 8-process workload's window took 176 µs with it, 181 µs with /proc/<pid>/io
+readable and 128 µs with neither (median of 5 timeit runs, 2,000 windows each, on a fixture tree).
 """
 
 from __future__ import annotations
