@@ -478,6 +478,7 @@ class WorkloadFacts:
             return {}
         if len(self._cgroup_io) > 4096:  # callers that never pass through enrich(), which forgets gone cgroups
             self._cgroup_io.clear()
+            self._cgroups_read.clear()
         self._cgroups_read.add(own)
         read = _read_with_inode(f"{self._cgroupfs}{own}/io.stat")
         counts = cgroup_io(read[1]) if read is not None else None
