@@ -444,12 +444,12 @@ class PrometheusSource:
                 # of them is scraped. Rates come before any sum: a restarted container's counter back at 0 is a
                 # reset of its own series, where a sum of counters would fall and read the other containers' whole
                 # history as one interval's bytes.
-                where = f"pod=~{pods_re}{devices}"
+                match = f"pod=~{pods_re}{devices}"
                 containers = (
                     f"sum by (namespace, pod, device) "
-                    f'(rate({metric}{{{where}, container!="", container!="POD"}}[{rate}]))'
+                    f'(rate({metric}{{{match}, container!="", container!="POD"}}[{rate}]))'
                 )
-                cgroup = f'rate({metric}{{{where}, container=""}}[{rate}])'
+                cgroup = f'rate({metric}{{{match}, container=""}}[{rate}])'
                 return (
                     f"sum by (namespace, pod) (max by (namespace, pod, device) "
                     f'(label_replace({containers}, "cgroup", "containers", "", "") or {cgroup}))'
