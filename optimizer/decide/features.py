@@ -53,6 +53,10 @@ NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also 
 # its usual window. Written bytes are counted as the process dirties the page cache, so a save shows in the window
 # it is made in, whatever the disk's writeback does.
 OWN_SAVE_BYTES = 30e6
+# Own counts are read only from windows this short (an agent's are 10 s): a save lasts seconds to a minute, and in a
+# window minutes long (the Prometheus import's, 5 minutes) it is averaged in and reads as steady writing. There the
+# node's rules decide, from the busiest scrape of each window.
+OWN_IO_WINDOW_S = 60.0
 QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
 QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
 PERIOD_SECONDS = 720  # the most recent seconds of per-second load a step period is looked for in
@@ -657,6 +661,8 @@ def _own_saves(windows: list[WindowDigest]) -> dict[str, dict[int, tuple[float, 
     is told from a neighbour's steady results."""
     own: dict[str, dict[int, tuple[float, float]]] = {}
     for i, window in enumerate(windows):
+        if window.end - window.start > OWN_IO_WINDOW_S:
+            continue
         for v in window.volatile:
             if v.disk_write_bps is not None:
                 own.setdefault(v.workload, {})[i] = (v.disk_read_bps or 0.0, v.disk_write_bps)
