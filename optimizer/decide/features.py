@@ -54,8 +54,8 @@ NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also 
 # it is made in, whatever the disk's writeback does.
 OWN_SAVE_BYTES = 30e6
 # Own counts are read only from windows this short (an agent's are 10 s): a save lasts seconds to a minute, and in a
-# window minutes long (the Prometheus import's, 5 minutes) it is averaged in and reads as steady writing. There the
-# node's rules decide, from the busiest scrape of each window.
+# window minutes long (the Prometheus import's, 5 minutes) it is averaged in and reads as steady writing, so such
+# windows' own counts are left out, and with them the evidence they would give either way.
 OWN_IO_WINDOW_S = 60.0
 QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
 QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
