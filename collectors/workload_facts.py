@@ -82,7 +82,12 @@ LAYERS_INTERVAL_S = 600.0  # how often a block device's members (md RAID, device
 MAX_LAYERS = 64  # members of one stacked device read at most
 # An io.stat line (cgroup-v2.rst): the device, then rbytes and wbytes together (first, as blk-cgroup.c prints them)
 # or neither, then other keys (rios, io.latency's use_delay, io.cost's cost.*). One pattern: this runs every window.
-_IO_STAT_LINE = re.compile(rb" *(\d+:\d+)(?: +rbytes=(\d+) +wbytes=(\d+))?(?: +(?!rbytes=|wbytes=)[^\s=]+=\S*)* *")
+# The kernel's counters are u64 (at most 20 digits): a longer number is no count, and read whole it would overflow a
+# rate's float (or pass Python's 4,300-digit limit) and take every workload's facts out of the window.
+_COUNT_DIGITS = 20
+_IO_STAT_LINE = re.compile(
+    rb" *(\d+:\d+)(?: +rbytes=(\d{1,20}) +wbytes=(\d{1,20}))?(?: +(?!rbytes=|wbytes=)[^\s=]+=\S*)* *"
+)
 
 
 def program_of(cmdline: bytes) -> str | None:
@@ -134,7 +139,7 @@ def io_counters(data: bytes | None) -> tuple[int, int, int] | None:
         name, _, value = line.partition(b":")
         if name in _IO_FIELDS:
             value = value.strip()
-            if not value.isdigit():
+            if not value.isdigit() or len(value) > _COUNT_DIGITS:
                 return None
             found[name] = int(value)
     if len(found) < len(_IO_FIELDS):

@@ -502,6 +502,41 @@ def test_an_io_stat_garbled_or_missing_leaves_the_fields_out(tmp_path: Path, mon
         assert windows.next([50]) == (None, None), garbled
 
 
+def test_a_count_longer_than_the_kernels_64_bits_is_garbled_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel's I/O counters are u64, 20 digits at most. A longer number in /proc/PID/io or io.stat (a garbled
+    file) is no reading: that workload's storage fields are absent and its other facts, and the other workloads',
+    still come. Deliberate bug caught: any run of digits taken as a count (a 400-digit one overflows the rate's
+    float, a 5,000-digit one passes Python's int limit: either raises out of enrich() and the window loses every
+    workload's facts)."""
+    root = _workers(tmp_path, 50)
+    windows = _Windows(root)
+    _io(root, 50, read=0, write=0)
+    windows.next([50])
+    for digits in (400, 5_000):
+        (root / "50" / "io").write_text(f"read_bytes: {'9' * digits}\nwrite_bytes: 0\ncancelled_write_bytes: 0\n")
+        windows.now += 10.0
+        ref = windows.facts.enrich([_ref("slurm/77")], {"slurm/77": [50]})[0]
+        assert (ref.disk_read_bps, ref.disk_write_bps, ref.program) == (None, None, "train.py"), digits
+    _io(root, 50, read=10 * MB, write=0)
+    windows.next([50])
+    _io(root, 50, read=20 * MB, write=0)
+    assert windows.next([50]) == (1.0 * MB, 0.0)  # the next sane file is read again from a fresh baseline
+
+    cgroup_root = tmp_path / "job"
+    job = _job_worker(cgroup_root)
+    _denied(monkeypatch, job, 50)
+    windows = _Windows(job)
+    _io_stat(cgroup_root, {"259:0": (0, 0)})
+    windows.next([50])
+    _io_stat(cgroup_root, {"259:0": (0, 10**400)})
+    windows.now += 10.0
+    ref = windows.facts.enrich([_ref("slurm/77")], {"slurm/77": [50]})[0]
+    assert (ref.disk_read_bps, ref.disk_write_bps, ref.program) == (None, None, "train.py")
+    assert cgroup_io(b"8:0 rbytes=18446744073709551615 wbytes=0\n") == {"8:0": (2**64 - 1, 0)}  # u64's largest
+
+
 def test_a_cgroup_that_is_not_the_workloads_own_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A process group in a login session's scope shares it with the user's other programs, and a process outside
     the agent's cgroup namespace shows /.. in its path: neither cgroup's io.stat is taken for the workload's.
