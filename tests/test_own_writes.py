@@ -19,6 +19,7 @@ from agent.protocol import TopicKind, WorkloadClass, encode, node_topic
 from agent.simulate import offline_windows
 from collectors.sim.scenarios import ScenarioNode
 from collectors.sim.spec import Pattern, WorkloadSpec
+from optimizer.decide import features
 from optimizer.decide.classify import classify
 from optimizer.decide.features import OWN_SAVE_BYTES, WorkloadFeatures, _own_saves, workload_features
 from optimizer.ingest.fleet import Fleet
@@ -166,3 +167,52 @@ def test_own_counts_are_read_only_from_windows_short_enough_to_show_a_save(secon
     to the node's rules. Deliberate bugs caught: the 60 s bound moved either way, or dropped (the last two rows)."""
     seen = _own_saves(windows_of([5e6] * 6, seconds=seconds))
     assert ("k8s/w" in seen) is read
+
+
+def test_a_burst_on_the_disks_after_a_jobs_own_save_is_that_save(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs computing hard on one node; k8s/own's processes' counts are read (schema 2), k8s/other's are not
+    (a process group). k8s/own saves 150 MB in window 3 (30-40 s), counted as its pages are dirtied; the node's
+    disks show it when writeback flushes it, within 35 s (vm.dirty_expire_centisecs 30 s and the flusher's 5 s
+    wake-up): the burst in window 7 (70-80 s) is that save, nobody else's. A burst in window 9 (90-100 s), 50 s
+    on, is not: k8s/other, the one job whose counts are unknown, made it. Deliberate bugs caught: only the burst's
+    own window searched for an own save (window 7 handed to k8s/other as a save it never made), and the look-back
+    moved to 25 s (the same) or to 50 s (window 9 explained away too)."""
+    monkeypatch.setattr(features, "_trains_hard", lambda window, gpus: True)
+    monkeypatch.setattr(features, "_servers", lambda window: set())
+    refs = [SimpleNamespace(id="k8s/own", gpus=(0,)), SimpleNamespace(id="k8s/other", gpus=(1,))]
+    writes = [0.1e6] * 10
+    writes[3] = 15e6  # 150 MB in a 10 s window
+    windows = [
+        SimpleNamespace(start=i * 10.0, end=(i + 1) * 10.0, volatile=[Io("k8s/own", 0.0, bps)], workloads=refs)
+        for i, bps in enumerate(writes)
+    ]
+    disk = [i in (7, 9) for i in range(10)]
+    devices = SimpleNamespace(effective=lambda gpus: gpus)
+    own_io = _own_saves(windows)
+    assert [i for i, v in own_io["k8s/own"].items() if v[2]] == [3]
+    hard = features._claimants(windows, devices, disk, [False] * 10, own_io)  # type: ignore[arg-type]
+    assert hard[7] == [], hard[7]
+    assert hard[9] == ["k8s/other"], hard[9]
+
+
+def test_a_disk_burst_one_jobs_own_counts_explain_is_no_other_jobs() -> None:
+    """Two steady jobs on one node, only one of them with its own counts read (the other's /proc/<pid>/io and
+    io.stat unreadable, say): the adapter's saves show in its own counts and on the node's disks, and the other job,
+    left alone as the node's claimant, must not take them for its saves. Deliberate bug caught: claimants filtered
+    without the burst being explained (the other job reads three saves of its own)."""
+    quiet = spec(
+        "k8s/other", Pattern.LORA_FINE_TUNING, (1,), level=0.8, power_intensity=0.9, save_bytes=120e6,
+        checkpoint_period_s=1e9, stall_rate=0.0,
+    )  # fmt: skip
+    node = ScenarioNode("a100-1", "a100", (ADAPTER, quiet), frozenset(), schema=2)
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, telemetry = offline_windows(node, WINDOWS, site="s", seed=5)
+    fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    unread = {"disk_read_bps": None, "disk_write_bps": None}
+    for w in telemetry:
+        refs = [r.model_copy(update=unread) if r.id == "k8s/other" else r for r in w.workloads]
+        w = w.model_copy(update={"workloads": refs})
+        fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(w))
+    seen = {f.id: f for f in workload_features(fleet, "s")}
+    assert seen["k8s/lora"].write_bursts == 3, seen["k8s/lora"]
+    assert not seen["k8s/other"].own_writes and seen["k8s/other"].write_bursts == 0, seen["k8s/other"]

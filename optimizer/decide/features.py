@@ -57,6 +57,10 @@ OWN_SAVE_BYTES = 30e6
 # window minutes long (the Prometheus import's, 5 minutes) it is averaged in and reads as steady writing, so such
 # windows' own counts are left out, and with them the evidence they would give either way.
 OWN_IO_WINDOW_S = 60.0
+# /proc/<pid>/io counts a save when its pages are dirtied; the node's disks show it when writeback flushes them, up to
+# vm.dirty_expire_centisecs (3000) plus one dirty_writeback_centisecs wake-up (500) later: the kernel's defaults
+# (Documentation/admin-guide/sysctl/vm.rst). A disk burst that late after a workload's own save is that save.
+WRITEBACK_S = 35.0
 QUIET_UTIL = 1.0  # a window in which no GPU of the node reached this in any second did no GPU work
 QUIET_WINDOWS = 3  # quiet windows needed before their traffic is taken for the node's own
 PERIOD_SECONDS = 720  # the most recent seconds of per-second load a step period is looked for in
@@ -700,9 +704,15 @@ def _claimants(
     checkpoints (a server listening with three clients or more writes logs, not checkpoints); with several such
     jobs it is nobody's evidence. A job whose own storage counts are known (schema 2) is no claimant to a burst on
     the disks: its counts say whether it saved, and where one of them did, the burst is explained. Its counts do
-    not see an upload to object storage, so a burst out of the front end stays open to it."""
+    not see an upload to object storage, so a burst out of the front end stays open to it. A save its own counts
+    saw up to ``WRITEBACK_S`` before a disk burst explains it too: written bytes are counted as pages are dirtied,
+    and the disks see them when writeback flushes them, often windows later."""
+    saves = {i for per in own_io.values() for i, (_, _, saved) in per.items() if saved}
     out: list[list[str]] = []
+    last_save = None  # the end of the latest window, up to this one, with a workload's own save
     for i, window in enumerate(windows):
+        if i in saves:
+            last_save = window.end
         if not (disk[i] or network[i]):
             out.append([])
             continue
@@ -711,7 +721,7 @@ def _claimants(
             r.id for r in window.workloads if _trains_hard(window, devices.effective(r.gpus)) and r.id not in servers
         ]
         if not network[i]:
-            if any(own_io.get(r.id, {}).get(i, (0.0, 0.0, False))[2] for r in window.workloads):
+            if last_save is not None and last_save >= window.start - WRITEBACK_S:
                 steady = []
             else:
                 steady = [wid for wid in steady if i not in own_io.get(wid, {})]
