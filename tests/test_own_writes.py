@@ -211,8 +211,29 @@ def test_a_disk_burst_one_jobs_own_counts_explain_is_no_other_jobs() -> None:
     unread = {"disk_read_bps": None, "disk_write_bps": None}
     for w in telemetry:
         refs = [r.model_copy(update=unread) if r.id == "k8s/other" else r for r in w.workloads]
-        w = w.model_copy(update={"workloads": refs})
-        fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(w))
+        sent = w.model_copy(update={"workloads": refs})
+        fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(sent))
     seen = {f.id: f for f in workload_features(fleet, "s")}
     assert seen["k8s/lora"].write_bursts == 3, seen["k8s/lora"]
     assert not seen["k8s/other"].own_writes and seen["k8s/other"].write_bursts == 0, seen["k8s/other"]
+
+
+def test_a_few_windows_of_own_counts_do_not_make_a_neighbours_writes_its_own() -> None:
+    """The agent was upgraded to schema 2 a minute ago: of 36 windows only the last 6 carry the workloads' own
+    counts. The adapter does about a sixth of the node's GPU work, and the node's steady writes, shared by load,
+    are mostly the encoder's: with so few of its own windows, its write figure is still that share, so it is no
+    write of its own and not batch's evidence. Deliberate bug caught: one window of own counts marking every
+    window's writes as its own (the adapter credited some of the encoder's results, whatever its node share)."""
+    node = ScenarioNode("a100-1", "a100", (ADAPTER, ENCODER), frozenset(), schema=2)
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, telemetry = offline_windows(node, WINDOWS, site="s", seed=5)
+    fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    unknown = {"disk_read_bps": None, "disk_write_bps": None}
+    for n, w in enumerate(telemetry):
+        before = n < WINDOWS - 6  # sent before the upgrade
+        sent = w.model_copy(update={"workloads": [r.model_copy(update=unknown) for r in w.workloads]}) if before else w
+        fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(sent))
+    adapter = {f.id: f for f in workload_features(fleet, "s")}["k8s/lora"]
+    assert adapter.node_share < 0.75, adapter.node_share
+    assert adapter.write_bps >= 2e6, adapter.write_bps  # its load's share of the encoder's flushes
+    assert not adapter.own_writes

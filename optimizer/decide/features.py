@@ -135,7 +135,7 @@ class WorkloadFeatures:
     baseline_from: str | None = None  # "node": its own quiet windows; "site": nodes without workloads; None
     node_share: float = 1.0  # its share of the GPU work done on its nodes: node-level I/O is its own near 1
     write_bps: float = 0.0  # disk writes per GPU, beyond the node's own: results written steadily
-    own_writes: bool = False  # write_bps and write_bursts are its processes' own (schema 2), not a share of the node
+    own_writes: bool = False  # write_bps is its processes' own (schema 2, most of its windows), not a share of the node
     # Save bursts on its node while it and others computed hard and steadily, each counted 1/N among the N such jobs:
     # one of them saved, and which one node-level disks cannot tell.
     shared_bursts: float = 0.0
@@ -291,7 +291,8 @@ class _Acc:
     step: str | None = None
     held_mem: list[float] = field(default_factory=list)
     writes: list[float] = field(default_factory=list)
-    own_writes: bool = False
+    own_reads: list[float] = field(default_factory=list)  # its processes' own, in windows where they were read
+    own_writes: list[float] = field(default_factory=list)
     shared_bursts: float = 0.0
     baseline: list[float] = field(default_factory=list)  # its nodes' own front-end traffic per GPU, where known
     baseline_from: set[str | None] = field(default_factory=set)
@@ -1030,9 +1031,8 @@ def workload_features(fleet: Fleet, site: str, horizon: int | None = None) -> li
                 acc.ingress.append(ingress)
                 acc.egress.append(max(north - ingress, 0.0))
                 if io is not None:
-                    acc.own_writes = True
-                    acc.reads.append(io[0])
-                    acc.writes.append(io[1])
+                    acc.own_reads.append(io[0])
+                    acc.own_writes.append(io[1])
                 else:
                     acc.reads.append(shared["read"][ref.id][i])
                     acc.writes.append(shared["write"][ref.id][i])
@@ -1101,6 +1101,12 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
     period, strength = step_period(acc.centred)
     # its throttle figures are % of a window, summed over its GPUs' windows: shares of its GPU time
     shares = [value / 100 / acc.gpu_windows if acc.gpu_windows else 0.0 for value in acc.throttle]
+    # Its own counts stand for its storage traffic only where most of its windows have them (an agent upgraded an
+    # hour ago has sent a few): a median mostly of the node's writes shared by load is not its own, and read as such
+    # a neighbour's steady results would be its evidence whatever share of the node it uses.
+    own_io = len(acc.own_writes) >= max(len(acc.writes), 1)
+    reads = acc.own_reads if own_io else acc.reads + acc.own_reads
+    writes = acc.own_writes if own_io else acc.writes + acc.own_writes
     runs = None
     if not acc.sparse:
         runs = work_runs(list(acc.per_gpu.values()) if acc.per_gpu else [acc.load])
@@ -1141,7 +1147,7 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
         # Medians: what the workload does most of the time, not a model load at its start.
         ingress_bps=_median(acc.ingress) * per_gpu,
         egress_bps=_median(acc.egress) * per_gpu,
-        disk_read_bps=_median(acc.reads) * per_gpu,
+        disk_read_bps=_median(reads) * per_gpu,
         program=acc.program,
         listen_ports=acc.listen,
         inbound_connections=acc.connections,
@@ -1153,8 +1159,8 @@ def _features(fleet: Fleet, site: str, wid: str, acc: _Acc) -> WorkloadFeatures:
         # The least certain source of any of its nodes.
         baseline_from=None if None in acc.baseline_from else ("site" if "site" in acc.baseline_from else "node"),
         node_share=_mean(acc.shares) if acc.shares else 1.0,
-        write_bps=_median(acc.writes) * per_gpu,
-        own_writes=acc.own_writes,
+        write_bps=_median(writes) * per_gpu,
+        own_writes=own_io,
         shared_bursts=acc.shared_bursts,
         lockstep=gpu_lockstep(acc.per_gpu),
         per_second=not acc.sparse,
