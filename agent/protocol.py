@@ -648,11 +648,13 @@ class WorkloadRef(_Model):
     )
     net_rx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s in")
     net_tx_bps: Quantity | None = Field(default=None, ge=0, description="its own network namespace, bytes/s out")
-    disk_read_bps: Quantity | None = Field(
-        default=None, ge=0, description="bytes/s its processes had read from storage (/proc/<pid>/io read_bytes)"
+    # Bounded like every measured figure (float32, as the optimizer keeps them): an unbounded rate such as 1e308 would
+    # pass the schema and turn to infinity in the first median or product the classifier takes of it.
+    disk_read_bps: Measured | None = Field(
+        default=None, description="bytes/s its processes had read from storage (/proc/<pid>/io read_bytes)"
     )
-    disk_write_bps: Quantity | None = Field(
-        default=None, ge=0, description="bytes/s its processes wrote for storage (/proc/<pid>/io write_bytes)"
+    disk_write_bps: Measured | None = Field(
+        default=None, description="bytes/s its processes wrote for storage (/proc/<pid>/io write_bytes)"
     )
     sched_step: str | None = Field(
         default=None, max_length=32, description='the Slurm step it runs in: "batch", "interactive", "extern", "0"…'

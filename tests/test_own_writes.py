@@ -8,6 +8,7 @@ any second the encoder's flushes write, so nothing on the node's disks shows it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
@@ -237,3 +238,29 @@ def test_a_few_windows_of_own_counts_do_not_make_a_neighbours_writes_its_own() -
     assert adapter.node_share < 0.75, adapter.node_share
     assert adapter.write_bps >= 2e6, adapter.write_bps  # its load's share of the encoder's flushes
     assert not adapter.own_writes
+
+
+def test_a_storage_rate_past_float32_is_a_counted_rejection() -> None:
+    """A window whose workload claims 1e300 bytes/s written (a garbled or hostile agent) is refused whole and
+    counted, as any measured figure past float32 is, and the node's other windows still count. Deliberate bug
+    caught: the rate left unbounded in the optimizer's window reader (accepted: the adapter's median window reads
+    5e299 bytes/s, results written at an impossible rate, batch evidence out of one bad number; at 1e308 the median
+    of two such windows is infinite)."""
+    node = ScenarioNode("a100-1", "a100", (ADAPTER, ENCODER), frozenset(), schema=2)
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, telemetry = offline_windows(node, WINDOWS, site="s", seed=5)
+    fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    refused = []
+    for n, w in enumerate(telemetry):
+        payload = encode(w)
+        if n % 2:  # every other window, so that the bad rate would be the adapter's median
+            sent = json.loads(payload)
+            (adapter,) = [r for r in sent["workloads"] if r["id"] == "k8s/lora"]
+            adapter["disk_write_bps"] = 1e300
+            payload = json.dumps(sent).encode()
+        accepted = fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), payload)
+        refused.append(accepted is None)
+    assert refused == [n % 2 == 1 for n in range(WINDOWS)]
+    assert sum(fleet.rejected.values()) == WINDOWS // 2, fleet.rejected
+    adapter_features = {f.id: f for f in workload_features(fleet, "s")}["k8s/lora"]
+    assert adapter_features.write_bps < 1e6, adapter_features.write_bps

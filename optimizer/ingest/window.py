@@ -153,8 +153,8 @@ class WindowWorkload(Struct, forbid_unknown_fields=True, frozen=True, gc=False):
     inbound_peers: _Connections | None = None
     net_rx_bps: _Quantity | None = None
     net_tx_bps: _Quantity | None = None
-    disk_read_bps: _Quantity | None = None
-    disk_write_bps: _Quantity | None = None
+    disk_read_bps: _Measured | None = None
+    disk_write_bps: _Measured | None = None
     sched_step: _Text32 | None = None
     owner: _OwnerName | None = None
     owner_user: _OwnerName | None = None
