@@ -50,8 +50,8 @@ CHECKPOINT_BURST_BPS = 30e6  # a write second above this (and well above the nod
 NETWORK_SAVE_BPS = 100e6  # the same out of the front end, where responses also come and go
 # Where its processes' own writes are known (schema 2, /proc/<pid>/io), a save is a window in which it wrote at least
 # this many bytes (the floor above, 30 MB, written within the window: a LoRA adapter is 50-200 MB) and several times
-# its usual window. Written bytes are counted as the process dirties the page cache, so a save shows in the window
-# it is made in, whatever the disk's writeback does.
+# its usual window. /proc/<pid>/io counts written bytes as the process dirties the page cache, so a save shows in the
+# window it is made in; a cgroup's io.stat (the agent's fallback) counts them as writeback flushes them.
 OWN_SAVE_BYTES = 30e6
 # Own counts are read only from windows this short (an agent's are 10 s): a save lasts seconds to a minute, and in a
 # window minutes long (the Prometheus import's, 5 minutes) it is averaged in and reads as steady writing, so such
@@ -651,7 +651,8 @@ def _attribute(loads: dict[str, list[float]], traffic: list[float]) -> dict[str,
 
 
 def _bursts(peaks: list[float], floor: float = CHECKPOINT_BURST_BPS) -> list[bool]:
-    """Windows with a save burst: a busiest second well above the node's usual one.
+    """Windows with a save burst: a busiest second well above the node's usual one (or, for a workload's own
+    counts, bytes written in a window well above its usual window).
 
     Relative as well as absolute, because a LoRA adapter save is 50-200 MB where a full checkpoint is tens of GB,
     and logs write a steady trickle."""
@@ -661,9 +662,9 @@ def _bursts(peaks: list[float], floor: float = CHECKPOINT_BURST_BPS) -> list[boo
 
 def _own_saves(windows: list[WindowDigest]) -> dict[str, dict[int, tuple[float, float, bool]]]:
     """Per workload whose processes' storage traffic the agent read (schema 2): by window index, its own read and
-    write rates and whether that window held a save (``OWN_SAVE_BYTES`` or more, and 8x its usual window, as
-    ``_bursts`` reads the node's disks). Its own counts need no sharing among the node's workloads: a job's save
-    is told from a neighbour's steady results."""
+    write rates and whether that window held a save (``_bursts`` over the bytes it wrote in each window, from
+    ``OWN_SAVE_BYTES``). Its own counts need no sharing among the node's workloads: a job's save is told from a
+    neighbour's steady results."""
     own: dict[str, dict[int, tuple[float, float]]] = {}
     for i, window in enumerate(windows):
         if window.end - window.start > OWN_IO_WINDOW_S:
@@ -673,15 +674,9 @@ def _own_saves(windows: list[WindowDigest]) -> dict[str, dict[int, tuple[float, 
                 own.setdefault(v.workload, {})[i] = (v.disk_read_bps or 0.0, v.disk_write_bps)
     out: dict[str, dict[int, tuple[float, float, bool]]] = {}
     for wid, rates in own.items():
-        usual = statistics.median(w for _, w in rates.values())
-        out[wid] = {
-            i: (
-                read,
-                write,
-                write * max(windows[i].end - windows[i].start, 1.0) >= OWN_SAVE_BYTES and write >= 8 * usual,
-            )
-            for i, (read, write) in rates.items()
-        }
+        written = [write * max(windows[i].end - windows[i].start, 1.0) for i, (_, write) in rates.items()]
+        saved = _bursts(written, floor=OWN_SAVE_BYTES)
+        out[wid] = {i: (read, write, s) for (i, (read, write)), s in zip(rates.items(), saved, strict=True)}
     return out
 
 
