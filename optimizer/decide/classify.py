@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from agent.protocol import WorkloadClass
 from optimizer.decide.features import WorkloadFeatures
-from optimizer.decide.shape import GPM_COMPUTE, GPM_MEMORY, shape_reading
+from optimizer.decide.shape import gpm_memory_share, shape_reading
 
 MIN_WINDOWS = 3
 FULL_CONFIDENCE_WINDOWS = 6
@@ -244,7 +244,7 @@ def _power(f: WorkloadFeatures, led: _Ledger) -> None:
             # Embedding and scoring batches are dense too; offline LLM generation, like serving, is not.
             # Image, speech, embedding and vision services run dense kernels too: only LLM decode is not.
             led.add(f"tensor pipes {f.tensor_share:.0%} of busy time (dense matmuls)", T=1.0, B=0.5, I=-0.3)
-        elif f.dram_share >= 0.55 and _gpm_memory_share(f.tensor_share, f.dram_share) >= DECODE_SHARE:
+        elif f.dram_share >= 0.55 and gpm_memory_share(f.tensor_share, f.dram_share) >= DECODE_SHARE:
             # Read as a share, as shape.py reads it: a full decode batch keeps the tensor pipes busier than a single
             # stream (more sequences per weight read) while DRAM stays the bound.
             line = f"memory-bound: DRAM {f.dram_share:.0%}, tensor pipes {f.tensor_share:.0%} of busy time (decode)"
@@ -542,13 +542,6 @@ def _defining(c: WorkloadClass, f: WorkloadFeatures) -> bool:
         no_clients = f.inbound_connections == 0 and f.mean_util >= 50
         return ((alone or f.own_writes) and f.write_bps >= 2e6) or no_clients or _matches(program, BATCH_NAMES)
     return (f.zero_seconds >= 0.4 and f.busy_seconds >= CELL_SECONDS) or _matches(f.program or f.hint, NOTEBOOK_NAMES)
-
-
-def _gpm_memory_share(tensor: float, dram: float) -> float:
-    """The memory-bound share of busy time from GPM's tensor and DRAM activity, on shape.py's anchors."""
-    if tensor + dram <= 0:
-        return 0.0
-    return min(1.0, max(0.0, (dram / (dram + tensor) - GPM_COMPUTE) / (GPM_MEMORY - GPM_COMPUTE)))
 
 
 def _requests(f: WorkloadFeatures) -> bool:

@@ -35,6 +35,11 @@ def _ramp(value: float, at_zero: float, at_one: float) -> float:
     return min(1.0, max(0.0, (value - at_zero) / (at_one - at_zero)))
 
 
+def gpm_memory_share(tensor: float, dram: float) -> float:
+    """The memory-bound share of busy time (0-1) from tensor-pipe and DRAM activity, GPM's or DCGM's."""
+    return _ramp(dram / (dram + tensor), GPM_COMPUTE, GPM_MEMORY) if tensor + dram > 0 else 0.0
+
+
 def _llm_engine(name: str | None) -> bool:
     if not name:
         return False
@@ -51,7 +56,7 @@ def shape_reading(f: WorkloadFeatures) -> tuple[float, str] | None:
         # an agent's per-second windows carry GPM's.
         source = "GPM" if f.per_second else "DCGM profiling"
         what = f"{source}: DRAM {dram:.0%}, tensor pipes {tensor:.0%} of busy time"
-        return _ramp(dram / (dram + tensor), GPM_COMPUTE, GPM_MEMORY), what
+        return gpm_memory_share(tensor, dram), what
     if f.intensity is not None:
         what = f"power: {f.intensity:.0%} of what its utilisation allows"
         return _ramp(f.intensity, POWER_COMPUTE, POWER_MEMORY), what
