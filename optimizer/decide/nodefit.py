@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agent.protocol import Finding, FindingKind, WorkloadClass
 from optimizer.decide.catalog import GpuType
-from optimizer.decide.features import CHECKPOINT_BURST_BPS, NETWORK_SAVE_BPS
+from optimizer.decide.features import _save_bursts
 from optimizer.ingest.digest import WindowDigest
 from optimizer.ingest.fleet import Fleet
 from optimizer.ingest.shares import layout
@@ -198,19 +198,6 @@ def _seconds(w: WindowDigest) -> float:
 
 def _follows(a: WindowDigest, b: WindowDigest) -> bool:
     return 0 <= b.start - a.end <= CONTIGUOUS_S
-
-
-def _save_bursts(windows: Sequence[WindowDigest]) -> list[bool]:
-    """Windows with a save burst: a busiest write second above the floor and eight times the node's median
-    (optimizer/decide/features.py reads saves the same way)."""
-    disk = [w.peak_write_bps for w in windows]
-    net = [w.north_tx_peak_bps for w in windows]
-    usual_disk = statistics.median(disk) if disk else 0.0
-    usual_net = statistics.median(net) if net else 0.0
-    return [
-        d >= max(CHECKPOINT_BURST_BPS, 8 * usual_disk) or n >= max(NETWORK_SAVE_BPS, 8 * usual_net)
-        for d, n in zip(disk, net, strict=True)
-    ]
 
 
 def _starved(fit: NodeFit, s: _Seen, windows: Sequence[WindowDigest]) -> None:
@@ -388,7 +375,8 @@ def measure(fleet: Fleet, site: str) -> dict[str, NodeFit]:
         devices = layout(record.birth)
         held = {ref.id: devices.effective(ref.gpus) for w in windows for ref in w.workloads}
         seen = _fold(windows, held)
-        bursts = _save_bursts(windows)
+        # the saves the classifier reads (local disks or out of the front end): a stall is judged on the same bursts
+        bursts = [disk or net for disk, net in zip(*_save_bursts(windows), strict=True)]
         host = record.birth.host
         local = host.local_nvme_read_bps if host is not None and host.local_nvme_bytes else None
         physical = sum(1 for g in record.birth.gpus if g.parent is None) or len(record.birth.gpus)
