@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic")
+SCENARIOS = ("demo", "mixed", "well-placed", "training-heavy", "inference-heavy", "hard", "realistic", "services")
 
 FieldSet = Literal["basic", "default", "all"]
 FIELD_SETS: tuple[FieldSet, ...] = ("basic", "default", "all")
