@@ -306,3 +306,26 @@ def test_storage_starvation_is_a_plateau_at_the_storage_limit_while_the_cpus_are
     assert not nodefit.storage_starved(WorkloadClass.TRAINING, fit(_reading([1.2e9] * 10, cpu=95.0)))
     assert nodefit.storage_starved(WorkloadClass.TRAINING, fit(_reading([0.0] * 10, read_bps=5e9), network=False))
     assert not nodefit.storage_starved(WorkloadClass.TRAINING, fit(_reading([0.0] * 10, read_bps=4e9), network=False))
+
+
+def test_cores_per_gpu_count_an_amd_gpus_partitions_as_one_gpu_as_the_planner_does() -> None:
+    """llm-sft's node (28 logical CPUs per GPU, 224 in all) relisted as one MI300X in CPX mode: its eight devices
+    are partitions of one GPU, so its starved training has 224 cores per GPU, as the planner counts a target
+    (the snapshot node's one GPU). Deliberate bug: counting every device without a MIG parent as a GPU (28 per GPU:
+    the cores it would need on a target understated eightfold)."""
+    node = build_scenario("demo", 13, seed=1)[9]
+    birth, windows = offline_windows(node, 6, site="s", seed=1)
+    assert birth.host is not None and birth.host.cpu_cores == 224
+    partitions = [
+        g.model_copy(update={"model": "AMD Instinct MI300X", "mig_profile": "CPX", "physical": 0}) for g in birth.gpus
+    ]
+    assert len(partitions) == 8
+    birth = birth.model_copy(update={"gpus": partitions})
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    assert fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        assert fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(w))
+    fits = nodefit.measure(fleet, "s")
+    assert fits and {fit.cores_per_gpu for fit in fits.values()} == {224.0}
+    (snapshot_node,) = from_fleet(fleet, "s", []).nodes
+    assert snapshot_node.gpus == 1 and snapshot_node.cpu_cores == 224

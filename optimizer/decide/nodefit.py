@@ -379,8 +379,8 @@ def measure(fleet: Fleet, site: str) -> dict[str, NodeFit]:
         bursts = [disk or net for disk, net in zip(*_save_bursts(windows), strict=True)]
         host = record.birth.host
         local = host.local_nvme_read_bps if host is not None and host.local_nvme_bytes else None
-        physical = sum(1 for g in record.birth.gpus if g.parent is None) or len(record.birth.gpus)
-        cores = host.cpu_cores / physical if host is not None and host.cpu_cores and physical else None
+        # per GPU as the planner counts a target's (snapshot.py): a partition or MIG instance is no GPU of its own
+        cores = host.cpu_cores / devices.node_gpus if host is not None and host.cpu_cores else None
         for wid, s in seen.items():
             if wid in out and out[wid].windows >= len(s.util):
                 continue

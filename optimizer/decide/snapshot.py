@@ -318,8 +318,9 @@ def from_fleet(
             if not physical:  # only MIG instances listed: count their GPUs, name the model without the slice
                 slices = record.birth.gpus
                 model = slices[0].model.split(" MIG ", 1)[0]
-                gpus = max(1, len({g.parent for g in slices}))
-                nodes.append(SnapshotNode(name=name, hardware=model, gpus=gpus, **host_fields(record.birth)))
+                nodes.append(
+                    SnapshotNode(name=name, hardware=model, gpus=devices.node_gpus, **host_fields(record.birth))
+                )
                 continue
             nvlink, fabric = measured(record.birth)
             nodes.append(
@@ -327,7 +328,7 @@ def from_fleet(
                     name=name,
                     hardware=physical[0].model,
                     # AMD compute partitions are devices of their own: eight CPX partitions are one MI300X
-                    gpus=max(1, round(devices.gpus)),
+                    gpus=devices.node_gpus,
                     nvlink=nvlink,
                     fabric=fabric,
                     pci_id=physical[0].pci_device_id,

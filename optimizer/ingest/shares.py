@@ -96,6 +96,15 @@ class Layout:
         named = {d.physical for d in devices if d.physical is not None}
         return len(named) + sum(d.unit for d in devices if d.gpu == d.index and d.physical is None)
 
+    @property
+    def node_gpus(self) -> int:
+        """The GPUs the node is planned as having (at least one): its physical GPUs, rounded (eight CPX partitions
+        are one MI300X); for a node that lists only MIG instances, the GPUs they are parts of."""
+        devices = self.devices.values()
+        if any(d.gpu == d.index for d in devices):
+            return max(1, round(self.gpus))
+        return max(1, len({d.gpu for d in devices}))
+
     def effective(self, gpus: Sequence[int]) -> tuple[int, ...]:
         """A workload's devices without a MIG-mode GPU that it also holds an instance of: NVML lists a process
         on its instance and, for a privileged caller, on the parent GPU as well."""
