@@ -64,7 +64,7 @@ from pathlib import Path
 from agent.protocol import WorkloadRef
 from collectors.attribution import Attributor, owner_from_cgroup
 from collectors.base import Collector, Inventory, Sample
-from collectors.procfs import read_bytes, read_text
+from collectors.procfs import read_bytes, read_text, read_with_inode
 
 INTERPRETERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|node|ruby|perl|java|uv|conda|env)$")
 SOCKET_INTERVAL_S = 600.0  # how often a network namespace's TCP table is read again
@@ -485,7 +485,7 @@ class WorkloadFacts:
             self._cgroup_io.clear()
             self._cgroups_read.clear()
         self._cgroups_read.add(own)
-        read = _read_with_inode(f"{self._cgroupfs}{own}/io.stat")
+        read = read_with_inode(f"{self._cgroupfs}{own}/io.stat")
         counts = cgroup_io(read[1]) if read is not None else None
         if read is None or counts is None:
             self._cgroup_io.pop(own, None)  # cgroup v1, no io controller there, gone, or garbled
@@ -583,25 +583,6 @@ class WorkloadFacts:
             return {}  # first sight, or the namespace was recreated: no rate this window
         elapsed = now - before[0]
         return {"net_rx_bps": round((rx - before[1]) / elapsed, 1), "net_tx_bps": round((tx - before[2]) / elapsed, 1)}
-
-
-def _read_with_inode(path: str) -> tuple[int, bytes] | None:
-    """The inode and whole contents of a small file; None when it cannot be opened or read. A cgroup removed and
-    made again under the same path (a systemd unit restarted) has files with other inodes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        inode = os.fstat(fd).st_ino
-        chunks = []
-        while chunk := os.read(fd, 65_536):
-            chunks.append(chunk)
-        return inode, b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 class WithFacts:
