@@ -905,3 +905,17 @@ def test_the_waiting_section_stays_within_each_platforms_limits() -> None:
     lines = text.count("\n– ")
     assert 1 <= lines < 7 and f"and {7 - lines} more" in text
     assert len(render("teams", notice, 28_000)) <= 28_000
+
+
+def test_waiting_findings_on_hundreds_of_nodes_leave_the_moves_their_message() -> None:
+    """One move beside five trainings each starved on 300 nodes (about 13 kB of node names a line): Mattermost's
+    body stays within its 16 kB, still says the move, and keeps the costliest waiting finding that fits. Deliberate
+    bugs: render fitting the moves alone (the body over 16 kB, which Mattermost refuses, losing the move too), the
+    waiting findings cut to none (the costliest no longer shown)."""
+    notice = notice_of(1)
+    many = [f"gpu-node-{i:04d}.rack-17.cluster.example.com" for i in range(300)]
+    notice.waiting = [waiting(i, float(10 - i)).model_copy(update={"nodes": many}) for i in range(5)]
+    text = render("mattermost", notice, 16_000).decode()
+    assert len(text.encode()) <= 16_000
+    assert "service-0" in text and "l40s-000" in text
+    assert "$10.00/hour" in text and "$9.00/hour" not in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -399,19 +400,25 @@ def render(kind: ReceiverKind, notice: Notice, max_bytes: int) -> bytes:
     firing, resolved = notice.firing, notice.resolved
     cap_firing = SLACK_MAX_ITEMS if kind == "slack" else len(firing)
 
-    def build(shown: int) -> bytes:
+    def build(shown: int, waiting: int = len(notice.waiting)) -> bytes:
         f = firing[: min(shown, cap_firing)]
         r = resolved[: max(0, shown - len(f))]
-        return _encode(renderer(notice, f, r, len(firing) + len(resolved) - len(f) - len(r)))
+        said = notice if waiting == len(notice.waiting) else replace(notice, waiting=notice.waiting[:waiting])
+        return _encode(renderer(said, f, r, len(firing) + len(resolved) - len(f) - len(r)))
 
     lo, hi = 0, len(firing) + len(resolved)
     best = build(hi)
     if len(best) <= max_bytes:
         return best
-    best = build(0)
+    # GPUs waiting on their node ride along with the moves: a finding on hundreds of nodes can say more than the
+    # receiver takes, so the costliest are kept only as far as they leave room for the first move
+    keep = len(notice.waiting)
+    while keep and len(build(min(1, hi), keep)) > max_bytes:
+        keep -= 1
+    best = build(0, keep)
     while lo < hi:  # the most moves that fit
         mid = (lo + hi + 1) // 2
-        body = build(mid)
+        body = build(mid, keep)
         if len(body) <= max_bytes:
             lo, best = mid, body
         else:
