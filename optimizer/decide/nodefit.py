@@ -443,45 +443,54 @@ def _finding(
     )
 
 
+def _input_starved(w: Subject, hw: GpuType, fit: NodeFit, hourly: float) -> Finding | None:
+    """Training whose input cannot keep up, on its host's CPUs or else on its storage's bandwidth: one finding
+    either way, the GPU time below a training's level paid while it waits."""
+    cls = w.workload_class
+    if starved(cls, fit):
+        util, share, wait = fit.starved_util, fit.starved_share, fit.starved_wait
+        cause = (
+            f"the host's CPUs run at {fit.starved_cpu or 0:.0f} %",
+            f"the data loader cannot keep up (training keeps GPUs {TRAINING_BUSY_PCT:.0f} % busy when its input does)",
+        )
+        fix = (
+            "more DataLoader workers (num_workers up to the cores per GPU), pin_memory=True and prefetch_factor, "
+            "or decode on the GPU (NVIDIA DALI); a node with more CPU cores per GPU if the cores are all busy"
+        )
+    elif storage_starved(cls, fit):
+        util, share, wait = fit.storage_util, fit.storage_share, fit.storage_wait
+        where = "over its network file system" if fit.storage_network else "from its local disks"
+        limit = "one NFS client's usual limit" if fit.storage_network else "the node's NVMe read estimate"
+        cause = (
+            f"the node reads {where} at a flat {fit.storage_gbps or 0:.1f} GB/s "
+            f"({limit}: {fit.storage_limit_gbps or 0:.1f} GB/s)",
+            "its input waits on storage bandwidth, not on the host's CPUs",
+        )
+        fix = (
+            "stage the dataset on local NVMe before the job starts (or cache it there: a node-local dataset "
+            "cache), read it in fewer, larger files (WebDataset shards) and raise prefetch_factor; a node with "
+            "local NVMe if this one has none"
+        )
+    else:
+        return None
+    return _finding(
+        w,
+        hw,
+        FindingKind.INPUT_STARVED_TRAINING,
+        hourly * (wait or 0.0),
+        w.confidence * min(1.0, share or 0),
+        f"its GPUs at {util or 0:.0f} % while {cause[0]} in {share or 0:.0%} of its windows: {cause[1]}; faster GPUs "
+        f"would wait as long. Waste: GPU time below {TRAINING_BUSY_PCT:.0f} %, an estimate",
+        fix,
+    )
+
+
 def _judge(w: Subject, hw: GpuType, fit: NodeFit, classes: Mapping[str, WorkloadClass]) -> list[Finding]:
     hourly = w.gpus * w.share * hw.price_per_gpu_hour  # the catalog's price of the GPUs it holds
     cls, out = w.workload_class, []
-    if starved(cls, fit):
-        out.append(
-            _finding(
-                w,
-                hw,
-                FindingKind.INPUT_STARVED_TRAINING,
-                hourly * (fit.starved_wait or 0.0),
-                w.confidence * min(1.0, fit.starved_share or 0),
-                f"its GPUs at {fit.starved_util or 0:.0f} % while the host's CPUs run at {fit.starved_cpu or 0:.0f} % "
-                f"in {fit.starved_share or 0:.0%} of its windows: the data loader cannot keep up (training keeps "
-                f"GPUs {TRAINING_BUSY_PCT:.0f} % busy when its input does); faster GPUs would wait as long. "
-                f"Waste: GPU time below {TRAINING_BUSY_PCT:.0f} %, an estimate",
-                "more DataLoader workers (num_workers up to the cores per GPU), pin_memory=True and prefetch_factor, "
-                "or decode on the GPU (NVIDIA DALI); a node with more CPU cores per GPU if the cores are all busy",
-            )
-        )
-    if storage_starved(cls, fit):
-        where = "over its network file system" if fit.storage_network else "from its local disks"
-        limit = "one NFS client's usual limit" if fit.storage_network else "the node's NVMe read estimate"
-        out.append(
-            _finding(
-                w,
-                hw,
-                FindingKind.INPUT_STARVED_TRAINING,
-                hourly * (fit.storage_wait or 0.0),
-                w.confidence * min(1.0, fit.storage_share or 0),
-                f"its GPUs at {fit.storage_util or 0:.0f} % while the node reads {where} at a flat "
-                f"{fit.storage_gbps or 0:.1f} GB/s ({limit}: {fit.storage_limit_gbps or 0:.1f} GB/s) in "
-                f"{fit.storage_share or 0:.0%} of its windows: its input waits on storage bandwidth, not on the "
-                f"host's CPUs; faster GPUs would wait as long. Waste: GPU time below {TRAINING_BUSY_PCT:.0f} %, "
-                "an estimate",
-                "stage the dataset on local NVMe before the job starts (or cache it there: a node-local dataset "
-                "cache), read it in fewer, larger files (WebDataset shards) and raise prefetch_factor; a node with "
-                "local NVMe if this one has none",
-            )
-        )
+    waiting = _input_starved(w, hw, fit, hourly)
+    if waiting is not None:
+        out.append(waiting)
     if cls is WorkloadClass.TRAINING and fit.save_idle is not None and fit.save_idle >= SAVE_IDLE:
         share = fit.save_share or 0.0
         size = f"{fit.save_gb:.0f} GB at {fit.save_gbps:.1f} GB/s, " if fit.save_gb and fit.save_gbps else ""
