@@ -115,3 +115,43 @@ def test_a_state_file_with_another_executions_table_is_set_aside(tmp_path: Path)
     assert lifecycle.problem is not None and "executions lacks" in lifecycle.problem
     lifecycle.add_execution(Execution("rec-1", "eu-1", 1.0, "slurm", "applied", ("scancel 5",), "", "ops"))
     assert lifecycle.executions_of(["rec-1"])["rec-1"].commands == ("scancel 5",)
+
+
+def test_a_result_the_state_file_cannot_keep_is_still_reported_and_nothing_more_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk when an execution is recorded: the scheduler's answer is still printed and posted, the exit
+    status is 1, and the next acknowledged action is not run, since a later apply could not tell it was carried
+    out (deliberate bug caught: the write's error ending the command before the answer is printed, which hides a
+    change already made and leaves the results unposted)."""
+    import sqlite3
+
+    from apply_recs import slurm_move
+
+    from optimizer.commands import apply
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ran = tmp_path / "ran"
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {ran}\n')
+    (bin_dir / "scancel").chmod(0o755)
+    recs = [slurm_move(n, kind="reclaim", monthly_savings_usd=1000.0 * n) for n in (5, 6)]
+    state(tmp_path, "hpc", recs, [r.id for r in recs])
+    config = tmp_path / "optimizer.toml"
+    config.write_text(
+        f'[sites.hpc]\nscheduler = "slurm"\n[sites.hpc.slurm]\ncancel_idle = true\nbin_dir = "{bin_dir}"\n'
+    )
+
+    def full(self: Lifecycle, execution: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    posted: list[list[str]] = []
+    monkeypatch.setattr(Lifecycle, "add_execution", full)
+    monkeypatch.setattr(apply, "_post", lambda _, done: posted.append([d.result.rec_id for d in done]))
+    code = main(["apply", "--execute", "--config", str(config), "--state-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert ran.read_text().split() == ["6"]  # the larger saving first; job 5 never cancelled
+    assert "  applied: " in captured.out
+    assert "database or disk is full: this result is not kept there; no further action is run" in captured.err
+    assert posted == [["move-6"]]

@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         who = f"uid {os.getuid()}"
     options = Options(requeue=args.requeue, cancel=args.cancel)
     done: list[Done] = []
+    unkept = ""  # why a result carried out could not be kept in the state file
     lifecycle: Lifecycle | None = None
     try:
         lifecycle = Lifecycle.in_state_dir(state_dir)
@@ -148,18 +149,27 @@ def run(args: argparse.Namespace) -> int:
             if not args.execute:
                 continue
             result = carry_out(proposal)
-            lifecycle.add_execution(
-                Execution(
-                    rec.id, t.site, time.time(), result.backend, result.status, result.commands, result.output, who
-                )
-            )
             first = result.answer
+            print(printable(f"  {result.status.value}: {first}"))
+            done.append(Done(t, result))
+            try:
+                lifecycle.add_execution(
+                    Execution(
+                        rec.id, t.site, time.time(), result.backend, result.status, result.commands, result.output, who
+                    )
+                )
+            except sqlite3.Error as exc:
+                # the scheduler has answered but the file takes no record (a full disk, a locked file): the answer is
+                # printed above and posted; nothing more is run, since the next apply reads these records to leave
+                # carried-out actions alone (a running job requeued twice restarts twice)
+                unkept = f"{state_dir / DB_NAME}: {exc}: this result is not kept there; no further action is run"
+                print(f"fleetfit: {printable(unkept)}", file=sys.stderr)
             audit.record(
                 "apply", who, f"local:{who}", rec.id, result.status.value, f"{result.backend}: {first}"[:500],
                 workload=rec.workload,
             )  # fmt: skip
-            print(printable(f"  {result.status.value}: {first}"))
-            done.append(Done(t, result))
+            if unkept:
+                break
     except sqlite3.Error as exc:
         return _fail(f"{state_dir / DB_NAME}: {exc}")
     finally:
@@ -175,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     failed = sum(1 for d in done if d.result.status == Status.FAILED)
     if not args.execute and chosen:
         print("dry run: nothing was changed (--execute runs the commands above)")
-    return cliargs.DATA if failed or refused else 0
+    return cliargs.DATA if failed or refused or unkept else 0
 
 
 def post_items(done: list[Done]) -> dict[str, list[tuple[Done, str]]]:
