@@ -232,7 +232,9 @@ def test_a_tokens_file_others_can_read_is_refused_at_start_and_an_unreadable_one
 def test_token_add_prints_a_fresh_token_once_and_keeps_only_its_hash(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Deliberate bug caught: the token itself written to the file (anyone reading it could act as carol)."""
+    """Deliberate bugs caught: the token itself written to the file (anyone reading it could act as carol); a name
+    ending in a line break accepted (its token is printed but never works: the line is split in two, both
+    rejected)."""
     path = tmp_path / "tokens"
     assert main(["token", "add", "carol", "--role", "approver", "--file", str(path)]) == 0
     token = capsys.readouterr().out.strip()
@@ -242,6 +244,8 @@ def test_token_add_prints_a_fresh_token_once_and_keeps_only_its_hash(
     found = Tokens(path).holder(token)
     assert found is not None and (found.name, found.role.value) == ("carol", "approver")
     assert main(["token", "add", "bad name", "--role", "viewer", "--file", str(path)]) == 2
+    assert main(["token", "add", "dave\n", "--role", "admin", "--file", str(path)]) == 2
+    assert capsys.readouterr().out == "" and path.read_text() == line("carol", "approver", token)
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["token", "list", "--file", str(path)]) == 0
 

@@ -74,7 +74,7 @@ def new_token() -> str:
 
 def line_for(name: str, role: Role, token: str) -> str:
     """The tokens file's line for ``token``; ValueError for a name the file would reject."""
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):  # not match: its "$" lets a trailing line break split the line in two
         raise ValueError(f"a name is 1 to 64 letters, digits and . _ @ + - (starting with a letter or digit): {name!r}")
     return f"{name} {role.value} {hash_token(token)}\n"
 
@@ -94,7 +94,7 @@ def parse(text: str) -> tuple[list[tuple[Holder, bytes]], list[tuple[int, str, s
             rejected.append((number, "fields", f"{len(fields)} fields, not 3 (name role sha256:HEX)"))
             continue
         name, role, digest = fields
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             rejected.append((number, "name", "a name is 1 to 64 letters, digits and . _ @ + -"))
             continue
         if role not in Role.__members__.values():
