@@ -16,11 +16,13 @@ from pydantic import ValidationError
 from test_prometheus_import import WINDOW, _wait_searchable
 
 from agent.config import MqttSettings
+from agent.metrics import render
 from agent.protocol import Birth, GpuInfo, NodeStatus, TopicKind, encode, node_topic
 from optimizer.decide.catalog import load_catalog
 from optimizer.ingest.promapi import PromClient
 from optimizer.serve.config import ApiSettings, OptimizerConfig
 from optimizer.serve.lifecycle import Lifecycle
+from optimizer.serve.selfmetrics import optimizer_metrics
 from optimizer.serve.service import Optimizer
 from optimizer.serve.web.app import WebServer
 
@@ -121,3 +123,27 @@ def test_a_bad_source_section_is_refused_in_one_line() -> None:
         )
     with pytest.raises(ValidationError, match="url"):
         OptimizerConfig.model_validate({"sources": {"prometheus": {"url": "ftp://x"}}})
+
+
+async def test_a_slurm_site_whose_squeue_fails_is_counted_on_metrics(tmp_path: Path) -> None:
+    """A Slurm site read from Prometheus whose squeue cannot run (none in its bin_dir): the job-name read returns
+    nothing and /metrics counts it as failed. Deliberate bug: the reads counted but never exported (no such
+    series, so a site whose job names silently vanished alerts nobody)."""
+    config = OptimizerConfig.model_validate(
+        {
+            "mqtt": MqttSettings(port=free_port()),
+            "sources": {"prometheus": {"url": "http://127.0.0.1:9", "site": SITE}},
+            "sites": {SITE: {"scheduler": "slurm", "slurm": {"bin_dir": str(tmp_path)}}},
+        }
+    )
+    optimizer = Optimizer(config, load_catalog())
+    assert optimizer.feed is not None and optimizer.feed.jobs is not None
+
+    def failed() -> int:
+        text = render(optimizer_metrics(optimizer))
+        line = 'fleetfit_prometheus_slurm_job_reads_total{result="failed"} '
+        return int(float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1]))
+
+    before = failed()
+    assert await optimizer.feed.jobs() == {}
+    assert failed() == before + 1

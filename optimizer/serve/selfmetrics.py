@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent.metrics import Family, counter, gauge, labelled
-from optimizer.serve import outcomes, statedb
+from optimizer.serve import outcomes, promfeed, statedb
 from optimizer.serve.findingmetrics import finding_metrics
 
 if TYPE_CHECKING:
@@ -183,6 +183,17 @@ def optimizer_metrics(optimizer: Optimizer) -> list[Family]:
             counter("fleetfit_prometheus_windows_total", "Windows read from Prometheus into the fleet.", feed.windows),
             gauge("fleetfit_prometheus_nodes", "Nodes the Prometheus source reads.", feed.nodes()),
         ]
+        if feed.jobs is not None:
+            families.append(
+                labelled(
+                    "fleetfit_prometheus_slurm_job_reads_total",
+                    "counter",
+                    "Reads of the Prometheus site's running Slurm jobs (squeue), by result; a failed one leaves its "
+                    "jobs named by their ids.",
+                    "result",
+                    {"ok": promfeed.jobs_read["ok"], "failed": promfeed.jobs_read["failed"]},
+                )
+            )
     if optimizer.store is not None:
         store = optimizer.store
         families += [
