@@ -37,17 +37,12 @@ from collectors.sim.spec import WorkloadSpec
 from optimizer.decide.catalog import Catalog, load_catalog
 from optimizer.decide.features import workload_features
 from optimizer.decide.findings import detect
-from optimizer.decide.nodefit import LOCAL_NVME_READ_BPS, TRAINING_BUSY_PCT, measure
+from optimizer.decide.nodefit import FINDING_KINDS, LOCAL_NVME_READ_BPS, TRAINING_BUSY_PCT, measure
 from optimizer.decide.snapshot import Snapshot, from_fleet, hardware_of, resolve
 from optimizer.ingest.fleet import Fleet
 
 PREFIX = "fleetfit/v1"
-KINDS = (
-    FindingKind.INPUT_STARVED_TRAINING,
-    FindingKind.CHECKPOINT_STALL,
-    FindingKind.SLOW_COLD_START,
-    FindingKind.MIXED_NODE,
-)
+KINDS = FINDING_KINDS
 PLANTED_NODES = (0, 5, 9, 12)  # the demo's: llm-pretrain, the l4 node of ocr-api, llm-sft, translate-api
 STARVED_NODE = 9  # llm-sft again, its loader waiting on NFS instead (storage_bound)
 

@@ -73,6 +73,14 @@ MIXED_CV_RATIO = 1.3
 MIXED_SLOWDOWN = 1.15
 MIN_SIDE_WINDOWS = 3
 SERVING = frozenset({WorkloadClass.INFERENCE, WorkloadClass.INTERACTIVE})
+# The findings this module makes, in the order the module's docstring tells them: every reader of "GPUs waiting on
+# the rest of their node" (the plan's text, chat, the benchmark) takes them from here.
+FINDING_KINDS = (
+    FindingKind.INPUT_STARVED_TRAINING,
+    FindingKind.CHECKPOINT_STALL,
+    FindingKind.SLOW_COLD_START,
+    FindingKind.MIXED_NODE,
+)
 # Storage-bound input. A pipeline bound by its storage's bandwidth reads at that bandwidth every second whatever its
 # GPUs do, so the node's reads sit on a plateau while the GPUs wait; one bound by its GPUs reads what they consume
 # and follows them. Plateau: the windows' mean reads within 10 % of their median (an estimate: a 10 s mean of a

@@ -11,21 +11,15 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from agent.protocol import Finding, FindingKind, Plan, Purchase, Recommendation
+from agent.protocol import Finding, Plan, Purchase, Recommendation
+from optimizer.decide.nodefit import FINDING_KINDS
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 # GPUs paid for while they wait on the rest of their node (optimizer/decide/nodefit.py): fixed there, not by a move
-REST_OF_NODE = frozenset(
-    {
-        FindingKind.INPUT_STARVED_TRAINING,
-        FindingKind.CHECKPOINT_STALL,
-        FindingKind.SLOW_COLD_START,
-        FindingKind.MIXED_NODE,
-    }
-)
+REST_OF_NODE = frozenset(FINDING_KINDS)
 
 
 def _as_is(text: str) -> str:
