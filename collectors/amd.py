@@ -44,9 +44,9 @@ from types import ModuleType
 from typing import Any
 
 from agent.metrics import Family, counter, gauge
-from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
+from agent.protocol import GpuFailure, WorkloadRef
 from collectors.attribution import Attributor
-from collectors.base import Entity, Inventory, Sample
+from collectors.base import Entity, GpuInfoGuard, Inventory, Sample
 from collectors.gpu import REINIT_MAX_S, RESCAN_S, WrappingCounter
 from collectors.pids import PidResolver
 
@@ -132,6 +132,7 @@ class AmdGpuCollector:
         self._unavailable = waiting_for
         self._signature: tuple[Any, ...] = ()
         self.generation = 0  # bumped whenever the inventory changes
+        self._guard = GpuInfoGuard("amdsmi")  # a figure the birth refuses leaves that figure unread
         if waiting_for is None:
             self._enumerate(smi.amdsmi_get_processor_handles())
 
@@ -245,7 +246,7 @@ class AmdGpuCollector:
                 continue  # gone since the last check; the next one lists the devices again
             vram = self._try("amdsmi_get_gpu_vram_usage", h) or {}
             gpus.append(
-                GpuInfo(
+                self._guard.gpu(
                     index=d.index,
                     uuid=str(self._try("amdsmi_get_gpu_device_uuid", h) or f"AMD-{d.index}")[:96],
                     model=_market_name(asic),
@@ -464,6 +465,7 @@ class AmdGpuCollector:
 
     def metrics(self) -> list[Family]:
         return [
+            self._guard.metric(),
             counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid),
             gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", len(self._failures)),
             counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
+from pydantic import ValidationError
+
+from agent.metrics import Family, labelled
 from agent.protocol import DiskInfo, GpuFailure, GpuInfo, HostInfo, NicInfo, WorkloadRef
+
+log = logging.getLogger(__name__)
 
 
 class Entity(StrEnum):
@@ -61,6 +67,52 @@ class Inventory:
             gpu_failures=self.gpu_failures + other.gpu_failures,
             attribution_warning=self.attribution_warning or other.attribution_warning,
             host=self.host or other.host,
+        )
+
+
+class GpuInfoGuard:
+    """Builds a GPU's birth entry so that one field the wire schema refuses leaves that field unread, not the GPU
+    out: a vendor library may hand back a sentinel (0xFFFFFFFF for "not available" in NVML's and HLML's unsigned
+    fields) or a garbled figure, and a ``GpuInfo`` that raises takes every GPU of the collector out of the birth.
+    Only fields that may be None are left unread; any other refused (its index, its memory) still raises. Each
+    refusal is counted by field and said once per field."""
+
+    def __init__(self, source: str) -> None:
+        self._source = source
+        self.refused: dict[str, int] = {}
+
+    def gpu(self, **fields: Any) -> GpuInfo:
+        try:
+            return GpuInfo(**fields)
+        except ValidationError as exc:
+            errors = exc.errors()
+        names = {str(e["loc"][0]) for e in errors if e["loc"]}
+        model = GpuInfo.model_fields
+        # a field whose default is None says "not read" by being None; one with another default (0 links) would lie
+        optional = {
+            n for n in names if n in fields and n in model and not model[n].is_required() and model[n].default is None
+        }
+        if not names or names != optional:
+            return GpuInfo(**fields)  # raises: a refused field the GPU cannot go without
+        for name in sorted(optional):
+            if name not in self.refused:
+                log.warning(
+                    "%s GPU %s: %s=%r is outside what the birth accepts; sent as unread",
+                    self._source,
+                    fields.get("index"),
+                    name,
+                    fields[name],
+                )
+            self.refused[name] = self.refused.get(name, 0) + 1
+        return GpuInfo(**(fields | dict.fromkeys(optional)))
+
+    def metric(self) -> Family:
+        return labelled(
+            "fleetfit_agent_gpu_fields_refused_total",
+            "counter",
+            "GPU inventory figures outside what the birth accepts, sent as unread, by field.",
+            "field",
+            self.refused,
         )
 
 

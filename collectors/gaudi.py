@@ -27,10 +27,10 @@ from types import ModuleType
 from typing import Any
 
 from agent.metrics import Family, counter, gauge
-from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
+from agent.protocol import GpuFailure, WorkloadRef
 from collectors.amd import import_quietly
 from collectors.attribution import Attributor
-from collectors.base import Entity, Inventory, Sample
+from collectors.base import Entity, GpuInfoGuard, Inventory, Sample
 from collectors.gpu import REINIT_MAX_S, RESCAN_S
 from collectors.pids import PidResolver
 
@@ -98,6 +98,7 @@ class GaudiCollector:
         self._unavailable = waiting_for
         self._signature: tuple[Any, ...] = ()
         self.generation = 0  # bumped whenever the inventory changes
+        self._guard = GpuInfoGuard("HLML")  # a figure the birth refuses leaves that figure unread
         if waiting_for is None:
             self._enumerate()
 
@@ -141,7 +142,7 @@ class GaudiCollector:
             name = _PRODUCTS.get(device_id or 0) or _text(self._try("hlmlDeviceGetName", h) or "Intel Gaudi")
             limit = self._power_limit(h) or self._try("hlmlDeviceGetPowerManagementDefaultLimit", h)
             gpus.append(
-                GpuInfo(
+                self._guard.gpu(
                     index=i,
                     uuid=_text(self._try("hlmlDeviceGetUUID", h) or f"HL-{i}")[:96],
                     model=name[:96],
@@ -295,6 +296,7 @@ class GaudiCollector:
 
     def metrics(self) -> list[Family]:
         return [
+            self._guard.metric(),
             counter("fleetfit_agent_gpu_invalid_pids_total", "GPU process ids not in /proc.", self._pids.invalid),
             gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", len(self._failures)),
             counter("fleetfit_agent_gpu_inventory_changes_total", "GPU layout changes seen.", self.generation),

@@ -57,9 +57,9 @@ from types import ModuleType
 from typing import Any
 
 from agent.metrics import Family, counter, gauge
-from agent.protocol import GpuFailure, GpuInfo, WorkloadRef
+from agent.protocol import GpuFailure, WorkloadRef
 from collectors.attribution import Attributor
-from collectors.base import Entity, Inventory, Sample
+from collectors.base import Entity, GpuInfoGuard, Inventory, Sample
 from collectors.gpm import GPM_ACTIVITY, GPM_C2C, GPM_PCIE, GpmReader
 from collectors.pids import NO_HOST_PIDS, PidResolver
 
@@ -273,6 +273,7 @@ class NvmlGpuCollector:
         self._worked = False  # NVML answered in this process: the library it loaded matched the driver once
         self.generation = 0  # bumped whenever the inventory changes
         self.counter_resets = 0
+        self._guard = GpuInfoGuard("NVML")  # a figure the birth refuses leaves that figure unread
         self.restart_required: str | None = None  # why only a new process can read the GPUs again
         if waiting_for is None:
             self._enumerate()
@@ -555,7 +556,7 @@ class NvmlGpuCollector:
             pci = self._try("nvmlDeviceGetPciInfo", h) if physical else None
             device_id = getattr(pci, "pciDeviceId", None)
             gpus.append(
-                GpuInfo(
+                self._guard.gpu(
                     index=d.index,
                     uuid=d.uuid,
                     model=name[:96],
@@ -891,6 +892,7 @@ class NvmlGpuCollector:
         """Self-metrics: what the agent cannot see on this node's GPUs."""
         failed, lost, apis = len(self._failures), len(self._lost), 1 if self._process_apis else 0
         return [
+            self._guard.metric(),
             gauge("fleetfit_agent_gpu_failed", "GPUs the driver lists but the agent cannot read.", failed),
             gauge("fleetfit_agent_gpu_lost", "GPUs that stopped answering.", lost),
             counter("fleetfit_agent_gpu_invalid_pids_total", "NVML process ids not in /proc.", self.invalid_pids),

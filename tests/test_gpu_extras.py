@@ -12,6 +12,7 @@ import pytest
 from fake_amdsmi import FakeAmdGpu, make_fake_amdsmi, partitions
 from fake_nvml import FakeGpu, make_fake_nvml
 
+from agent.metrics import render
 from agent.protocol import Birth, GpuInfo, WorkloadRef, encode
 from agent.window import WindowBuilder
 from collectors.amd import open_amd_collector
@@ -103,6 +104,22 @@ def test_c2c_traffic_comes_in_the_gpm_call_of_a_gpu_with_c2c_links_only() -> Non
     # 1000 and 3000 MiB/s, to the four significant digits a window keeps
     assert (grace.c2c_tx_bps.mean, grace.c2c_rx_bps.mean) == (1.049e9, 3.146e9)
     assert other.c2c_tx_bps is None and other.c2c_rx_bps is None and other.sm_active is not None
+
+
+def test_a_driver_sentinel_in_one_field_leaves_that_field_unread_not_the_node_without_gpus() -> None:
+    """NVML's unsigned fields read 0xFFFFFFFF for "not available": a GH200 whose C2C links say 4,294,967,295 MB/s
+    each (43 PB/s together, over the schema's 10 TB/s). Deliberate bug
+    caught: the collector building ``GpuInfo`` directly, so the refused figure raised out of ``inventory`` and the
+    agent published a birth with no GPU at all (its last inventory, empty at start)."""
+    gh200 = FakeGpu(name="NVIDIA GH200 480GB", pci_device_id=0x234210DE, c2c_mb_per_s=[0xFFFFFFFF] * 10)
+    collector = open_gpu_collector(make_fake_nvml([gh200, FakeGpu()]))
+    assert isinstance(collector, NvmlGpuCollector)
+    for _ in range(2):  # each birth counts again; the second says nothing new in the log
+        first, second = collector.inventory().gpus
+    assert (first.c2c_links, first.c2c_max_bps) == (10, None)
+    assert first.model == "NVIDIA GH200 480GB" and second.power_limit_w == 700.0
+    text = render(collector.metrics())
+    assert 'fleetfit_agent_gpu_fields_refused_total{field="c2c_max_bps"} 2' in text
 
 
 def test_a_birth_with_an_implausible_c2c_bandwidth_is_refused_and_counted() -> None:
