@@ -267,11 +267,10 @@ def _saves(fit: NodeFit, wid: str, s: _Seen, windows: Sequence[WindowDigest], bu
         seconds = _seconds(w)
         writing = seconds * min(1.0, w.write_bps / w.peak_write_bps) if w.peak_write_bps > 0 else seconds
         inside.append((min(idle * seconds, writing), writing))
-        if mine:
-            if run and not _follows(windows[run[-1]], w):
-                runs.append(run)
-                run = []
-            run.append(i)
+        if run and not _follows(windows[run[-1]], w):
+            runs.append(run)
+            run = []
+        run.append(i)
     if run:
         runs.append(run)
     fit.save_windows = len(inside)
