@@ -287,3 +287,38 @@ def test_live_object_is_not_changed_in_place() -> None:
     before = copy.deepcopy(live)
     changed(live, Change(product=L40S, gpus=1, queue="q"))
     assert live == before
+
+
+UID = "0b6f7c2e-8d1a-4c3b-9e5f-2a7d4c1b8e90"
+
+
+def test_a_pod_an_agent_knows_by_its_uid_is_found_among_the_namespaces_pods() -> None:
+    """An agent names a pod "pod <uid>" (its cgroup holds nothing else): with a server the pod is found by its uid
+    and its Deployment patched; without one nothing is offered to run (deliberate bug caught: "pod <uid>" taken as
+    the pod's name, which no server holds, so a Deployment of that name is guessed and patched)."""
+    backend, fake = server()
+    pod = fake.objects[f"/api/v1/namespaces/ml/pods/{rec().workload_name}"]
+    other = {"metadata": {"name": "chat-7d9c5b6f4d-q8q8q", "uid": "11111111-2222-4333-8444-555555555555"}}
+    fake.objects["/api/v1/namespaces/ml/pods"] = {
+        "items": [other, {**pod, "metadata": {**pod["metadata"], "uid": UID}}]
+    }
+    agent_rec = k8s_move(workload=f"k8s/{UID}", workload_name=f"pod {UID}")
+    result = carry_out(backend.propose(agent_rec, "ml", Options()))
+    assert result.status == Status.APPLIED, result.output
+    assert {path for m, path, _, _ in fake.calls if m == "PATCH"} == {"/apis/apps/v1/namespaces/ml/deployments/chat"}
+    offline = Kubernetes(SETTINGS).propose(agent_rec, "ml", Options())
+    assert not offline.runnable and offline.commands == [] and UID in offline.note
+
+
+@pytest.mark.parametrize(
+    ("name", "owner"),
+    [("x/../../../kube-system/deployments/coredns", "ml"), ("chat-7d9c5b6f4d-x2x4z", "ml/../kube-system")],
+)
+def test_a_name_a_node_made_up_is_never_sent_nor_printed_to_run(name: str, owner: str) -> None:
+    """A pod name or namespace with a "/" (a node says what it likes) sends nothing to the server and offers no
+    kubectl line (deliberate bug caught: the name put in the request's path unchecked, which patches another
+    namespace's object once the server has normalised the path)."""
+    backend, fake = server()
+    proposal = backend.propose(k8s_move(workload_name=name), owner, Options())
+    assert not proposal.runnable and proposal.commands == [] and fake.calls == []
+    assert carry_out(proposal).status == Status.NOTIFIED

@@ -70,6 +70,12 @@ _SERVER_FIELDS = ("uid", "resourceVersion", "generation", "creationTimestamp", "
 _ORDINAL = re.compile(r"^(.+)-\d+$")
 _DEPLOYMENT_POD = re.compile(r"^(.+)-[bcdfghjklmnpqrstvwxz2456789]{6,10}-[bcdfghjklmnpqrstvwxz2456789]{5}$")
 _JOB_POD = re.compile(r"^(.+)-[bcdfghjklmnpqrstvwxz2456789]{5}$")
+# Names as the API server takes them (Kubernetes docs, "Object Names and IDs"): a namespace is a DNS-1123 label, a
+# pod a DNS-1123 subdomain, a uid a UUID. A workload's name and owner come from a node, which may say anything; one
+# with a "/" would put another object's path in a request and a shell's words in the printed kubectl line.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_POD_NAME = re.compile(r"(?=.{1,253}\Z)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +238,21 @@ class ClientApi:
         return self._call("PATCH", path, body, content_type, dry_run)
 
 
-def _owner(api: Api, pod: str, namespace: str) -> Ref:
-    """The object to change for ``pod``: its controller, followed up through ReplicaSets and an LWS's
+def _pod(api: Api, namespace: str, name: str | None, uid: str | None) -> Obj:
+    """The pod by its name, else by its uid among the namespace's pods (an agent knows a pod by its uid alone: the
+    cgroup names nothing else)."""
+    if name is not None:
+        return api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    for item in api.get(f"/api/v1/namespaces/{namespace}/pods").get("items", []):
+        if isinstance(item, dict) and (item.get("metadata") or {}).get("uid") == uid:
+            return item
+    raise KubeError(404, f"no pod with uid {uid} in namespace {namespace}")
+
+
+def _owner(api: Api, obj: Obj, namespace: str) -> Ref:
+    """The object to change for the pod ``obj``: its controller, followed up through ReplicaSets and an LWS's
     StatefulSets."""
-    obj = api.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+    pod = (obj.get("metadata") or {}).get("name", "?")
     found: Ref | None = None
     for _ in range(4):  # pod → ReplicaSet → Deployment; pod → StatefulSet → LeaderWorkerSet
         refs = [r for r in obj.get("metadata", {}).get("ownerReferences", []) if r.get("controller")]
@@ -294,9 +311,15 @@ class Kubernetes:
             )
             return Proposal(rec.id, NAME, runnable=False, note=note)
         namespace = owner or self.settings.namespace
-        pod = rec.workload_name or rec.workload.removeprefix("k8s/")
         if namespace is None:
             note = "its namespace is not known: set [sites.*.kubernetes] namespace"
+            return Proposal(rec.id, NAME, runnable=False, note=note)
+        if not _NAMESPACE.fullmatch(namespace):
+            return Proposal(rec.id, NAME, runnable=False, note=f"{namespace!r} is not a Kubernetes namespace")
+        pod = rec.workload_name if _POD_NAME.fullmatch(rec.workload_name) else None
+        uid = rec.workload.removeprefix("k8s/") if _UID.fullmatch(rec.workload.removeprefix("k8s/")) else None
+        if pod is None and uid is None:
+            note = f"{rec.workload_name!r} is not a pod's name, nor {rec.workload!r} a pod's uid"
             return Proposal(rec.id, NAME, runnable=False, note=note)
         change = self.change_of(rec)
         if change.product is None and change.queue is None and change.gpus is None:
@@ -307,11 +330,20 @@ class Kubernetes:
         live: Obj | None = None
         if api is not None:
             try:
-                ref = _owner(api, pod, namespace)
+                ref = _owner(api, _pod(api, namespace, pod, uid), namespace)
                 live = api.get(ref.path)
             except KubeError as exc:
+                if pod is None:
+                    note = f"read from the server failed ({exc.message}); the pod's name is not known to guess from"
+                    return Proposal(rec.id, NAME, runnable=False, note=note)
                 ref = guess(pod, namespace)
                 notes.append(f"read from the server failed ({exc.message}); the object is guessed from the pod's name")
+        elif pod is None:
+            note = (
+                f"the pod is known by its uid ({uid}) alone, as an agent reports it: with a kubeconfig "
+                "([sites.*.kubernetes] kubeconfig) it is looked up on the server"
+            )
+            return Proposal(rec.id, NAME, runnable=False, note=note)
         else:
             ref = guess(pod, namespace)
             notes.append("no kubeconfig: the object is guessed from the pod's name and the manifest is partial")
