@@ -301,7 +301,8 @@ class GpuInfo(_Model):
         strict=True, default=None, ge=0, le=MAX_GPU_INDEX, description="for a MIG instance: the index of its GPU"
     )
     mig_profile: str | None = Field(default=None, max_length=32, description='for a MIG instance, e.g. "3g.40gb"')
-    power_limit_w: Quantity | None = None
+    # bounded as a window's power_limit_w is: the optimizer falls back on this one to divide a window's power by
+    power_limit_w: Quantity | None = Field(default=None, ge=0, le=MAX_POWER_LIMIT_W)
     # Real-hardware fields (schema 2):
     pcie_source: Literal["nvml-fields", "gpm"] | None = Field(
         default=None, description="where the PCIe byte rates come from; None: this GPU reports none"

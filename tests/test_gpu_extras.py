@@ -108,18 +108,36 @@ def test_c2c_traffic_comes_in_the_gpm_call_of_a_gpu_with_c2c_links_only() -> Non
 
 def test_a_driver_sentinel_in_one_field_leaves_that_field_unread_not_the_node_without_gpus() -> None:
     """NVML's unsigned fields read 0xFFFFFFFF for "not available": a GH200 whose C2C links say 4,294,967,295 MB/s
-    each (43 PB/s together, over the schema's 10 TB/s). Deliberate bug
-    caught: the collector building ``GpuInfo`` directly, so the refused figure raised out of ``inventory`` and the
+    each (43 PB/s together, over the schema's 10 TB/s) and whose power limit says 4,294,967 W. Deliberate bugs
+    caught: a birth's power limit unbounded (the optimizer would divide the GPU's power by 4.3 MW);
+    the collector building ``GpuInfo`` directly, so the refused figure raised out of ``inventory`` and the
     agent published a birth with no GPU at all (its last inventory, empty at start)."""
     gh200 = FakeGpu(name="NVIDIA GH200 480GB", pci_device_id=0x234210DE, c2c_mb_per_s=[0xFFFFFFFF] * 10)
+    gh200.power_limit_mw = 0xFFFFFFFF
     collector = open_gpu_collector(make_fake_nvml([gh200, FakeGpu()]))
     assert isinstance(collector, NvmlGpuCollector)
     for _ in range(2):  # each birth counts again; the second says nothing new in the log
         first, second = collector.inventory().gpus
-    assert (first.c2c_links, first.c2c_max_bps) == (10, None)
+    assert (first.c2c_links, first.c2c_max_bps, first.power_limit_w) == (10, None, None)
     assert first.model == "NVIDIA GH200 480GB" and second.power_limit_w == 700.0
     text = render(collector.metrics())
     assert 'fleetfit_agent_gpu_fields_refused_total{field="c2c_max_bps"} 2' in text
+    assert 'fleetfit_agent_gpu_fields_refused_total{field="power_limit_w"} 2' in text
+
+
+@pytest.mark.parametrize("limit", [-700.0, 4_294_967.295])
+def test_a_birth_with_a_power_limit_no_gpu_has_is_refused_and_counted(limit: float) -> None:
+    """Deliberate bug caught: the birth's power limit bounded less than the window's (0 to 10 kW): a negative one
+    would make the GPU's power per limit negative wherever its windows carry no limit of their own."""
+    fleet = Fleet("fleetfit/v1")
+    good = _birth(
+        [GpuInfo(index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3", memory_mib=81_559, power_limit_w=700.0)]
+    )
+    raw = json.loads(encode(good))
+    raw["gpus"][0]["power_limit_w"] = limit
+    assert fleet.ingest("fleetfit/v1/s1/n1/birth", json.dumps(raw).encode()) is None
+    assert fleet.rejected == {"schema": 1}
+    assert fleet.ingest("fleetfit/v1/s1/n1/birth", encode(good)) is not None
 
 
 def test_a_birth_with_an_implausible_c2c_bandwidth_is_refused_and_counted() -> None:
