@@ -653,8 +653,9 @@ async def test_an_applied_moves_owner_and_the_totals_of_each_state(tmp_path: Pat
 
 async def test_each_action_shows_the_schedulers_command(tmp_path: Path) -> None:
     """Under "Why", an action `fleetfit apply` ran shows its backend, the command and the scheduler's answer; an
-    acknowledged one not yet run says how to run it. Deliberate bug caught: the executions not read for the page
-    (no command shown)."""
+    acknowledged one not yet run says how to run it; the answer is the failing step's own line, as `fleetfit apply`
+    prints it, not the runner's "failed (exit status 1)" below it. Deliberate bugs caught: the executions not read
+    for the page (no command shown), the page taking the output's last line as the answer."""
     from optimizer.serve.executions import Execution
     from optimizer.serve.lifecycle import RecState
 
@@ -664,7 +665,10 @@ async def test_each_action_shows_the_schedulers_command(tmp_path: Path) -> None:
         ran, waiting = optimizer.plans["lab"].recommendations[:2]
         for r in (ran, waiting):
             await optimizer.tracker.write(lifecycle.set_state, r.id, RecState.ACKNOWLEDGED)
-        said = "$ scontrol update JobId=7 Partition=l40s\nslurm_update error: Invalid job id specified"
+        said = (  # as the runner keeps it (optimizer/act/backend.py): the step, what it said, then its exit
+            "$ scontrol update JobId=7 Partition=l40s\nslurm_update error: Invalid job id specified\n"
+            "failed (exit status 1)"
+        )
         done = Execution(
             ran.id, "lab", 0.0, "slurm", "failed", ("scontrol update JobId=7 Partition=l40s",), said, "ops"
         )

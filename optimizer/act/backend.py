@@ -78,13 +78,18 @@ class Result:
 
     @property
     def answer(self) -> str:
-        """The scheduler's words in one line: for a failure, the last line the failing step printed; else the
-        last line of all."""
-        lines = [line for line in self.output.splitlines() if line.strip()]
-        for n, line in enumerate(lines):
-            if line.startswith("failed (") and n > 0:
-                return line if lines[n - 1].startswith("$ ") else lines[n - 1]
-        return lines[-1] if lines else ""
+        """The scheduler's words in one line (``answer_of``)."""
+        return answer_of(self.output)
+
+
+def answer_of(output: str) -> str:
+    """The scheduler's words in one line, from a run's ``output``: for a failure, the last line the failing step
+    printed (steps that undo it run after and print below it); else the last line of all."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    for n, line in enumerate(lines):
+        if line.startswith("failed (") and n > 0:
+            return line if lines[n - 1].startswith("$ ") else lines[n - 1]
+    return lines[-1] if lines else ""
 
 
 @dataclass(frozen=True, slots=True)

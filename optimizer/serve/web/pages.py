@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from agent.protocol import Finding, NodeStatus, Plan, Recommendation, WorkloadClass, WorkloadView
+from optimizer.act.backend import answer_of
 from optimizer.plan.render import (
     KINDS,
     action_text,
@@ -767,7 +768,7 @@ def _ran(e: Execution | None, rec_id: str, state: str) -> str:
         return f' <span class="ran">Not carried out yet: <code>fleetfit apply {esc(rec_id)}</code>.</span>'
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(e.at))
     commands = "; ".join(e.commands) or "nothing to run"
-    said = e.output.strip().splitlines()[-1] if e.output.strip() else ""
+    said = answer_of(e.output)  # the line `fleetfit apply` printed and chat was told
     return (
         f' <span class="ran" data-status="{esc(e.status)}">{esc(e.backend)}, {esc(when)} UTC, {esc(e.status)}: '
         f"<code>{esc(commands)}</code>{f' ({esc(said)})' if said and e.status != 'applied' else ''}.</span>"
