@@ -294,3 +294,17 @@ def test_node_exporter_series_give_an_agentless_node_s_host() -> None:
     assert [(m.path, m.fstype) for m in big.network_mounts] == [("/datasets", "nfs4")]
     assert (small.cpu_cores, small.memory_mib, small.local_nvme_bytes) == (64, None, 0)
     assert skipped == {"host_instance": 1, "host_value": 1}
+
+
+def test_a_tiny_memtotal_keeps_the_node_in_the_snapshot() -> None:
+    """An agent (or node_exporter) reporting MemTotal of 50 MiB, which the wire accepts (1 MiB and up): the node
+    stays in the snapshot with 50 / 1024 = 0.049 GiB. Deliberate bug it catches: the figure rounded to tenths
+    (0.0, which the snapshot's field refuses: the whole site's snapshot raises and the daemon plans without the
+    node)."""
+    fleet = Fleet(P)
+    birth, _ = offline_windows(ScenarioNode("h100-tiny", "h100", (), frozenset()), 1, site="s1")
+    assert birth.host is not None
+    birth = birth.model_copy(update={"host": birth.host.model_copy(update={"memory_mib": 50})})
+    assert fleet.ingest(node_topic(P, "s1", "h100-tiny", TopicKind.BIRTH), encode(birth))
+    (node,) = from_fleet(fleet, "s1", []).nodes
+    assert (node.name, node.gpus, node.memory_gib) == ("h100-tiny", 8, 0.049)

@@ -258,7 +258,8 @@ def host_fields(birth: Birth) -> dict[str, object]:
         return {}
     return {
         "cpu_cores": host.cpu_cores,
-        "memory_gib": None if host.memory_mib is None else round(host.memory_mib / 1024, 1),
+        # to the MiB (three places): any MemTotal the wire accepts (1 MiB and up) stays above 0, as the field wants
+        "memory_gib": None if host.memory_mib is None else round(host.memory_mib / 1024, 3),
         "local_nvme_tb": None if host.local_nvme_bytes is None else round(host.local_nvme_bytes / 1e12, 3),
         "local_nvme_read_gbps": None if host.local_nvme_read_bps is None else round(host.local_nvme_read_bps / 1e9, 2),
         "network_storage": bool(host.network_mounts),
