@@ -52,11 +52,6 @@ class Done:
     result: Result
 
 
-def _fail(message: str, code: int = cliargs.DATA) -> int:
-    print(f"fleetfit: {cliargs.in_words(message)}", file=sys.stderr)
-    return code
-
-
 def _propose(config: OptimizerConfig, t: Tracked, owner: str | None, options: Options) -> Proposal | str:
     """What carrying ``t`` out would do, or why its site cannot."""
     from optimizer.act.backend import Proposal
@@ -110,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(OptimizerConfig, args.config)
     except ConfigError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     state_dir = args.state_dir or config.optimizer.state_dir
     if not (state_dir / DB_NAME).exists():
-        return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
+        return cliargs.fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
     try:
         who = getpass.getuser()
     except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
@@ -171,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             if unkept:
                 break
     except sqlite3.Error as exc:
-        return _fail(f"{state_dir / DB_NAME}: {exc}")
+        return cliargs.fail(f"{state_dir / DB_NAME}: {exc}")
     finally:
         if lifecycle is not None:
             lifecycle.close()

@@ -61,15 +61,8 @@ def _setup_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
-def _fail(message: str, code: int = cliargs.DATA) -> int:
-    """One line on stderr, in the product's words, and the exit status: ``DATA`` (1) for what the command read,
-    ``USAGE`` (2) for the command line itself (cliargs.py)."""
-    print(f"fleetfit: {cliargs.in_words(message)}", file=sys.stderr)
-    return code
-
-
 def _usage(message: str) -> int:
-    return _fail(message, cliargs.USAGE)
+    return cliargs.fail(message, cliargs.USAGE)
 
 
 # ------------------------------------------------------------------------------------------ agent
@@ -86,7 +79,7 @@ def _cmd_agent(args: argparse.Namespace) -> int:
     try:
         config = load_config(AgentConfig, args.config)
     except ConfigError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     try:
         collectors = node_collectors(config.agent, args.simulate, args.simulate_pids)
     except ValueError as exc:  # --simulate's spec
@@ -175,17 +168,17 @@ def _cmd_optimizer(args: argparse.Namespace) -> int:
 
             optimizer.attach(WebServer(optimizer, config.api))
     except (ConfigError, CatalogError, InventoryError) as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     except UnicodeDecodeError:
-        return _fail(f"catalog {config.optimizer.catalog}: not a text file (a catalog is TOML)")
+        return cliargs.fail(f"catalog {config.optimizer.catalog}: not a text file (a catalog is TOML)")
     except (OSError, sqlite3.Error) as exc:
-        return _fail(f"state directory {config.optimizer.state_dir}: {exc}")
+        return cliargs.fail(f"state directory {config.optimizer.state_dir}: {exc}")
     try:
         asyncio.run(serve(optimizer, Notifier()))
     except asyncio.CancelledError:  # a second SIGINT/SIGTERM
-        return _fail("optimizer interrupted before a clean shutdown")
+        return cliargs.fail("optimizer interrupted before a clean shutdown")
     if optimizer.failed is not None:
-        return _fail(f"optimizer stopped: {optimizer.failed}")
+        return cliargs.fail(f"optimizer stopped: {optimizer.failed}")
     return 0
 
 
@@ -212,7 +205,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         webhooks = cliargs.webhooks(args.alert_webhook, args.alert_webhook_file, os.environ)
     except ValueError as exc:
-        return _fail(str(exc), cliargs.DATA if isinstance(exc, cliargs.DataError) else cliargs.USAGE)
+        return cliargs.fail(str(exc), cliargs.DATA if isinstance(exc, cliargs.DataError) else cliargs.USAGE)
     options = DemoOptions(
         nodes=args.nodes,
         duration=args.duration,
@@ -267,11 +260,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             run_demo(options, on_plan=printer, on_console=console_ready, on_state=state_ready, on_final=final_ready)
         )
     except asyncio.CancelledError:  # a second SIGINT/SIGTERM
-        return _fail("demo interrupted")
+        return cliargs.fail("demo interrupted")
     except DemoStateError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     if plan is None:
-        return _fail("no plan was produced: no telemetry reached the optimizer")
+        return cliargs.fail("no plan was produced: no telemetry reached the optimizer")
     if not final_shown:
         show_final(plan)
     return 0
@@ -289,22 +282,24 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         snapshot = Snapshot.model_validate_json(args.fleet.read_bytes())
         catalog = load_catalog(args.catalog)
     except OSError as exc:
-        return _fail(f"{args.fleet}: {exc.strerror}")
+        return cliargs.fail(f"{args.fleet}: {exc.strerror}")
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        return _fail(f"{args.fleet}: {where}: {first['msg']}")
+        return cliargs.fail(f"{args.fleet}: {where}: {first['msg']}")
     except CatalogError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     except UnicodeDecodeError:
-        return _fail(f"catalog {args.catalog}: not a text file (a catalog is TOML)")
+        return cliargs.fail(f"catalog {args.catalog}: not a text file (a catalog is TOML)")
     unknown = unknown_hardware(catalog, snapshot)
     if unknown:
         i, name = unknown[0]
-        return _fail(f"{args.fleet}: nodes.{i}.hardware: unknown hardware {name!r} (not a catalog key or GPU name)")
+        return cliargs.fail(
+            f"{args.fleet}: nodes.{i}.hardware: unknown hardware {name!r} (not a catalog key or GPU name)"
+        )
     over = snapshot.overcommitted()
     if over:
-        return _fail(f"{args.fleet}: more GPUs in use than installed on {', '.join(over)}")
+        return cliargs.fail(f"{args.fleet}: more GPUs in use than installed on {', '.join(over)}")
     settings = PlanSettings(time_limit=args.time_limit, max_moves=args.max_moves, buy=not args.no_buy)
     if args.add or args.buy:
         from optimizer.commands.buy import BuyError, plan_and_buy
@@ -332,15 +327,15 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
         catalog = load_catalog(args.catalog)
         state_dir = args.state_dir or load_config(OptimizerConfig, args.config).optimizer.state_dir
     except (CatalogError, ConfigError) as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     except UnicodeDecodeError:
-        return _fail(f"catalog {args.catalog}: not a text file (a catalog is TOML)")
+        return cliargs.fail(f"catalog {args.catalog}: not a text file (a catalog is TOML)")
     taught = Taught()
     if (state_dir / DB_NAME).exists():
         try:
             taught = from_state(catalog, state_dir / DB_NAME)
         except sqlite3.Error as exc:
-            return _fail(f"{state_dir / DB_NAME}: {exc}")
+            return cliargs.fail(f"{state_dir / DB_NAME}: {exc}")
     print(render_catalog_json(catalog, taught) if args.format == "json" else render_catalog_table(catalog, taught))
     if taught.skipped:
         print(taught.skipped_line(state_dir / DB_NAME), file=sys.stderr)
@@ -367,10 +362,12 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
             args.state_dir = given[0] if given else None
             state_dirs = [_state_dir(args, load_config(OptimizerConfig, args.config).optimizer.state_dir)]
     except ConfigError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     for state_dir in state_dirs:
         if not (state_dir / DB_NAME).exists():
-            return _fail(f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
+            return cliargs.fail(
+                f"no recommendations yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)"
+            )
     for state_dir in state_dirs:
         _say_state_dir(state_dir)
     rows = []
@@ -398,9 +395,9 @@ def _cmd_recommendations(args: argparse.Namespace) -> int:
                 return 0
             rows += lifecycle.list(args.site, list(RecState) if args.all else OPEN)
         except LifecycleError as exc:
-            return _fail(str(exc))
+            return cliargs.fail(str(exc))
         except sqlite3.Error as exc:
-            return _fail(f"{state_dir / DB_NAME}: {exc}")
+            return cliargs.fail(f"{state_dir / DB_NAME}: {exc}")
     open_numbers = {
         site: numbered(t.recommendation for t in rows if t.site == site and t.state in OPEN)
         for site in {t.site for t in rows}
@@ -502,9 +499,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
             return _post_report(state_dir, since, args.by, args.post, config)
         print(run_report(state_dir, since, args.by, args.format, wide=args.wide))
     except (ValueError, ConfigError, FileNotFoundError) as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     except sqlite3.Error as exc:
-        return _fail(f"{state_dir}: {exc}")
+        return cliargs.fail(f"{state_dir}: {exc}")
     return 0
 
 
@@ -522,7 +519,7 @@ def _post_report(state_dir: Path, since: float, by: str, name: str, config: Opti
     url = receiver.url().get_secret_value()
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return _fail(f"report --post: receiver {receiver.name}'s URL is not an http(s) URL with a host")
+        return cliargs.fail(f"report --post: receiver {receiver.name}'s URL is not an http(s) URL with a host")
     if not (state_dir / DB_NAME).exists():
         raise FileNotFoundError(f"no showback yet: {state_dir / DB_NAME} does not exist (is the optimizer running?)")
     ledger = Ledger(state_dir / DB_NAME)
@@ -534,7 +531,7 @@ def _post_report(state_dir: Path, since: float, by: str, name: str, config: Opti
     assert config is not None
 
     if not _post_once(receiver, config.alerts, body):
-        return _fail(f"report --post: {receiver.name} did not accept the report (see the log above)")
+        return cliargs.fail(f"report --post: {receiver.name} did not accept the report (see the log above)")
     print(f"posted the showback of {len(rows)} {by}(s) to {receiver.name} ({len(body)} bytes)")
     return 0
 
@@ -562,7 +559,7 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     try:
         settings = load_config(OptimizerConfig, args.config).alerts
     except ConfigError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     receivers = {r.name: r for r in settings.receivers}
     if args.receiver not in receivers:
         known = ", ".join(sorted(receivers)) or "none configured"
@@ -571,17 +568,17 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
     try:
         url = receiver.url().get_secret_value()
     except (ValueError, OSError) as exc:
-        return _fail(f"alerts test: {exc}")
+        return cliargs.fail(f"alerts test: {exc}")
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         # a malformed URL never becomes valid by retrying: say so now (the URL is a secret: not printed)
-        return _fail(f"alerts test: receiver {receiver.name}'s URL is not an http(s) URL with a host")
+        return cliargs.fail(f"alerts test: receiver {receiver.name}'s URL is not an http(s) URL with a host")
     notice = sample_notice()
     notice.link = settings.link
     body = render(receiver.kind, notice, receiver.byte_limit)
 
     if not _post_once(receiver, settings, body):
-        return _fail(f"alerts test: the sample message to {receiver.name} was not accepted (see the log above)")
+        return cliargs.fail(f"alerts test: the sample message to {receiver.name} was not accepted (see the log above)")
     print(f"sent a sample {receiver.kind} message to {receiver.name} ({len(body)} bytes)")
     return 0
 
@@ -601,7 +598,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             mqtt = cliargs.broker_settings(args.broker, args.mqtt_protocol, args.broker_password_file, os.environ)
         nodes = build_scenario(args.scenario, args.nodes, args.seed)
     except ValueError as exc:  # --broker, --scenario, --nodes; a password file that cannot be read is DATA
-        return _fail(str(exc), cliargs.DATA if isinstance(exc, cliargs.DataError) else cliargs.USAGE)
+        return cliargs.fail(str(exc), cliargs.DATA if isinstance(exc, cliargs.DataError) else cliargs.USAGE)
     exporter = ExporterOptions(
         fields=args.dcgm_fields,
         hostname_label=args.dcgm_hostname_label,
@@ -621,7 +618,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     try:
         record = open_record(args.record)
     except OSError as exc:
-        return _fail(f"--record {args.record}: {exc.strerror}")
+        return cliargs.fail(f"--record {args.record}: {exc.strerror}")
     _raise_open_files_limit()
 
     async def main() -> SimulatedFleet | str | None:
@@ -675,13 +672,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if record is not None:
             record.close()
     if isinstance(fleet, str):
-        return _fail(fleet)
+        return cliargs.fail(fleet)
     if fleet is None or mqtt is None:
         return 0
     errors = [a.link.last_error for a in fleet.agents if a.link.last_error]
     if errors and not any(a.link.connects for a in fleet.agents):
         unsent = sum(len(a.queue) for a in fleet.agents)
-        return _fail(
+        return cliargs.fail(
             f"--broker: never reached the broker at {mqtt.host}:{mqtt.port} ({errors[-1]}); "
             f"{unsent} window(s) not published"
         )
@@ -701,7 +698,7 @@ def _dcgm_history(args: argparse.Namespace, nodes: list[ScenarioNode], exporter:
     except ValueError as exc:
         return _usage(f"--dcgm-history: {exc}")
     except OSError as exc:
-        return _fail(f"--dcgm-history {args.dcgm_history}: {exc.strerror}")
+        return cliargs.fail(f"--dcgm-history {args.dcgm_history}: {exc.strerror}")
     print(
         f"dcgm-history: {args.dcgm_history} ({args.dcgm_history_format}, {stats.lines:,} samples of {stats.steps} "
         f"steps, {stats.bytes / 2**20:,.1f} MiB in {stats.seconds:.1f} s); ground truth of {stats.workloads} "
@@ -727,21 +724,21 @@ def _cmd_classify(args: argparse.Namespace) -> int:
     try:
         rec = load_file(args.file, horizon=args.horizon)
     except OSError as exc:
-        return _fail(f"{args.file}: {exc.strerror}")
+        return cliargs.fail(f"{args.file}: {exc.strerror}")
     except UnicodeDecodeError:
-        return _fail(f"{args.file}: not a text file (a recording is JSON lines of telemetry windows)")
+        return cliargs.fail(f"{args.file}: not a text file (a recording is JSON lines of telemetry windows)")
     except RecordingError as exc:
-        return _fail(f"{args.file}: {exc}")
+        return cliargs.fail(f"{args.file}: {exc}")
     if args.labels is not None:
         try:
             rec.labels.update(load_labels(args.labels))
         except OSError as exc:
-            return _fail(f"{args.labels}: {exc.strerror or exc}")
+            return cliargs.fail(f"{args.labels}: {exc.strerror or exc}")
         except RecordingError as exc:
-            return _fail(str(exc))
+            return cliargs.fail(str(exc))
     results = classify_all(rec)
     if not results:
-        return _fail(rec.nothing_found(args.file))
+        return cliargs.fail(rec.nothing_found(args.file))
     if args.format == "json":
         rows = [
             {
@@ -1171,7 +1168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = COMMAND_EXTRAS.get(args.command) or EXTRAS.get(top)
         if not top or top in OWN_PACKAGES or extra is None:
             raise
-        return _fail(
+        return cliargs.fail(
             f"`fleetfit {args.command}` needs the {extra}'s packages ({top} is not installed): "
             f"pip install 'fleetfit[{extra}]'"
         )

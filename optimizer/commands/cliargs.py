@@ -73,6 +73,13 @@ def in_words(message: str) -> str:
     return ": ".join(parts)
 
 
+def fail(message: str, code: int = DATA) -> int:
+    """One line on stderr, in the product's words, and the exit status: ``DATA`` (1) for what the command read,
+    ``USAGE`` (2) for the command line itself."""
+    print(f"fleetfit: {in_words(message)}", file=sys.stderr)
+    return code
+
+
 class Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line: ``fleetfit demo: argument --duration: …``."""
 

@@ -125,12 +125,6 @@ def _headers(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _fail(message: str, code: int = cliargs.DATA) -> int:
-    """One line in the product's words; ``DATA`` (1) or ``USAGE`` (2), as every command (cliargs.py)."""
-    print(f"fleetfit: {cliargs.in_words(message)}", file=sys.stderr)
-    return code
-
-
 class _Progress:
     """One line on stderr at most every two seconds, while a long import runs (and only on a terminal or when
     asked for by the log level)."""
@@ -161,11 +155,11 @@ def run(args: argparse.Namespace) -> int:
         catalog = load_catalog(args.catalog)
         headers = _headers(args.header)
     except CatalogError as exc:  # the catalog file's contents
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     except ValueError as exc:  # --header
-        return _fail(str(exc), cliargs.USAGE)
+        return cliargs.fail(str(exc), cliargs.USAGE)
     if args.basic_auth_user and args.bearer_token_file:
-        return _fail("give --bearer-token-file or --basic-auth-user, not both", cliargs.USAGE)
+        return cliargs.fail("give --bearer-token-file or --basic-auth-user, not both", cliargs.USAGE)
     endpoint = Endpoint(
         url=args.url,
         bearer_token_file=args.bearer_token_file,
@@ -180,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     step = auto_step(args.since, args.step)
     window = args.window if args.window is not None else auto_window(args.since, step)
     if window < 2 * step:
-        return _fail(f"--window {window:g} s holds fewer than two points at a step of {step:g} s", cliargs.USAGE)
+        return cliargs.fail(f"--window {window:g} s holds fewer than two points at a step of {step:g} s", cliargs.USAGE)
     settings = ReadSettings(
         site=args.site,
         node_label=args.node_label,
@@ -193,9 +187,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         snapshot, report = asyncio.run(read_snapshot(endpoint, settings, args.since, args.until, catalog, args.pin))
     except PrometheusError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     except ValueError as exc:  # a site name or selector the protocol refuses
-        return _fail(str(exc), cliargs.USAGE)
+        return cliargs.fail(str(exc), cliargs.USAGE)
     print(_summary(report, snapshot), file=sys.stderr)
     if args.format == "json":
         print(json.dumps(snapshot.model_dump(mode="json", by_alias=True, exclude_none=True), indent=1))

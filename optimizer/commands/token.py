@@ -40,12 +40,6 @@ def add_parser(sub: argparse._SubParsersAction[cliargs.Parser]) -> None:
         q.set_defaults(func=run)
 
 
-def _fail(message: str, code: int = cliargs.DATA) -> int:
-    """One line in the product's words; ``DATA`` (1) or ``USAGE`` (2), as every command (cliargs.py)."""
-    print(f"fleetfit: {cliargs.in_words(message)}", file=sys.stderr)
-    return code
-
-
 def _tokens_file(args: argparse.Namespace) -> Path:
     """The file --file names, else the config's ``[api] tokens_file`` (read as TOML only: the file need not exist
     yet, which the full config check would refuse)."""
@@ -70,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         path = _tokens_file(args)
     except cliargs.DataError as exc:
-        return _fail(str(exc))
+        return cliargs.fail(str(exc))
     if args.token_command == "list":
         try:
             holders, rejected = parse(read_private(path))
         except TokenFileError as exc:
-            return _fail(str(exc))
+            return cliargs.fail(str(exc))
         for holder, _ in holders:
             print(f"{holder.name}\t{holder.role.value}")
         for number, reason, why in rejected:
@@ -84,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         token = add(path, args.name, Role(args.role))
     except ValueError as exc:  # the name; TokenFileError (a ValueError) is the file's
-        return _fail(str(exc), cliargs.DATA if isinstance(exc, TokenFileError) else cliargs.USAGE)
+        return cliargs.fail(str(exc), cliargs.DATA if isinstance(exc, TokenFileError) else cliargs.USAGE)
     except OSError as exc:
-        return _fail(f"cannot write {path}: {exc.strerror or exc}")
+        return cliargs.fail(f"cannot write {path}: {exc.strerror or exc}")
     print(token)
     print(
         f"fleetfit: a token for {args.name} ({args.role}) is added to {path}; it is shown only now "
