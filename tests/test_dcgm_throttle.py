@@ -87,6 +87,19 @@ def test_power_violation_microseconds_under_a_lowered_limit_are_a_power_throttle
     assert "held at a power limit of 350 W, 50% of its 700 W TDP" in detail
 
 
+def test_a_sentinel_power_limit_is_passed_over_for_the_next_figure_not_the_node_s_birth() -> None:
+    """DCGM's enforced limit reading 4,294,967.295 W (the driver's 0xFFFFFFFF mW for "not available") beside a
+    700 W management limit. Deliberate bug caught: taking the first limit found whatever it says: the birth is
+    refused (a GPU's limit is 0-10,000 W) and the node's windows with it."""
+    node = _node(
+        {"DCGM_FI_DEV_ENFORCED_POWER_LIMIT": [4_294_967.295] * 40, "DCGM_FI_DEV_POWER_MGMT_LIMIT": [700.0] * 40}
+    )
+    fleet = Fleet("t")
+    assert fleet.ingest(node_topic("t", "s", node.node, TopicKind.BIRTH), msgspec.json.encode(birth(node, "s", T0)))
+    record = fleet.nodes[("s", node.node)]
+    assert record.birth is not None and record.birth.gpus[0].power_limit_w == 700.0 and not fleet.rejected
+
+
 _LINE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
 _PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 

@@ -39,7 +39,15 @@ from itertools import pairwise
 
 import numpy as np
 
-from agent.protocol import FLOAT32_MAX, MAX_GPU_INDEX, SCHEMA_VERSION, Stats, WorkloadKind, printable
+from agent.protocol import (
+    FLOAT32_MAX,
+    MAX_GPU_INDEX,
+    MAX_POWER_LIMIT_W,
+    SCHEMA_VERSION,
+    Stats,
+    WorkloadKind,
+    printable,
+)
 
 # Births of nodes read through Prometheus carry this as their agent version: the optimizer tells them apart (the
 # console's source column; NVLink and fabric unknown rather than measured absent).
@@ -339,6 +347,13 @@ def _max(points: _Points | None) -> float | None:
     return max(points.values) if points is not None and points.values else None
 
 
+def _limit(points: _Points | None) -> float | None:
+    """The highest power limit a series reported, W; None without one, or where it is none a GPU has (a driver's
+    sentinel such as 4,294,967 W, which the birth would refuse, taking the node's GPUs with it)."""
+    limit = _max(points)
+    return limit if limit is not None and 0 < limit <= MAX_POWER_LIMIT_W else None
+
+
 def birth(
     node: NodeSeries, site: str, timestamp: float, power_limit: Callable[[str], float | None] | None = None
 ) -> dict[str, object]:
@@ -365,10 +380,10 @@ def birth(
             if device.profile:
                 entry["mig_profile"] = device.profile
         else:
-            limit = _max(device.metrics.get(ENFORCED_LIMIT)) or _max(device.metrics.get(POWER_LIMIT))
+            limit = _limit(device.metrics.get(ENFORCED_LIMIT)) or _limit(device.metrics.get(POWER_LIMIT))
             if limit is None and power_limit is not None:
                 limit = power_limit(device.model)
-            if limit is not None and limit > 0:
+            if limit is not None and 0 < limit <= MAX_POWER_LIMIT_W:
                 entry["power_limit_w"] = float(limit)
         gpus.append(entry)
     out: dict[str, object] = {
