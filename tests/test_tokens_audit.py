@@ -12,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from conftest import free_port, simulated_fleet
 from pydantic import ValidationError
 
@@ -23,6 +24,7 @@ from optimizer.serve.config import ApiSettings, OptimizerConfig
 from optimizer.serve.lifecycle import Lifecycle
 from optimizer.serve.service import Optimizer
 from optimizer.serve.tokens import Tokens
+from optimizer.serve.web.api import parse_since
 from optimizer.serve.web.app import WebServer
 
 VIEWER, APPROVER, STRANGER = "view-" + "v" * 30, "approve-" + "a" * 30, "nobody-" + "n" * 30
@@ -261,3 +263,14 @@ def test_the_audit_log_is_bounded(tmp_path: Path) -> None:
     trail.prune(now=1000.0 + 86_400 + 20)  # a day after r20: older ones are past the retention
     assert [e.target for e in trail.query(limit=500)] == ["r24", "r23", "r22", "r21", "r20"]
     trail.close()
+
+
+@pytest.mark.parametrize("since", ["nan", "NaN", "inf", "2024-13-01", "yesterday"])
+def test_an_audit_since_that_is_no_time_is_refused_not_answered_empty(since: str) -> None:
+    """``since=nan`` is a float to Python and NULL to SQLite, so the audit answered an empty page as if nothing had
+    happened. Deliberate bug: parse_since returning whatever float() reads (nan and inf taken)."""
+    with pytest.raises(web.HTTPBadRequest) as refused:
+        parse_since(since)
+    assert "give Unix seconds or an ISO 8601 date or time" in (refused.value.text or "")
+    assert parse_since("1700000000.5") == 1_700_000_000.5
+    assert parse_since("2023-11-14T22:13:20Z") == 1_700_000_000.0

@@ -5,6 +5,7 @@ deciding needs an approver's token, and every decision, refused ones included, i
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -50,16 +51,19 @@ def tracked_json(
 
 def parse_since(value: str) -> float:
     """A ``since`` filter: Unix seconds, or an ISO 8601 date or time (UTC unless it says otherwise)."""
+    wrong = web.HTTPBadRequest(text=f"since {value[:40]!r}: give Unix seconds or an ISO 8601 date or time\n")
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):  # float() takes "nan", which SQLite compares as NULL: an empty answer
+            raise wrong
+        return seconds
     try:
         at = datetime.fromisoformat(value)
     except ValueError:
-        raise web.HTTPBadRequest(
-            text=f"since {value[:40]!r}: give Unix seconds or an ISO 8601 date or time\n"
-        ) from None
+        raise wrong from None
     return at.timestamp() if at.tzinfo else at.replace(tzinfo=UTC).timestamp()
 
 
