@@ -97,6 +97,11 @@ MAX_CONNECTIONS = 2**32
 MAX_C2C_BPS = 10e12
 # compute partitions of one GPU: 8, CPX on an Instinct GPU of 8 XCDs (AMD Instinct docs, "GPU partitioning")
 MAX_PARTITIONS = 8
+# A node's host, as a birth may say it (HostInfo); the agent and the Prometheus source leave a figure outside unread.
+MAX_CPUS = 4096  # logical CPUs online: an estimate over the largest single-system servers sold
+MAX_MEMORY_MIB = 2**32  # MemTotal: 4 PiB, an estimate over any one node's memory
+MAX_MOUNTS = 64  # network file systems listed, the first found: a birth stays small
+MAX_MOUNT_PATH, MAX_FSTYPE = 255, 32  # characters of a mount point and of its type (fuse.mountpoint-s3)
 # a GPU's power limit in W: 10 kW, over 7x the largest accelerator's (1,400 W: AMD MI355X datasheet)
 MAX_POWER_LIMIT_W = 10_000
 # a workload's GPUs across nodes and a plan's actions and waves: 100,000 GPUs, the largest single clusters built
@@ -361,8 +366,8 @@ class DiskInfo(_Model):
 class NetworkMount(_Model):
     """A file system the node reads over the network (NFS, Lustre, GPFS, CephFS, BeeGFS, WekaFS, ...)."""
 
-    path: str = Field(min_length=1, max_length=255)
-    fstype: str = Field(min_length=1, max_length=32)
+    path: str = Field(min_length=1, max_length=MAX_MOUNT_PATH)
+    fstype: str = Field(min_length=1, max_length=MAX_FSTYPE)
 
 
 class HostInfo(_Model):
@@ -370,8 +375,8 @@ class HostInfo(_Model):
     weight caches, network storage. Read by the agent from /proc and sysfs (or from node_exporter's series);
     every field is optional: None means not read, never zero."""
 
-    cpu_cores: int | None = Field(strict=True, default=None, ge=1, le=4096, description="logical CPUs online")
-    memory_mib: int | None = Field(strict=True, default=None, ge=1, le=2**32, description="MemTotal")
+    cpu_cores: int | None = Field(strict=True, default=None, ge=1, le=MAX_CPUS, description="logical CPUs online")
+    memory_mib: int | None = Field(strict=True, default=None, ge=1, le=MAX_MEMORY_MIB, description="MemTotal")
     local_nvme_bytes: int | None = Field(
         strict=True, default=None, ge=0, le=MAX_DISK_BYTES, description="capacity of local NVMe namespaces"
     )
@@ -381,7 +386,7 @@ class HostInfo(_Model):
         description="sequential read bandwidth of the local NVMe in all, bytes/s: an estimate from each "
         "controller's PCIe link (sysfs current_link_speed × width), never a measurement",
     )
-    network_mounts: list[NetworkMount] = Field(default_factory=list, max_length=64)
+    network_mounts: list[NetworkMount] = Field(default_factory=list, max_length=MAX_MOUNTS)
 
 
 class Birth(_Model):

@@ -12,13 +12,21 @@ import logging
 import re
 from pathlib import Path
 
-from agent.protocol import MAX_DISK_BYTES, HostInfo, NetworkMount
+from agent.protocol import (
+    MAX_CPUS,
+    MAX_DISK_BYTES,
+    MAX_FSTYPE,
+    MAX_MEMORY_MIB,
+    MAX_MOUNT_PATH,
+    MAX_MOUNTS,
+    HostInfo,
+    NetworkMount,
+)
 from collectors.procfs import read_text
 from collectors.storage import SECTOR_BYTES
 
 log = logging.getLogger(__name__)
 
-MAX_CPUS = 4096  # HostInfo.cpu_cores' bound
 # Usable bytes/s per lane and direction of each PCIe link rate, after line coding (8b/10b for 2.5 and 5 GT/s,
 # 128b/130b from 8 GT/s): PCI-SIG, PCI Express Base Specification 1.0-5.0, as tabulated in PCI-SIG's
 # "PCI Express 6.0 Specification" FAQ (Gen3 0.985, Gen4 1.969, Gen5 3.938 GB/s per lane).
@@ -38,7 +46,6 @@ NETWORK_FUSE = frozenset(
     {"s3fs", "gcsfuse", "mountpoint-s3", "goofys", "rclone", "blobfuse2", "juicefs", "alluxio-fuse"}
     | {"ceph-fuse", "glusterfs", "sshfs"}
 )
-MAX_MOUNTS = 64  # HostInfo.network_mounts' bound
 
 _CPU_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _NAMESPACE = re.compile(r"^nvme\d+n\d+$")
@@ -73,7 +80,7 @@ def memory_mib(procfs_root: Path) -> int | None:
         words = line.split()
         if len(words) == 3 and words[0] == "MemTotal:" and words[2] == "kB" and words[1].isdigit():
             mib = int(words[1]) // 1024
-            return mib if 1 <= mib <= 2**32 else None
+            return mib if 1 <= mib <= MAX_MEMORY_MIB else None
     return None
 
 
@@ -158,7 +165,7 @@ def network_mounts(procfs_root: Path) -> list[NetworkMount] | None:
         if not (fstype in NETWORK_FSTYPES or (kind == "fuse" and sub in NETWORK_FUSE)):
             continue
         path = _OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4])  # mountinfo escapes space, tab, newline, \
-        if 1 <= len(path) <= 255 and len(fstype) <= 32 and path not in out and len(out) < MAX_MOUNTS:
+        if 1 <= len(path) <= MAX_MOUNT_PATH and len(fstype) <= MAX_FSTYPE and path not in out and len(out) < MAX_MOUNTS:
             out[path] = NetworkMount(path=path, fstype=fstype)
     return list(out.values())
 

@@ -17,8 +17,17 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from agent.protocol import MAX_DISK_BYTES, HostInfo, NetworkMount
-from collectors.hostinfo import MAX_CPUS, MAX_MOUNTS, NETWORK_FSTYPES, NETWORK_FUSE
+from agent.protocol import (
+    MAX_CPUS,
+    MAX_DISK_BYTES,
+    MAX_FSTYPE,
+    MAX_MEMORY_MIB,
+    MAX_MOUNT_PATH,
+    MAX_MOUNTS,
+    HostInfo,
+    NetworkMount,
+)
+from collectors.hostinfo import NETWORK_FSTYPES, NETWORK_FUSE
 from optimizer.ingest.promapi import Series
 
 # One instant query each, at the read's end. The file system types are those the agent lists
@@ -78,13 +87,13 @@ def host_infos(answers: dict[str, list[Series]], nodes: Iterable[str]) -> tuple[
     for x in answers.get("memory", []):
         if (name := node(x)) is not None and (v := _value(x)) is not None:
             mib = int(v // 2**20)
-            if 1 <= mib <= 2**32:
+            if 1 <= mib <= MAX_MEMORY_MIB:
                 memory[name] = mib
             else:
                 skipped["host_value"] += 1
     for x in answers.get("network", []):
         path, fstype = x.labels.get("mountpoint", ""), x.labels.get("fstype", "")
-        if (name := node(x)) is not None and 1 <= len(path) <= 255 and 1 <= len(fstype) <= 32:
+        if (name := node(x)) is not None and 1 <= len(path) <= MAX_MOUNT_PATH and 1 <= len(fstype) <= MAX_FSTYPE:
             listed = mounts.setdefault(name, {})
             if len(listed) < MAX_MOUNTS:
                 listed.setdefault(path, NetworkMount(path=path, fstype=fstype))
