@@ -322,3 +322,22 @@ def test_a_name_a_node_made_up_is_never_sent_nor_printed_to_run(name: str, owner
     proposal = backend.propose(k8s_move(workload_name=name), owner, Options())
     assert not proposal.runnable and proposal.commands == [] and fake.calls == []
     assert carry_out(proposal).status == Status.NOTIFIED
+
+
+def test_an_answer_that_is_not_json_is_recorded_failed_not_raised() -> None:
+    """A proxy in front of the API server answering with an HTML login page: the step is recorded failed with
+    what it said, and nothing after it runs (deliberate bug caught: the JSON error raised out of the step, which
+    ends `fleetfit apply --execute` with a traceback and keeps no record of the run)."""
+    backend, fake = server()
+    proposal = backend.propose(rec(), "ml", Options())
+    answer = fake.call_api
+
+    def login_page(path: str, method: str, **kw: Any) -> Response:
+        answer(path, method, **kw)
+        return Response(b"<html><title>Sign in</title></html>")
+
+    fake.call_api = login_page  # type: ignore[method-assign]
+    result = carry_out(proposal)
+    assert result.status == Status.FAILED
+    assert "is not JSON: '<html><title>Sign in</title></html>'" in result.output
+    assert [q for m, _, q, _ in fake.calls if m == "PATCH"] == [(("dryRun", "All"),)]

@@ -228,7 +228,11 @@ class ClientApi:
             raise KubeError(exc.status, server_message(exc.status, exc.reason, exc.body)) from None
         except Exception as exc:  # urllib3's connection and TLS errors: the server was not reached
             raise KubeError(None, f"{type(exc).__name__}: {exc}") from None
-        data = json.loads(response.data or b"{}")
+        try:
+            data = json.loads(response.data or b"{}")
+        except ValueError:  # a proxy's page (an expired login answered with HTML), not the API server's JSON
+            said = bytes(response.data or b"")[:200].decode(errors="replace")
+            raise KubeError(None, f"the answer to {method} {path} is not JSON: {said!r}") from None
         return data if isinstance(data, dict) else {}
 
     def get(self, path: str) -> Obj:
