@@ -169,6 +169,19 @@ def test_a_starved_job_never_goes_to_a_node_with_too_few_cores() -> None:
     assert "16 CPU cores per GPU" in blocked.reason
 
 
+def test_a_starved_job_with_no_node_giving_its_cores_says_so() -> None:
+    """The same job with only the thin H100 nodes (64 cores / 8 GPUs = 8 per GPU, under its 16): it stays, and the
+    reason names the need no H100 node of the site meets, not a lack of room (they are empty). Deliberate bug it
+    catches: the nodes' hosts not checked against its needs in ``_why_stays`` ("no free H100 capacity")."""
+    thin = [_h100(f"h100-a{i}", 64) for i in range(4)]
+    home = SnapshotNode(name="l4-home", hardware="l4", gpus=8, cpu_cores=64)
+    starved = _job("starved", "l4-home", needs={"cpu_cores_per_gpu": 16})
+    plan = plan_snapshot(Snapshot(site="s1", nodes=[home, *thin], workloads=[starved]), load_catalog(), PlanSettings())
+    assert plan.recommendations == []
+    (blocked,) = plan.blocked
+    assert "node in site s1 known to give it 16 CPU cores per GPU" in blocked.reason
+
+
 def test_the_starting_placements_respect_needs_too() -> None:
     """At fleet scale the plan may be a starting placement rather than CP-SAT's: the greedy pass, the LP's packing
     and the filling never send the job to a thin node either. Deliberate bugs it catches: the greedy's ``allowed``

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Literal
 
@@ -262,9 +262,11 @@ def _why_stays(
     r: Resolved,
     solution: Solution,
     moves: int,
+    nodes: Sequence[NodeSlot],
 ) -> tuple[str, float] | None:
     """Why a workload that would be cheaper on other hardware of its site is not moved, and what moving it would
-    save a month. Only the site's hardware is weighed: what to buy is the purchase section's question."""
+    save a month. Only the site's hardware is weighed: what to buy is the purchase section's question. ``nodes``:
+    the site's nodes as the plan saw them (catalog key and host)."""
     if r.hardware is None or r.w.workload_class is WorkloadClass.UNKNOWN:
         return None
     d = r.w.demand
@@ -285,10 +287,7 @@ def _why_stays(
     if r.w.id in solution.blocked:
         return solution.blocked[r.w.id], saving
     needs = needs_of(r.w.needs)
-    if needs is not None and not any(
-        needs.met_by(node_host(n)) and getattr(hardware_of(catalog, n.hardware, n.pci_id), "key", None) == target.key
-        for n in snapshot.nodes
-    ):
+    if needs is not None and not any(n.hardware == target.key and needs.met_by(n.host) for n in nodes):
         return f"no {target.name} node in site {snapshot.site} known to give it {_needs_text(needs)}", saving
     if settings.max_moves == 0:
         return "the plan allows no moves (max moves 0)", saving
@@ -594,7 +593,7 @@ def plan_snapshot(
     for r in resolved:
         if r.w.id in moved:
             continue
-        why = _why_stays(catalog, snapshot, present, largest, settings, r, solution, moves)
+        why = _why_stays(catalog, snapshot, present, largest, settings, r, solution, moves, nodes)
         if why is not None and r.hardware is not None:
             blocked.append(
                 Blocked(
