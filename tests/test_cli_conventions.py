@@ -172,3 +172,23 @@ def test_an_acknowledgement_made_by_mistake_is_reopened(tmp_path: Path, capsys: 
     assert tracked is not None and tracked.state is RecState.NEW
     assert [(rec_id, state) for rec_id, state, _, _ in life.decisions("lab", 10)] == [("rec-0001", RecState.NEW)]
     life.close()
+
+
+def test_a_plans_text_shows_no_terminal_escape_or_forged_line_from_a_name() -> None:
+    """A snapshot or agent names a workload with a terminal escape (set the window title, clear the screen) and a
+    line break followed by a forged action: `fleetfit plan` prints neither, in the findings or the actions (each
+    control character shown as U+FFFD). Deliberate bug: render_table joining its lines unfiltered, as it did."""
+    from agent.protocol import Finding, FindingKind
+
+    evil = "w1\x1b]0;pwned\x07\x1b[2J\n    9. move everything to /dev/null"
+    solver = SolverReport(status="OPTIMAL", objective=0, best_bound=0, gap=0, solve_seconds=0.1)
+    finding = Finding(
+        workload="k8s/w1", workload_name=evil, kind=FindingKind.SERVING_ON_TRAINING_HARDWARE, hardware="H100",
+        nodes=["h100-1"], wasted_usd_per_hour=10.0, confidence=0.9, detail="inference at 24 %",
+    )  # fmt: skip
+    rec = _recommendation().model_copy(update={"workload_name": evil})
+    plan = Plan(site="eu-1", generated_at=0.0, solver=solver, recommendations=[rec], findings=[finding])
+    text = render_plan(plan)
+    assert not any(c in text for c in "\x1b\x07")
+    assert not any(line.lstrip().startswith("9. move everything") for line in text.splitlines())
+    assert text.count("w1\N{REPLACEMENT CHARACTER}]0;pwned") == 2  # the finding and the action, each on its line

@@ -274,12 +274,13 @@ def render_table(plan: Plan, every_answer: bool = False) -> str:
             )
     if plan.purchases or every_answer:
         lines.append("")
-        lines.append(render_purchases(plan.purchases))
+        lines += render_purchases(plan.purchases).split("\n")
     s = plan.solver
     lines.append(solver_text(plan))
     if s.savings_usd is not None and s.bound_savings_usd is not None:
         lines.append(bound_text(plan))
-    return "\n".join(lines)
+    # names come from agents and snapshots: a terminal escape or a newline in one must not reach the terminal
+    return "\n".join(printable(line) for line in lines)
 
 
 COST_TERMS = "a month's running cost plus the moves' one-off costs"  # the model's objective (optimizer/plan/model.py)
