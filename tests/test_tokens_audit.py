@@ -274,3 +274,29 @@ def test_an_audit_since_that_is_no_time_is_refused_not_answered_empty(since: str
     assert "give Unix seconds or an ISO 8601 date or time" in (refused.value.text or "")
     assert parse_since("1700000000.5") == 1_700_000_000.5
     assert parse_since("2023-11-14T22:13:20Z") == 1_700_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "said"),
+    [
+        ({"Cookie": "fleetfit-token=%C3%A9"}, 400, "the bearer token is not ASCII"),
+        ({"Authorization": "Bearer \u00e9t\u00e9"}, 400, "the bearer token is not ASCII"),
+        ({"Authorization": "Bearer " + "x" * 600}, 401, "a valid bearer token is required"),
+    ],
+)
+def test_a_malformed_token_is_refused_in_words_that_fit_where_it_came_from(
+    headers: dict[str, str], status: int, said: str
+) -> None:
+    """A console page's stale cookie that is not ASCII is refused as a token, not as an Authorization header the
+    browser never sent, and counted malformed (deliberate bug caught: the sign-in page telling a browser user
+    their Authorization header is not ASCII)."""
+    from aiohttp.test_utils import make_mocked_request
+
+    from optimizer.serve.tokens import Role
+    from optimizer.serve.web.access import Access
+
+    access = Access(ApiSettings(token="shared-" + "s" * 30))
+    with pytest.raises(web.HTTPException) as refused:
+        access.require(make_mocked_request("GET", "/", headers=headers), Role.VIEWER, cookie=True)
+    assert (refused.value.status, (refused.value.text or "").strip()) == (status, said)
+    assert access.refused == {"malformed": 1}

@@ -75,7 +75,7 @@ class Access:
             raise web.HTTPUnauthorized(text="a bearer token is required\n", headers={"WWW-Authenticate": "Bearer"})
         if not given.isascii():  # a bearer token is ASCII; anything else is no credential at all
             self._refuse("malformed")
-            raise web.HTTPBadRequest(text="the Authorization header is not ASCII\n")
+            raise web.HTTPBadRequest(text="the bearer token is not ASCII\n")  # from the header or the cookie
         if len(given) > _MAX_TOKEN:  # not a token of ours, nor worth hashing
             self._refuse("malformed")
             raise web.HTTPUnauthorized(
