@@ -300,3 +300,27 @@ def test_a_malformed_token_is_refused_in_words_that_fit_where_it_came_from(
         access.require(make_mocked_request("GET", "/", headers=headers), Role.VIEWER, cookie=True)
     assert (refused.value.status, (refused.value.text or "").strip()) == (status, said)
     assert access.refused == {"malformed": 1}
+
+
+def test_an_entry_written_is_not_counted_unwritten_when_pruning_after_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pruning that fails after an entry is written (the state file locked, a full disk) leaves the entry recorded
+    and counted as such (deliberate bug caught: the pruning error raised out of add(), so record() logs the entry
+    as not written and counts it on fleetfit_audit_unrecorded_total though it is in the log)."""
+    import sqlite3
+
+    from optimizer.serve import audit
+
+    trail = AuditLog(tmp_path / "fleetfit.db")
+
+    def locked(self: AuditLog, now: float | None = None) -> int:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(audit, "_PRUNE_EVERY", 1)
+    monkeypatch.setattr(AuditLog, "prune", locked)
+    before = dict(audit.unrecorded)
+    entry = audit.record("ack", "bob", "127.0.0.1", "r1", "ok", into=trail)
+    assert entry is not None and [e.target for e in trail.query()] == ["r1"]
+    assert dict(audit.unrecorded) == before
+    trail.close()

@@ -117,7 +117,10 @@ class AuditLog:
             self._written += 1
             entry_id = cursor.lastrowid
         if self._written % _PRUNE_EVERY == 0:
-            self.prune(at)
+            try:
+                self.prune(at)
+            except sqlite3.Error as exc:  # the entry stands; pruning is tried again after the next ones
+                log.warning("audit log %s not pruned: %s", self.path, exc)
         assert entry_id is not None
         return Entry(entry_id, at, action, who, where, target, workload, result, detail)
 
