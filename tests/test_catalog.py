@@ -199,6 +199,23 @@ def test_uncatalogued_hardware_is_a_finding_and_planned_around() -> None:
     assert all(r.to_node != "mystery-01" and r.workload != "k8s/a" for r in plan.recommendations)
 
 
+def test_a_node_known_only_by_its_pci_id_is_planned_onto() -> None:
+    """Training on L4s and one empty node whose name is unhelpful ("GPU 0000:17:00.0") but whose PCI id is the
+    H100 SXM's (0x233010de): the job's findings and the plan read the node alike, so the job moves there, as it
+    does when the node is named "h100". Deliberate bug it catches: the plan's node slots matched by name alone (the
+    node left out of the plan, the job not moved)."""
+    job = SnapshotWorkload(
+        id="t", name="t", workload_class=WorkloadClass.TRAINING, nodes=["l4-home"], gpus=4, mem_mib_per_gpu=15_000,
+        mean_util=90, p95_util=95,
+    )  # fmt: skip
+    nodes = [
+        SnapshotNode(name="l4-home", hardware="l4", gpus=8),
+        SnapshotNode(name="gpu-x", hardware="GPU 0000:17:00.0", gpus=8, pci_id="0x233010de"),
+    ]
+    plan = plan_snapshot(Snapshot(site="s1", nodes=nodes, workloads=[job]), CATALOG, PlanSettings(time_limit=5))
+    assert [(r.workload, r.to_node, r.to_hardware) for r in plan.recommendations] == [("t", "gpu-x", "H100 80GB SXM")]
+
+
 def test_a_snapshot_naming_unknown_hardware_is_refused_in_one_line(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "docs" / "examples" / "fleet.json"
     raw = json.loads(example.read_text())

@@ -496,7 +496,7 @@ def plan_snapshot(
     per_gpu = share_units(fractions, SHARE_UNITS) if settings.sharing or fractions else 1
     nodes = []
     for n in snapshot.nodes:
-        hw = hardware_of(catalog, n.hardware)
+        hw = hardware_of(catalog, n.hardware, n.pci_id)  # as its workloads were resolved: by PCI id where named
         if hw is not None:
             nodes.append(NodeSlot(name=n.name, hardware=hw.key, gpus=n.gpus * per_gpu))
     known = {n.name for n in nodes}
