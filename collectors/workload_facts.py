@@ -42,12 +42,12 @@ connection hash to produce it, which takes milliseconds on a large host, and a b
 hundreds of thousands of sockets (60,000 in TIME_WAIT took 1.9 s to parse whole). So the agent reads it on a
 thread of its own, never on the sampling loop, line by line, keeping only listening sockets and connections to
 ports below the ephemeral range (at most ``MAX_SOCKETS_KEPT``, from the first ``MAX_TABLE_LINES`` lines).
-/proc/<pid>/io is read for at most ``MAX_PIDS`` processes of a workload, every window: about 10 µs a read (the
-kernel sums the process's threads), which took one 8-process workload's facts from 8 µs to about 120 µs a window
-on a 2-core virtual machine. Where none of them can be read, the cgroup's io.stat stands in: one file a window,
-and its devices' sysfs ``slaves`` once per ``LAYERS_INTERVAL_S``, about 35 µs for five devices (md RAID under LVM
-on two NVMe drives, and a boot disk); an 8-process workload's window took 176 µs with it, 181 µs with /proc/<pid>/io
-readable and 128 µs with neither (median of 5 timeit runs, 2,000 windows each, on a fixture tree).
+/proc/<pid>/io is read for at most ``MAX_PIDS`` processes of a workload, every window: 10-17 µs a read of a real
+process's file (the kernel sums its threads). Where none of them can be read, the cgroup's io.stat stands in: one
+file a window, and its devices' sysfs ``slaves`` once per ``LAYERS_INTERVAL_S``. On a fixture tree
+(``.venv/bin/python bench/workload_facts_io.py``: one 8-process Slurm job, five devices, md RAID under LVM on two
+NVMe drives and a boot disk) either source took a window to 1.1-1.9 times what the rest of its facts cost (133-225
+µs a window there; medians, three runs on a shared 2-core machine whose load moves them from run to run).
 """
 
 from __future__ import annotations
