@@ -97,6 +97,26 @@ def test_synchronous_saves_cost_the_gpu_time_they_idle(seen: Seen) -> None:
     assert "async_save" in (f.fix or "") and "GB at 4." in f.detail
 
 
+def test_a_synchronous_save_to_network_storage_is_measured_where_it_went() -> None:
+    """llm-pretrain saving its 208 GB at 4 GB/s to NFS over the front end instead of to local disks: the same 52 s
+    of 300, so the same $2.38-3.26 an hour as the save to disks (above), and the same size. Deliberate bug it
+    catches: a save out of the front end timed and sized by the node's disks, which only write logs ("0 GB at
+    0.0 GB/s", 5 % of its time, $0.80 an hour)."""
+    node = build_scenario("demo", 13, seed=1)[0]
+    node = replace(node, workloads=tuple(replace(w, save_to_network=w.sync_save) for w in node.workloads))
+    fleet = Fleet(FLEET_PREFIX, horizon_windows=60)
+    birth, windows = offline_windows(node, WINDOWS, site="s", seed=1)
+    assert fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.BIRTH), encode(birth))
+    for w in windows:
+        assert fleet.ingest(node_topic(FLEET_PREFIX, "s", node.name, TopicKind.TELEMETRY), encode(w))
+    snapshot = from_fleet(fleet, "s", [])
+    (f,) = [f for f in detect(CATALOG, resolve(CATALOG, snapshot)) if f.kind is FindingKind.CHECKPOINT_STALL]
+    assert f.workload_name == "llm-pretrain" and 2.38 <= f.wasted_usd_per_hour <= 3.26
+    fit = next(w.node_fit for w in snapshot.workloads if w.name == "llm-pretrain")
+    assert fit is not None and fit.save_gb is not None and 190 <= fit.save_gb <= 215
+    assert fit.save_share is not None and 0.8 * 52 / 300 <= fit.save_share <= 1.2 * 52 / 300
+
+
 def test_a_slow_cold_start_is_priced_against_the_nodes_local_nvme(seen: Seen) -> None:
     """translate-api: 68 GB at 2 GB/s from object storage, 34 s from 60 s and from 250 s in on 4 H100; its node's
     NVMe reads 63 GB/s, so a local copy saves 1 - 2/63 of it: 4 x $2.50 x 68/300 x 0.97 = $2.19 an hour, less the

@@ -247,11 +247,21 @@ def _storage(fit: NodeFit, s: _Seen, windows: Sequence[WindowDigest], local_bps:
     fit.storage_network = network
 
 
-def _saves(fit: NodeFit, wid: str, s: _Seen, windows: Sequence[WindowDigest], bursts: list[bool]) -> None:
+def _written(w: WindowDigest, to_disk: bool) -> tuple[float, float]:
+    """A save window's mean and busiest-second rate, bytes/s, where the save went: the node's disks, or out of its
+    front end (to NFS or object storage: the front end's mean out is its traffic less what came in)."""
+    if to_disk:
+        return w.write_bps, w.peak_write_bps
+    return max(w.north_bps - w.north_rx_bps, 0.0), w.north_tx_peak_bps
+
+
+def _saves(
+    fit: NodeFit, wid: str, s: _Seen, windows: Sequence[WindowDigest], disk: list[bool], network: list[bool]
+) -> None:
     """Its GPUs' idle time inside the save bursts that are its own (the one workload on the node, or the one that
     does not listen for clients: a service's writes are its logs), beyond their usual idle share. A window holds
-    a save's seconds in the ratio of its mean write rate to its busiest second's: a save that begins or ends inside
-    a window counts for the seconds it wrote."""
+    a save's seconds in the ratio of its mean write rate to its busiest second's, on the disks or out of the front
+    end, wherever the burst was: a save that begins or ends inside a window counts for the seconds it wrote."""
     inside: list[tuple[float, float]] = []  # (GPU idle seconds, seconds writing) per window of its saves
     outside: list[float] = []
     runs: list[list[int]] = []
@@ -259,13 +269,14 @@ def _saves(fit: NodeFit, wid: str, s: _Seen, windows: Sequence[WindowDigest], bu
     for u, i in zip(s.util, s.at, strict=True):
         w = windows[i]
         writers = [r.id for r in w.workloads if not r.listen_ports]
-        mine = bursts[i] and (len(w.workloads) == 1 or writers == [wid])
+        mine = (disk[i] or network[i]) and (len(w.workloads) == 1 or writers == [wid])
         idle = 1 - min(u, 100.0) / 100
         if not mine:
             outside.append(idle)
             continue
         seconds = _seconds(w)
-        writing = seconds * min(1.0, w.write_bps / w.peak_write_bps) if w.peak_write_bps > 0 else seconds
+        mean, peak = _written(w, disk[i])
+        writing = seconds * min(1.0, mean / peak) if peak > 0 else seconds
         inside.append((min(idle * seconds, writing), writing))
         if run and not _follows(windows[run[-1]], w):
             runs.append(run)
@@ -281,10 +292,8 @@ def _saves(fit: NodeFit, wid: str, s: _Seen, windows: Sequence[WindowDigest], bu
         return
     fit.save_share = min(1.0, writing / sum(_seconds(windows[i]) for i in s.at))
     fit.save_idle = sum(idle for idle, _ in inside) / writing - statistics.fmean(outside)
-    written = [
-        (sum(windows[i].write_bps * _seconds(windows[i]) for i in r), max(windows[i].peak_write_bps for i in r))
-        for r in runs
-    ]
+    rates = {i: _written(windows[i], disk[i]) for r in runs for i in r}
+    written = [(sum(rates[i][0] * _seconds(windows[i]) for i in r), max(rates[i][1] for i in r)) for r in runs]
     volume, peak = max(written)
     fit.save_gb, fit.save_gbps = volume / GB, peak / GB
 
@@ -383,7 +392,7 @@ def measure(fleet: Fleet, site: str) -> dict[str, NodeFit]:
         held = {ref.id: devices.effective(ref.gpus) for w in windows for ref in w.workloads}
         seen = _fold(windows, held)
         # the saves the classifier reads (local disks or out of the front end): a stall is judged on the same bursts
-        bursts = [disk or net for disk, net in zip(*_save_bursts(windows), strict=True)]
+        disk, network = _save_bursts(windows)
         host = record.birth.host
         local = host.local_nvme_read_bps if host is not None and host.local_nvme_bytes else None
         # per GPU as the planner counts a target's (snapshot.py): a partition or MIG instance is no GPU of its own
@@ -394,7 +403,7 @@ def measure(fleet: Fleet, site: str) -> dict[str, NodeFit]:
             fit = NodeFit(windows=len(s.util), cores_per_gpu=cores)
             _starved(fit, s, windows)
             _storage(fit, s, windows, local, bool(host is not None and host.network_mounts))
-            _saves(fit, wid, s, windows, bursts)
+            _saves(fit, wid, s, windows, disk, network)
             _cold_starts(fit, s, windows, local)
             _neighbours(fit, s, seen, wid)
             out[wid] = fit
