@@ -10,6 +10,7 @@ import pytest
 from apply_recs import k8s_move
 
 from agent.protocol import Plan, Recommendation, SolverReport
+from optimizer.act.runner import run
 from optimizer.commands.cli import main
 from optimizer.serve.lifecycle import Lifecycle, RecState
 
@@ -155,3 +156,14 @@ def test_a_result_the_state_file_cannot_keep_is_still_reported_and_nothing_more_
     assert "  applied: " in captured.out
     assert "database or disk is full: this result is not kept there; no further action is run" in captured.err
     assert posted == [["move-6"]]
+
+
+def test_a_scheduler_command_gets_none_of_the_optimizers_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLEETFIT_* overrides hold the optimizer's secrets (docs/configuration.md); a scheduler command is run
+    without them and with the rest of the environment (PATH, SLURM_CONF). Deliberate bug caught: the whole
+    environment passed on."""
+    monkeypatch.setenv("FLEETFIT_MQTT_PASSWORD", "s3cret")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    ran = run(["env"], timeout=10)
+    assert ran.ok and "s3cret" not in ran.output and "FLEETFIT_" not in ran.output
+    assert "SLURM_CONF=/etc/slurm/slurm.conf" in ran.output and "LC_ALL=C" in ran.output

@@ -39,7 +39,10 @@ def run(
     """Run ``argv`` (no shell) for at most ``timeout`` seconds, keeping ``limit`` characters of its output (None:
     all of it, for output that is read rather than recorded). A missing program, a deadline passed or a non-zero
     exit is a result, never an exception: the caller records it as failed with what it said."""
-    full_env = {**os.environ, "LC_ALL": "C", **(env or {})}
+    # The optimizer's own settings stay with it: FLEETFIT_* overrides carry its secrets (the MQTT password, chat
+    # webhooks, tokens), which no scheduler command needs.
+    own = {k: v for k, v in os.environ.items() if not k.startswith("FLEETFIT_")}
+    full_env = {**own, "LC_ALL": "C", **(env or {})}
     try:
         done = subprocess.run(
             list(argv), capture_output=True, timeout=timeout, check=False, env=full_env, stdin=subprocess.DEVNULL
