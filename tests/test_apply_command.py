@@ -167,3 +167,19 @@ def test_a_scheduler_command_gets_none_of_the_optimizers_secrets(monkeypatch: py
     ran = run(["env"], timeout=10)
     assert ran.ok and "s3cret" not in ran.output and "FLEETFIT_" not in ran.output
     assert "SLURM_CONF=/etc/slurm/slurm.conf" in ran.output and "LC_ALL=C" in ran.output
+
+
+def test_a_site_typed_wrong_is_a_usage_error_not_nothing_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A site neither configured nor ever planned is a typo: exit 2 naming the sites known; a known site with
+    nothing acknowledged is still "nothing to do" (exit 0). Deliberate bug caught: every --site taken at its word,
+    which said "no acknowledged actions in site eu1" and exited 0."""
+    state(tmp_path, "eu-1", [rec(1, "k8s/a")], [])
+    config = tmp_path / "optimizer.toml"
+    config.write_text(KUBE)
+    args = ["apply", "--config", str(config), "--state-dir", str(tmp_path), "--site"]
+    assert main([*args, "eu1"]) == 2
+    assert "fleetfit: no site eu1 (known: eu-1)" in capsys.readouterr().err
+    assert main([*args, "eu-1"]) == 0
+    assert "no acknowledged actions in site eu-1" in capsys.readouterr().out

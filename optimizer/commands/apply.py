@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from optimizer.serve import audit
     from optimizer.serve.config import OptimizerConfig
     from optimizer.serve.executions import Execution
-    from optimizer.serve.lifecycle import DB_NAME, Lifecycle
+    from optimizer.serve.lifecycle import DB_NAME, Lifecycle, RecState
 
     try:
         config = load_config(OptimizerConfig, args.config)
@@ -126,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
         owners = lifecycle.kept_owners(t.recommendation.id for t in chosen)
         if args.execute:
             audit.use(audit.AuditLog(state_dir / DB_NAME))
+        if not chosen and args.site and args.site not in config.sites and not lifecycle.list(args.site, RecState):
+            # a site neither configured nor ever planned: a typo, not a site with nothing to do
+            known = sorted({*config.sites, *(t.site for t in lifecycle.list(None, RecState))})
+            return cliargs.fail(f"no site {printable(args.site)} (known: {', '.join(known) or 'none'})", cliargs.USAGE)
         if not chosen:
             print("no acknowledged actions" + (f" in site {args.site}" if args.site else ""))
         for t in chosen:
