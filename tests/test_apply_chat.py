@@ -3,8 +3,7 @@ answer, posted to a real local HTTP server as each receiver kind shapes it."""
 
 from __future__ import annotations
 
-import os
-
+import pytest
 from apply_recs import slurm_move
 from webhook_server import webhook_server
 
@@ -37,13 +36,12 @@ DONE = [
 ]
 
 
-def test_applied_and_failed_actions_are_posted_with_command_and_answer() -> None:
+def test_applied_and_failed_actions_are_posted_with_command_and_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """One message per site: the action carried out with its command, the failed one with the scheduler's answer,
     the one only printed for its owner left out (deliberate bug caught: a failure posted with its last line, "failed
     (exit status 1)", in place of what Slurm said)."""
-    os.environ["TEST_APPLY_HOOK"] = ""
     with webhook_server() as server:
-        os.environ["TEST_APPLY_HOOK"] = server.url("/hooks/apply")
+        monkeypatch.setenv("TEST_APPLY_HOOK", server.url("/hooks/apply"))
         config = OptimizerConfig.model_validate(
             {"alerts": {"receivers": [{"name": "ops", "kind": "generic", "url_env": "TEST_APPLY_HOOK"}]}}
         )
